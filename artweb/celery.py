@@ -1,0 +1,14 @@
+"""The Celery app. Queues: "default" for light work, "gpu" for run steps (one per GPU set)."""
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
+
+app = Celery("artweb")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_queues = (Queue("default"), Queue("gpu"))
+app.conf.task_routes = {"training.tasks.run_step_task": {"queue": "gpu"}}
+app.autodiscover_tasks()

@@ -1,0 +1,158 @@
+"""Base models, runs, per-step metrics, checkpoints and the run timeline."""
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+
+class BaseModel(models.Model):
+    """A model that runs can fine-tune: a Hugging Face id or a local directory.
+
+    owner is null for models shared with everyone (the default model).
+    """
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    name = models.CharField(max_length=200, unique=True)
+    source = models.CharField(max_length=500, help_text="Hugging Face model id or a local directory.")
+    revision = models.CharField(max_length=100, blank=True)
+    local_path = models.CharField(max_length=1000, blank=True, help_text="Resolved directory of the weights.")
+    max_length = models.PositiveIntegerField(default=2048)
+    chat_template_override = models.TextField(blank=True)
+    supports_tools = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        STARTING = "starting"
+        RUNNING = "running"
+        PAUSED = "paused"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    ACTIVE_STATUSES = (Status.QUEUED, Status.STARTING, Status.RUNNING)
+    FINAL_STATUSES = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
+    name = models.CharField(max_length=200)
+    tags = ArrayField(models.CharField(max_length=50), default=list, blank=True)
+    base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="runs")
+    script_version = models.ForeignKey(
+        "rollouts.RolloutScriptVersion", on_delete=models.PROTECT, related_name="runs"
+    )
+    reward_version = models.ForeignKey(
+        "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
+    scenario_set = models.ForeignKey("rollouts.ScenarioSet", on_delete=models.PROTECT, related_name="runs")
+    config = models.JSONField(help_text="Validated RunConfig, stored whole.")
+
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    steps_done = models.PositiveIntegerField(default=0, help_text="Training steps completed and persisted.")
+    num_steps = models.PositiveIntegerField()
+    latest_reward = models.FloatField(null=True, blank=True)
+    best_val_reward = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    # Worker bookkeeping: who holds the run and when it last said so.
+    worker = models.CharField(max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    pause_requested = models.BooleanField(default=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["owner", "status", "-created_at"])]
+
+    def __str__(self):
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def progress(self) -> float:
+        return self.steps_done / self.num_steps if self.num_steps else 0.0
+
+
+class Step(models.Model):
+    """One completed training step's metrics. Exactly one row per (run, step): the idempotence key."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    step = models.PositiveIntegerField()
+    reward_mean = models.FloatField(null=True)
+    reward_std = models.FloatField(null=True)
+    val_reward = models.FloatField(null=True)
+    metrics = models.JSONField(default=dict)
+    timings = models.JSONField(default=dict, help_text="Wall seconds per phase.")
+    duration_s = models.FloatField(default=0.0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="uniq_run_step")]
+
+
+class Checkpoint(models.Model):
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        DELETED = "deleted"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    path = models.CharField(max_length=1000)
+    size_bytes = models.BigIntegerField(default=0)
+    metrics = models.JSONField(default=dict, blank=True)
+    val_reward = models.FloatField(null=True, blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE, db_index=True)
+    promoted = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "-step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="uniq_checkpoint_run_step")]
+
+    def __str__(self):
+        return f"{self.run.name}@{self.step}"
+
+
+class RunEvent(models.Model):
+    """The run's timeline: every status change and every action on it."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=50)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["run", "id"])]
+
+
+class RunLog(models.Model):
+    """A line of worker output about a run, shown in the run page's log view."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="logs")
+    step = models.PositiveIntegerField(null=True, blank=True)
+    level = models.CharField(max_length=10, default="INFO")
+    message = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["run", "id"])]
