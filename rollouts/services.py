@@ -1,0 +1,212 @@
+"""Writes for rollout scripts, reward functions and scenario sets.
+
+Uploads are validated before anything is saved; a version's content never changes once written, and
+uploading the same content twice returns the existing version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+
+from django.db import IntegrityError, transaction
+
+from artweb.errors import ApplicationError
+from rollouts.models import (
+    RewardFunction,
+    RewardFunctionVersion,
+    RolloutScript,
+    RolloutScriptVersion,
+    Scenario,
+    ScenarioSet,
+)
+
+MAX_SCENARIO_BYTES = 20 * 1024 * 1024
+MAX_SCENARIOS = 200_000
+
+
+def _decode(content: str | bytes, *, what: str) -> str:
+    if isinstance(content, bytes):
+        try:
+            return content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApplicationError(
+                f"The {what} is not UTF-8 text (byte {exc.start} is invalid). Save the file as UTF-8 and upload it again.",
+                field_errors={"content": ["not UTF-8"]},
+            ) from exc
+    return content
+
+
+def _issues_error(what: str, issues: list[dict]) -> ApplicationError:
+    lines = [f"line {i['line']}: {i['message']}" if i.get("line") else i["message"] for i in issues]
+    return ApplicationError(f"The {what} did not validate: " + "; ".join(lines), field_errors={"content": lines})
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_name(name: str) -> str:
+    name = (name or "").strip()
+    if not name or len(name) > 200:
+        raise ApplicationError("Give a name of 1 to 200 characters.", field_errors={"name": ["required, at most 200 characters"]})
+    return name
+
+
+# --- rollout scripts ---------------------------------------------------------------------------
+
+
+def script_validate(*, content: str | bytes) -> str:
+    from rollouts.runtime.validation import validate_script
+
+    text = _decode(content, what="rollout script")
+    issues = validate_script(text)
+    if issues:
+        raise _issues_error("rollout script", issues)
+    return text
+
+
+@transaction.atomic
+def script_create(*, owner, name: str, content: str | bytes, description: str = "") -> RolloutScriptVersion:
+    name = _check_name(name)
+    text = script_validate(content=content)
+    if RolloutScript.objects.filter(owner=owner, name=name).exists():
+        raise ApplicationError(
+            f"You already have a rollout script named {name!r}: upload a new version of it, or pick another name.",
+            field_errors={"name": ["already exists"]},
+        )
+    script = RolloutScript.objects.create(owner=owner, name=name, description=description)
+    return RolloutScriptVersion.objects.create(asset=script, number=1, content=text, sha256=_sha(text))
+
+
+@transaction.atomic
+def script_version_create(*, script: RolloutScript, content: str | bytes, note: str = "") -> RolloutScriptVersion:
+    text = script_validate(content=content)
+    return _version_create(RolloutScriptVersion, asset=script, text=text, note=note)
+
+
+# --- reward functions --------------------------------------------------------------------------
+
+
+def reward_validate(*, content: str | bytes) -> tuple[str, str]:
+    """Return (text, kind) where kind is "trajectory" or "group"."""
+    from rollouts.runtime.validation import validate_reward
+
+    text = _decode(content, what="reward function")
+    kind, issues = validate_reward(text)
+    if issues:
+        raise _issues_error("reward function", issues)
+    return text, kind
+
+
+@transaction.atomic
+def reward_create(*, owner, name: str, content: str | bytes, description: str = "") -> RewardFunctionVersion:
+    name = _check_name(name)
+    text, kind = reward_validate(content=content)
+    if RewardFunction.objects.filter(owner=owner, name=name).exists():
+        raise ApplicationError(
+            f"You already have a reward function named {name!r}: upload a new version of it, or pick another name.",
+            field_errors={"name": ["already exists"]},
+        )
+    reward = RewardFunction.objects.create(owner=owner, name=name, description=description)
+    return RewardFunctionVersion.objects.create(asset=reward, number=1, content=text, sha256=_sha(text), kind=kind)
+
+
+@transaction.atomic
+def reward_version_create(*, reward: RewardFunction, content: str | bytes, note: str = "") -> RewardFunctionVersion:
+    text, kind = reward_validate(content=content)
+    return _version_create(RewardFunctionVersion, asset=reward, text=text, note=note, kind=kind)
+
+
+def _version_create(model, *, asset, text: str, note: str, **extra):
+    sha = _sha(text)
+    existing = model.objects.filter(asset=asset, sha256=sha).first()
+    if existing:
+        return existing
+    # Lock the asset row so two uploads at once cannot take the same version number.
+    type(asset).objects.select_for_update().get(pk=asset.pk)
+    last = model.objects.filter(asset=asset).order_by("-number").values_list("number", flat=True).first() or 0
+    version = model.objects.create(asset=asset, number=last + 1, content=text, sha256=sha, note=note, **extra)
+    asset.save(update_fields=["updated_at"])
+    return version
+
+
+# --- scenario sets -----------------------------------------------------------------------------
+
+
+def scenarios_parse(*, jsonl: str | bytes, validation_fraction: float, seed: int = 0) -> list[tuple[str, dict]]:
+    """Parse a JSONL upload into (split, scenario) pairs.
+
+    A line's own "split" key ("train"/"validation") wins; lines without one are split at random
+    (seeded) so that about validation_fraction of them are held out.
+    """
+    raw = jsonl if isinstance(jsonl, bytes) else jsonl.encode("utf-8")
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ApplicationError(f"The scenario file is {len(raw)} bytes; the limit is {MAX_SCENARIO_BYTES}.",
+                               field_errors={"file": ["too large"]})
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ApplicationError("validation_fraction must be at least 0 and below 1.",
+                               field_errors={"validation_fraction": ["must be in [0, 1)"]})
+    text = _decode(raw, what="scenario file")
+    rows: list[tuple[str | None, dict]] = []
+    errors: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            errors.append(f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        if not isinstance(obj, dict):
+            errors.append(f"line {number}: each line must be a JSON object, got {type(obj).__name__}")
+            continue
+        split = obj.get("split")
+        if split not in (None, "train", "validation"):
+            errors.append(f"line {number}: split must be \"train\" or \"validation\", got {split!r}")
+            continue
+        rows.append((split, obj))
+        if len(errors) >= 20:
+            break
+    if errors:
+        raise ApplicationError("The scenario file has errors: " + "; ".join(errors[:20]), field_errors={"file": errors[:20]})
+    if not rows:
+        raise ApplicationError("The scenario file has no scenarios: give one JSON object per line.",
+                               field_errors={"file": ["empty"]})
+    if len(rows) > MAX_SCENARIOS:
+        raise ApplicationError(f"The scenario file has {len(rows)} scenarios; the limit is {MAX_SCENARIOS}.",
+                               field_errors={"file": ["too many scenarios"]})
+    rng = random.Random(seed)
+    out = []
+    for split, obj in rows:
+        if split is None:
+            split = "validation" if rng.random() < validation_fraction else "train"
+        out.append((split, obj))
+    if not any(s == "train" for s, _ in out):
+        raise ApplicationError("The scenario file has no training scenarios: mark some lines \"split\": \"train\".",
+                               field_errors={"file": ["no training scenarios"]})
+    return out
+
+
+@transaction.atomic
+def scenario_set_create(*, owner, name: str, jsonl: str | bytes, validation_fraction: float = 0.2,
+                        description: str = "") -> ScenarioSet:
+    name = _check_name(name)
+    pairs = scenarios_parse(jsonl=jsonl, validation_fraction=validation_fraction)
+    raw = jsonl if isinstance(jsonl, bytes) else jsonl.encode("utf-8")
+    try:
+        with transaction.atomic():
+            scenario_set = ScenarioSet.objects.create(
+                owner=owner, name=name, description=description, sha256=hashlib.sha256(raw).hexdigest(),
+                train_count=sum(1 for s, _ in pairs if s == "train"),
+                validation_count=sum(1 for s, _ in pairs if s == "validation"),
+            )
+    except IntegrityError as exc:
+        raise ApplicationError(f"You already have a scenario set named {name!r}; pick another name.",
+                               field_errors={"name": ["already exists"]}) from exc
+    Scenario.objects.bulk_create(
+        [Scenario(scenario_set=scenario_set, index=i, split=s, data=obj) for i, (s, obj) in enumerate(pairs)],
+        batch_size=2000,
+    )
+    return scenario_set

@@ -1,0 +1,71 @@
+"""RunConfig: everything a run is started with, validated with explicit bounds and stored whole.
+
+Rollout-side settings live here; the optimisation settings are the engine's TrainConfig, nested under
+`train` and validated by it. Errors name the field and the allowed range.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from artweb.errors import ApplicationError
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_steps: int = Field(20, ge=1, le=100_000, description="Training steps to run.")
+    group_size: int = Field(
+        6, ge=2, le=64, description="Rollouts per scenario; GRPO compares them with each other (at least 2)."
+    )
+    scenarios_per_step: int = Field(4, ge=1, le=512, description="Training scenarios sampled per step.")
+    max_tokens: int = Field(48, ge=1, le=32_768, description="Completion tokens per model call.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature for rollouts.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    concurrency: int = Field(32, ge=1, le=1024, description="Rollouts in flight at once.")
+    rollout_timeout_s: float = Field(120.0, gt=0, le=3600, description="Wall-clock limit per rollout, seconds.")
+    max_exceptions: float = Field(
+        0.5, ge=0.0, le=1.0, description="Fraction of a step's rollouts that may fail before the step fails."
+    )
+    val_every: int = Field(5, ge=0, le=100_000, description="Validate every N steps (0: never).")
+    val_scenarios: int = Field(8, ge=0, le=10_000, description="Held-out scenarios per validation.")
+    use_ruler: bool = Field(False, description="Score groups with RULER (a judge model) instead of the reward function.")
+    ruler_judge: str = Field("", max_length=200, description="Judge model for RULER; empty: the base model.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for scenario sampling and training.")
+    keep_last_checkpoints: int = Field(2, ge=1, le=1000, description="Retention: newest checkpoints kept.")
+    keep_best_checkpoints: int = Field(1, ge=0, le=1000, description="Retention: best by validation reward kept.")
+    train: dict[str, Any] = Field(default_factory=dict, description="Engine TrainConfig overrides.")
+
+    @field_validator("train")
+    @classmethod
+    def _check_train(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from training.engine import ConfigError, TrainConfig
+
+        try:
+            return TrainConfig.from_dict(value).to_dict()
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+
+
+def run_config_parse(data: dict[str, Any] | None) -> RunConfig:
+    """Validate a config dict (missing keys take defaults); raise ApplicationError naming bad fields."""
+    try:
+        return RunConfig.model_validate(data or {})
+    except ValidationError as exc:
+        field_errors: dict[str, list[str]] = {}
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "config"
+            field_errors.setdefault(field, []).append(_explain(err))
+        summary = "; ".join(f"{f}: {msgs[0]}" for f, msgs in field_errors.items())
+        raise ApplicationError(f"Invalid run config: {summary}", field_errors=field_errors) from exc
+
+
+def _explain(err: dict) -> str:
+    ctx = err.get("ctx") or {}
+    if err["type"] == "extra_forbidden":
+        return "unknown setting; remove it (see the run config reference for the allowed names)"
+    if "ge" in ctx or "le" in ctx or "gt" in ctx or "lt" in ctx:
+        return f"{err['msg']} (got {err.get('input')!r})"
+    return err["msg"].removeprefix("Value error, ")

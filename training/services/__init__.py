@@ -1,0 +1,21 @@
+from training.services.base_models import base_model_register
+from training.services.runs import (
+    run_cancel,
+    run_create,
+    run_event,
+    run_pause,
+    run_resume,
+    run_retry,
+    run_transition,
+)
+
+__all__ = [
+    "base_model_register",
+    "run_cancel",
+    "run_create",
+    "run_event",
+    "run_pause",
+    "run_resume",
+    "run_retry",
+    "run_transition",
+]

@@ -1,0 +1,134 @@
+"""The run lifecycle. Every status change is a conditional UPDATE plus a RunEvent row, so a duplicate
+Celery delivery or a double click changes nothing the second time."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from artweb.errors import ApplicationError
+from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
+from training.config import run_config_parse
+from training.models import BaseModel, Run, RunEvent
+from training.services.broadcast import run_broadcast
+
+S = Run.Status
+
+
+def run_event(*, run: Run, kind: str, message: str = "", data: dict | None = None, actor=None) -> RunEvent:
+    event = RunEvent.objects.create(run=run, kind=kind, message=message, data=data or {}, actor=actor)
+    run_broadcast(run.id, {"type": "event", "id": event.id, "kind": kind, "message": message,
+                           "created_at": event.created_at.isoformat()})
+    return event
+
+
+def run_transition(*, run: Run, from_statuses, to_status: str, message: str = "", actor=None,
+                   **fields) -> bool:
+    """Move run to to_status if it is in one of from_statuses. Returns False (and writes nothing) if
+    another actor got there first."""
+    if isinstance(from_statuses, str):
+        from_statuses = (from_statuses,)
+    now = timezone.now()
+    if to_status == S.RUNNING:
+        fields.setdefault("started_at", run.started_at or now)
+    if to_status in Run.FINAL_STATUSES:
+        fields.setdefault("finished_at", now)
+    updated = Run.objects.filter(id=run.id, status__in=from_statuses).update(status=to_status, **fields)
+    if updated != 1:
+        return False
+    old = run.status
+    run.refresh_from_db()
+    run_event(run=run, kind="status", message=message or f"{old} → {to_status}",
+              data={"from": old, "to": to_status}, actor=actor)
+    run_broadcast(run.id, {"type": "status", "run": run.id, "status": to_status, "steps_done": run.steps_done,
+                           "num_steps": run.num_steps, "error": run.error}, to_list=True)
+    return True
+
+
+def _enqueue(run: Run) -> None:
+    from training.tasks import run_step_task
+
+    run_step_task.delay_on_commit(run.id)
+
+
+def _owned(obj, owner, what: str):
+    if getattr(obj, "owner_id", None) not in (None, owner.id) and not owner.is_staff:
+        raise ApplicationError(f"That {what} is not yours.", field_errors={what: ["not found"]})
+
+
+@transaction.atomic
+def run_create(*, owner, name: str, base_model: BaseModel, script_version: RolloutScriptVersion,
+               scenario_set: ScenarioSet, reward_version: RewardFunctionVersion | None = None,
+               config: dict | None = None, tags: list[str] | None = None, start: bool = True) -> Run:
+    name = (name or "").strip()
+    if not name or len(name) > 200:
+        raise ApplicationError("Give the run a name of 1 to 200 characters.", field_errors={"name": ["required"]})
+    cfg = run_config_parse(config)
+    _owned(script_version.asset, owner, "script")
+    _owned(scenario_set, owner, "scenario set")
+    _owned(base_model, owner, "base model")
+    if reward_version is not None:
+        _owned(reward_version.asset, owner, "reward function")
+    elif not cfg.use_ruler:
+        pass  # the script may set trajectory.reward itself
+    if scenario_set.train_count == 0:
+        raise ApplicationError("The scenario set has no training scenarios.", field_errors={"scenario_set": ["empty"]})
+    tags = [t.strip()[:50] for t in (tags or []) if t and t.strip()][:20]
+    run = Run.objects.create(
+        owner=owner, name=name, tags=tags, base_model=base_model, script_version=script_version,
+        reward_version=reward_version, scenario_set=scenario_set, config=cfg.model_dump(),
+        num_steps=cfg.num_steps, status=S.QUEUED,
+    )
+    run_event(run=run, kind="created", message="Run created and queued.", actor=owner)
+    if start:
+        _enqueue(run)
+    return run
+
+
+@transaction.atomic
+def run_cancel(*, run: Run, actor=None) -> Run:
+    """Cancel now if nothing is executing; otherwise flag it and the worker stops at its next check."""
+    if run.status in Run.FINAL_STATUSES:
+        raise ApplicationError(f"The run is already {run.status}; there is nothing to cancel.")
+    if run_transition(run=run, from_statuses=(S.QUEUED, S.PAUSED), to_status=S.CANCELLED,
+                      message="Cancelled before it ran.", actor=actor):
+        return run
+    Run.objects.filter(id=run.id).update(cancel_requested=True)
+    run_event(run=run, kind="cancel_requested", message="Cancel requested; stopping at the next check.", actor=actor)
+    run.refresh_from_db()
+    return run
+
+
+@transaction.atomic
+def run_pause(*, run: Run, actor=None) -> Run:
+    if run.status not in Run.ACTIVE_STATUSES:
+        raise ApplicationError(f"Only a queued or running run can be paused; this one is {run.status}.")
+    if run_transition(run=run, from_statuses=(S.QUEUED,), to_status=S.PAUSED, message="Paused.", actor=actor):
+        return run
+    Run.objects.filter(id=run.id).update(pause_requested=True)
+    run_event(run=run, kind="pause_requested", message="Pause requested; pausing after the current step.",
+              actor=actor)
+    run.refresh_from_db()
+    return run
+
+
+@transaction.atomic
+def run_resume(*, run: Run, actor=None) -> Run:
+    if run.status != S.PAUSED:
+        raise ApplicationError(f"Only a paused run can be resumed; this one is {run.status}.")
+    if run_transition(run=run, from_statuses=(S.PAUSED,), to_status=S.QUEUED, message="Resumed.", actor=actor,
+                      pause_requested=False):
+        _enqueue(run)
+    return run
+
+
+@transaction.atomic
+def run_retry(*, run: Run, actor=None) -> Run:
+    """Requeue a failed (or cancelled) run; it continues from its last checkpoint."""
+    if run.status not in (S.FAILED, S.CANCELLED):
+        raise ApplicationError(f"Only a failed or cancelled run can be retried; this one is {run.status}.")
+    if run_transition(run=run, from_statuses=(S.FAILED, S.CANCELLED), to_status=S.QUEUED,
+                      message=f"Retrying from step {run.steps_done}.", actor=actor,
+                      error="", cancel_requested=False, pause_requested=False, finished_at=None):
+        _enqueue(run)
+    return run
