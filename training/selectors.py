@@ -1,0 +1,99 @@
+"""Reads for runs, metrics, checkpoints and events. Every read is scoped to what the user may see."""
+
+from __future__ import annotations
+
+import numpy as np
+from django.db.models import Q, QuerySet
+from django.shortcuts import get_object_or_404
+from tsdownsample import MinMaxDownsampler
+
+from training.models import BaseModel, Checkpoint, Run, RunEvent, RunLog, Step
+
+# Series a run's charts and the metrics API can ask for. Columns come from Step; the rest from
+# Step.metrics (the engine's per-update figures) and Step.timings.
+COLUMN_SERIES = ("reward_mean", "reward_std", "val_reward", "duration_s")
+DEFAULT_SERIES = (
+    "reward_mean", "reward_std", "val_reward", "loss", "kl", "grad_norm", "completion_tokens_mean",
+    "tokens_per_second", "duration_s",
+)
+
+
+def run_visible(user) -> QuerySet[Run]:
+    qs = Run.objects.all()
+    return qs if user.is_staff else qs.filter(owner=user)
+
+
+def run_get(*, user, run_id: int) -> Run:
+    """The run, or 404 when it does not exist or is not the user's (never 403: no existence leak)."""
+    return get_object_or_404(run_visible(user).select_related("base_model", "scenario_set"), id=run_id)
+
+
+def run_list(*, user, status: str | None = None, base_model: int | str | None = None, tag: str | None = None,
+             q: str | None = None, order: str = "-created_at") -> QuerySet[Run]:
+    qs = run_visible(user).select_related("base_model", "script_version__asset", "owner")
+    if status:
+        qs = qs.filter(status=status)
+    if base_model:
+        qs = qs.filter(base_model_id=base_model) if str(base_model).isdigit() else qs.filter(base_model__name=base_model)
+    if tag:
+        qs = qs.filter(tags__contains=[tag])
+    if q:
+        qs = qs.filter(Q(name__icontains=q) | Q(script_version__asset__name__icontains=q))
+    allowed = {"created_at", "-created_at", "name", "-name", "status", "-status", "latest_reward",
+               "-latest_reward", "best_val_reward", "-best_val_reward", "steps_done", "-steps_done"}
+    return qs.order_by(order if order in allowed else "-created_at", "-id")
+
+
+def base_model_visible(user) -> QuerySet[BaseModel]:
+    return BaseModel.objects.filter(Q(owner__isnull=True) | Q(owner=user)) if not user.is_staff else BaseModel.objects.all()
+
+
+def _series_value(row: dict, name: str):
+    if name in COLUMN_SERIES:
+        return row[name]
+    value = row["metrics"].get(name)
+    if value is None:
+        value = row["timings"].get(name)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _downsample(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the min and the max of each bucket so spikes survive (tsdownsample's MinMax)."""
+    if max_points <= 0 or len(x) <= max_points:
+        return x, y
+    n_out = max(4, max_points - max_points % 2)
+    idx = MinMaxDownsampler().downsample(x, y, n_out=n_out)
+    return x[idx], y[idx]
+
+
+def run_metrics(*, run: Run, series: list[str] | None = None, since_step: int | None = None,
+                max_points: int | None = None) -> dict:
+    """{"series": {name: {"x": [...steps], "y": [...]}}, "last_step": int|None}.
+
+    Steps without a value for a series are left out of that series (e.g. validation steps).
+    """
+    names = list(series or DEFAULT_SERIES)
+    qs = Step.objects.filter(run=run).order_by("step")
+    if since_step is not None:
+        qs = qs.filter(step__gt=since_step)
+    rows = list(qs.values("step", "reward_mean", "reward_std", "val_reward", "duration_s", "metrics", "timings"))
+    out: dict[str, dict] = {}
+    for name in names:
+        pairs = [(r["step"], v) for r in rows if (v := _series_value(r, name)) is not None]
+        x = np.fromiter((p[0] for p in pairs), dtype=np.int64, count=len(pairs))
+        y = np.fromiter((p[1] for p in pairs), dtype=np.float64, count=len(pairs))
+        x, y = _downsample(x, y, max_points or 0)
+        out[name] = {"x": x.tolist(), "y": [round(v, 6) for v in y.tolist()]}
+    return {"series": out, "last_step": rows[-1]["step"] if rows else since_step}
+
+
+def run_events_since(*, run: Run, after_id: int = 0, limit: int = 500) -> list[RunEvent]:
+    return list(RunEvent.objects.filter(run=run, id__gt=after_id).order_by("id")[:limit])
+
+
+def run_logs_since(*, run: Run, after_id: int = 0, limit: int = 500) -> list[RunLog]:
+    return list(RunLog.objects.filter(run=run, id__gt=after_id).order_by("id")[:limit])
+
+
+def checkpoint_list(*, run: Run) -> QuerySet[Checkpoint]:
+    return Checkpoint.objects.filter(run=run).order_by("-step")
