@@ -10,5 +10,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
 app = Celery("artweb")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_queues = (Queue("default"), Queue("gpu"))
-app.conf.task_routes = {"training.tasks.run_step_task": {"queue": "gpu"}}
+# Work that needs the inference server or the trainer goes to the GPU workers.
+app.conf.task_routes = {
+    "training.tasks.run_step_task": {"queue": "gpu"},
+    "rollouts.tasks.dry_run_task": {"queue": "gpu"},
+}
 app.autodiscover_tasks()

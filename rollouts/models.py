@@ -160,3 +160,32 @@ class Trajectory(models.Model):
             models.Index(fields=["run", "step", "group"]),
             models.Index(fields=["run", "reward"]),
         ]
+
+
+class DryRun(models.Model):
+    """A rollout script tried on a few scenarios against the live base model, before any run.
+
+    Executed by a GPU worker (it owns the inference server); the page or API polls for the result.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    script_version = models.ForeignKey(RolloutScriptVersion, on_delete=models.CASCADE, related_name="dry_runs")
+    reward_version = models.ForeignKey(
+        RewardFunctionVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="dry_runs"
+    )
+    base_model = models.ForeignKey("training.BaseModel", on_delete=models.CASCADE, related_name="+")
+    scenarios = models.JSONField(help_text="The scenario objects tried.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    result = models.JSONField(null=True, blank=True, help_text="Trajectories with rewards, logs and errors.")
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]

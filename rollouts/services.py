@@ -210,3 +210,31 @@ def scenario_set_create(*, owner, name: str, jsonl: str | bytes, validation_frac
         batch_size=2000,
     )
     return scenario_set
+
+
+# --- dry runs ----------------------------------------------------------------------------------
+
+MAX_DRY_RUN_SCENARIOS = 4
+
+
+@transaction.atomic
+def dry_run_create(*, owner, script_version: RolloutScriptVersion, base_model,
+                   reward_version: RewardFunctionVersion | None = None,
+                   scenario_set: ScenarioSet | None = None, scenarios: list[dict] | None = None) -> "DryRun":
+    """Queue a dry run of a script on up to MAX_DRY_RUN_SCENARIOS scenarios (given, or the first of a set)."""
+    from rollouts.models import DryRun
+
+    if scenarios is None:
+        if scenario_set is None:
+            raise ApplicationError("Pick a scenario set or give scenarios to try the script on.",
+                                   field_errors={"scenario_set": ["required"]})
+        scenarios = list(scenario_set.scenarios.order_by("index").values_list("data", flat=True)[:MAX_DRY_RUN_SCENARIOS])
+    if not scenarios or not all(isinstance(s, dict) for s in scenarios):
+        raise ApplicationError("Scenarios must be a non-empty list of JSON objects.",
+                               field_errors={"scenarios": ["list of objects required"]})
+    dry_run = DryRun.objects.create(owner=owner, script_version=script_version, reward_version=reward_version,
+                                    base_model=base_model, scenarios=scenarios[:MAX_DRY_RUN_SCENARIOS])
+    from rollouts.tasks import dry_run_task
+
+    dry_run_task.delay_on_commit(dry_run.id)
+    return dry_run
