@@ -15,4 +15,8 @@ app.conf.task_routes = {
     "training.tasks.run_step_task": {"queue": "gpu"},
     "rollouts.tasks.dry_run_task": {"queue": "gpu"},
 }
+# Beat (embedded in the "default" worker with -B) requeues runs whose GPU worker stopped heartbeating.
+app.conf.beat_schedule = {
+    "runs-requeue-stale": {"task": "training.tasks.runs_requeue_stale_task", "schedule": 10.0},
+}
 app.autodiscover_tasks()

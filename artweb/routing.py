@@ -1,7 +1,8 @@
 from django.urls import path
 
-from training.consumers import RunConsumer
+from training.consumers import RunConsumer, RunsConsumer
 
 websocket_urlpatterns = [
+    path("ws/runs/", RunsConsumer.as_asgi()),
     path("ws/runs/<int:run_id>/", RunConsumer.as_asgi()),
 ]

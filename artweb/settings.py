@@ -4,6 +4,7 @@ Every value a deployment may change comes from an environment variable; the defa
 development. With DEBUG off, SECRET_KEY must be set: start-up stops with a message naming it.
 """
 
+import warnings
 from pathlib import Path
 
 import environ
@@ -47,6 +48,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files straight from the ASGI server: no separate web server in front is needed.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -118,6 +121,20 @@ STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("ARTWEB_STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
 STATICFILES_DIRS = [("frontend", BASE_DIR / "frontend")]
 MEDIA_ROOT = DATA_DIR / "uploads"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Production serves the collectstatic output, compressed and with hashed names (cache forever);
+    # development serves the source files as they are, so no collectstatic step is needed.
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage" if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = DEBUG
+WHITENOISE_AUTOREFRESH = DEBUG
+# WhiteNoise hands Django a synchronous file iterator; under ASGI Django reads it in a thread and warns
+# once per process. The files are small static assets, so the warning says nothing useful here.
+warnings.filterwarnings("ignore", message="StreamingHttpResponse must consume synchronous iterators")
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"

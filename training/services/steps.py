@@ -1,0 +1,444 @@
+"""One GRPO step of a run, as one idempotent unit of work for a GPU worker.
+
+run_step_execute(run_id, step) claims the run (a lease: worker name + heartbeat), then:
+sample scenarios → rollouts in the sandbox against the current policy → persist the groups → one
+training update → checkpoint → load the new adapter into vLLM → validation every N steps → persist the
+step's metrics (the Step row's uniqueness and a conditional update of steps_done make a step count once)
+→ broadcast → queue the next step. A redelivered or duplicated task for a step that is already done,
+or for a run another live worker holds, does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import statistics
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from rollouts.models import Scenario, Trajectory, TrajectoryGroup
+from training.config import RunConfig
+from training.models import Checkpoint, Run, Step
+from training.services import inference
+from training.services.broadcast import run_broadcast
+from training.services.logs import run_log
+from training.services.runs import run_event, run_transition
+
+logger = logging.getLogger(__name__)
+S = Run.Status
+
+
+class StepAborted(Exception):
+    """The run was cancelled or paused while the step was in progress."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def stale_after() -> timedelta:
+    return timedelta(seconds=settings.ARTWEB["HEARTBEAT_SECONDS"] * 4)
+
+
+def run_claim(*, run_id: int, me: str) -> bool:
+    """Take the run's lease if it is free, ours, or its holder stopped heartbeating."""
+    now = timezone.now()
+    return Run.objects.filter(
+        Q(worker="") | Q(worker=me) | Q(heartbeat_at__lt=now - stale_after()),
+        id=run_id, status__in=Run.ACTIVE_STATUSES,
+    ).update(worker=me, heartbeat_at=now) == 1
+
+
+def run_release(*, run_id: int, me: str) -> None:
+    Run.objects.filter(id=run_id, worker=me).update(worker="")
+
+
+class Heartbeat:
+    """Refreshes the lease from a thread while the step works; exposes cancel/pause flags cheaply."""
+
+    def __init__(self, run_id: int, me: str):
+        self.run_id, self.me = run_id, me
+        self.interval = settings.ARTWEB["HEARTBEAT_SECONDS"]
+        self._stop = threading.Event()
+        self.cancel = False
+        self.lost = False
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"heartbeat-run-{run_id}")
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def beat(self) -> None:
+        from django.db import connection
+
+        try:
+            n = Run.objects.filter(id=self.run_id, worker=self.me).update(heartbeat_at=timezone.now())
+            self.lost = n == 0
+            self.cancel = Run.objects.filter(id=self.run_id, cancel_requested=True).exists()
+        finally:
+            connection.close()  # this thread's own connection
+
+    def _loop(self):
+        while not self._stop.wait(min(self.interval, 2.0)):
+            try:
+                self.beat()
+            except Exception:  # noqa: BLE001 - a missed beat is retried on the next tick
+                logger.warning("heartbeat failed", exc_info=True)
+
+    def should_stop(self) -> bool:
+        return self.cancel or self.lost
+
+
+def _sample_scenarios(run: Run, cfg: RunConfig, step: int, split: str, count: int) -> list[Scenario]:
+    ids = list(Scenario.objects.filter(scenario_set=run.scenario_set, split=split).order_by("index")
+               .values_list("id", flat=True))
+    if not ids or count == 0:
+        return []
+    # Seeded by (seed, step): a repeated step samples the same scenarios.
+    rng = random.Random(f"{cfg.seed}:{split}:{step}")
+    chosen = rng.sample(ids, count) if count <= len(ids) else [rng.choice(ids) for _ in range(count)]
+    by_id = Scenario.objects.in_bulk(chosen)
+    return [by_id[i] for i in chosen]
+
+
+def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: str, server, hb: Heartbeat,
+              group_size: int):
+    from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
+
+    request = RolloutRequest(
+        script=run.script_version.content,
+        reward=run.reward_version.content if run.reward_version else None,
+        scenarios=[s.data for s in scenarios],
+        group_size=group_size,
+        base_url=server.base_url,
+        model_name=model_name,
+        sampling={"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens},
+        concurrency=cfg.concurrency,
+        max_exceptions=cfg.max_exceptions,
+        limits=SandboxLimits(rollout_timeout_s=cfg.rollout_timeout_s),
+    )
+    return run_rollouts(request, should_stop=hb.should_stop)
+
+
+def _search_text(messages: list[dict]) -> str:
+    parts = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        for call in m.get("tool_calls") or []:
+            fn = (call or {}).get("function") or {}
+            parts.append(f"{fn.get('name', '')} {fn.get('arguments', '')}")
+    return "\n".join(parts)[:20_000]
+
+
+def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], results) -> list[TrajectoryGroup]:
+    groups = []
+    with transaction.atomic():
+        # A crashed earlier attempt of this step may have left its groups: replace them.
+        TrajectoryGroup.objects.filter(run=run, step=step, split=split).delete()
+        for scenario, result in zip(scenarios, results):
+            trajs = result.trajectories
+            rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
+            group = TrajectoryGroup.objects.create(
+                run=run, step=step, split=split, scenario=scenario,
+                reward_mean=statistics.fmean(rewards) if rewards else None,
+                reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
+                error_count=sum(1 for t in trajs if t.get("error")),
+                skipped=len(set(rewards)) <= 1,
+            )
+            Trajectory.objects.bulk_create([
+                Trajectory(
+                    group=group, run=run, step=step, index=i, messages=t.get("messages") or [],
+                    tools=t.get("tools"), reward=t.get("reward"), metrics=t.get("metrics") or {},
+                    metadata=t.get("metadata") or {}, logs=t.get("logs") or [], error=t.get("error") or "",
+                    prompt_tokens=t.get("prompt_tokens") or 0, completion_tokens=t.get("completion_tokens") or 0,
+                    duration_ms=t.get("duration_ms") or 0, search_text=_search_text(t.get("messages") or []),
+                )
+                for i, t in enumerate(trajs)
+            ])
+            groups.append(group)
+    return groups
+
+
+def _reward_stats(results) -> dict:
+    trajs = [t for r in results for t in r.trajectories]
+    rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
+    completion = [t.get("completion_tokens") or 0 for t in trajs if not t.get("error")]
+    return {
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else None,
+        "rollouts": len(trajs),
+        "rollout_errors": sum(1 for t in trajs if t.get("error")),
+        "completion_tokens_mean": statistics.fmean(completion) if completion else 0.0,
+        "completion_tokens_total": sum(completion),
+    }
+
+
+def _checkpoint_dir(run: Run, step: int) -> Path:
+    return Path(settings.DATA_DIR) / "checkpoints" / f"run-{run.id}" / f"step-{step:06d}"
+
+
+def _latest_checkpoint(run: Run) -> Checkpoint | None:
+    return (Checkpoint.objects.filter(run=run, step=run.steps_done, state=Checkpoint.State.ACTIVE).first()
+            if run.steps_done else None)
+
+
+def adapter_name(run: Run, step: int) -> str:
+    return f"run-{run.id}@{step}"
+
+
+def _policy_model_name(run: Run, server) -> str:
+    """The model name rollouts call: the base model at step 0, else the latest checkpoint's adapter."""
+    ckpt = _latest_checkpoint(run)
+    if ckpt is None:
+        return server.base_model_name
+    name = adapter_name(run, ckpt.step)
+    server.ensure_adapter(name, ckpt.path)
+    return name
+
+
+def run_step_execute(*, run_id: int, step: int | None = None) -> None:
+    me = worker_name()
+    if not run_claim(run_id=run_id, me=me):
+        logger.info("run %s: not claimable (finished, or held by a live worker)", run_id)
+        return
+    run = Run.objects.select_related("base_model", "script_version", "reward_version", "scenario_set").get(id=run_id)
+    next_step = run.steps_done + 1
+    if step is not None and step != next_step:
+        run_release(run_id=run_id, me=me)
+        logger.info("run %s: step %s already done (at %s); nothing to do", run_id, step, run.steps_done)
+        return
+    try:
+        if _finish_if_requested(run, me):
+            return
+        if run.status == S.QUEUED:
+            run_transition(run=run, from_statuses=(S.QUEUED,), to_status=S.STARTING,
+                           message=f"Worker {me} picked the run up.")
+        cfg = RunConfig.model_validate(run.config)
+        with Heartbeat(run.id, me) as hb:
+            server = inference.inference_server(run.base_model)
+            if run.status == S.STARTING:
+                run_transition(run=run, from_statuses=(S.STARTING,), to_status=S.RUNNING,
+                               message="Inference server ready; training.")
+            _execute(run, cfg, next_step, server, hb)
+    except StepAborted as exc:
+        _finish_if_requested(Run.objects.get(id=run_id), me, reason=exc.reason)
+        return
+    except Exception as exc:  # noqa: BLE001 - the run records why it failed; the worker lives on
+        logger.exception("run %s step %s failed", run_id, next_step)
+        inference.trainer_close()
+        run_log(run_id=run_id, step=next_step, level="ERROR", message=traceback.format_exc()[-5000:])
+        run.refresh_from_db()
+        run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.FAILED,
+                       message=f"Step {next_step} failed: {type(exc).__name__}: {exc}"[:1000],
+                       error=f"{type(exc).__name__}: {exc}"[:5000], worker="")
+        return
+    _after_step(run_id, me)
+
+
+def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None:
+    timings: dict[str, float] = {}
+    t_step = time.perf_counter()
+
+    def check():
+        if hb.cancel:
+            raise StepAborted("cancel")
+        if hb.lost:
+            raise StepAborted("lease lost")
+
+    # 1. Rollouts against the current policy.
+    t = time.perf_counter()
+    policy = _policy_model_name(run, server)
+    scenarios = _sample_scenarios(run, cfg, step, "train", cfg.scenarios_per_step)
+    try:
+        results = _rollouts(run, cfg, scenarios, policy, server, hb, cfg.group_size)
+    except Exception as exc:
+        if type(exc).__name__ == "Cancelled":
+            raise StepAborted("cancel") from exc
+        raise
+    timings["rollouts"] = time.perf_counter() - t
+    check()
+    stats = _reward_stats(results)
+    if stats["rollouts"] and stats["rollout_errors"] / stats["rollouts"] > cfg.max_exceptions:
+        first = next(t["error"] for r in results for t in r.trajectories if t.get("error"))
+        raise RuntimeError(f"{stats['rollout_errors']} of {stats['rollouts']} rollouts failed "
+                           f"(max_exceptions={cfg.max_exceptions}). First error:\n{first[:2000]}")
+
+    # 2. Persist the groups (replacing any left by a crashed attempt of this step).
+    t = time.perf_counter()
+    groups = _persist_groups(run, step, "train", scenarios, results)
+    timings["persist"] = time.perf_counter() - t
+    run_log(run_id=run.id, step=step, message=(
+        f"step {step}: {stats['rollouts']} rollouts, reward {_fmt(stats['reward_mean'])}, "
+        f"{stats['rollout_errors']} errors, {timings['rollouts']:.1f}s"))
+
+    # 3. One training update on the LoRA.
+    t = time.perf_counter()
+    ckpt = _latest_checkpoint(run)
+    trainer = inference.trainer_for(run, checkpoint_dir=ckpt.path if ckpt else None)
+    timings["trainer_load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    from training.engine import Cancelled as TrainCancelled
+
+    try:
+        train_metrics = trainer.train_step([r.trajectories for r in results], should_stop=hb.should_stop)
+    except TrainCancelled as exc:
+        inference.trainer_close()  # its state may be mid-accumulation: reload from the checkpoint next time
+        raise StepAborted("cancel") from exc
+    timings["train"] = time.perf_counter() - t
+    advantages = train_metrics.pop("advantages", None) or []
+    _store_advantages(groups, advantages)
+
+    # 4. Checkpoint, then the new policy into the inference server.
+    t = time.perf_counter()
+    ckpt_dir = _checkpoint_dir(run, step)
+    info = trainer.save_checkpoint(str(ckpt_dir))
+    inference.trainer_advanced(run.id, step)
+    timings["checkpoint"] = time.perf_counter() - t
+    t = time.perf_counter()
+    new_name = adapter_name(run, step)
+    server.ensure_adapter(new_name, str(ckpt_dir))
+    server.retire_adapters(keep={new_name})
+    inference.adapters_loaded_publish()
+    timings["adapter_load"] = time.perf_counter() - t
+    check()
+
+    # 5. Validation on held-out scenarios every val_every steps (and at the last step).
+    val_reward = None
+    if cfg.val_every and cfg.val_scenarios and (step % cfg.val_every == 0 or step == run.num_steps):
+        t = time.perf_counter()
+        val_reward = _validate(run, cfg, step, new_name, server, hb)
+        timings["validation"] = time.perf_counter() - t
+
+    # 6. The step's record: exactly once.
+    timings["step"] = time.perf_counter() - t_step
+    metrics = {**{k: v for k, v in stats.items() if v is not None}, **_numeric(train_metrics)}
+    if val_reward is not None:
+        metrics["val_reward"] = val_reward
+    _step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir, info)
+
+
+def _fmt(x):
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _numeric(d: dict) -> dict:
+    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _store_advantages(groups: list[TrajectoryGroup], advantages) -> None:
+    rows = []
+    for group, advs in zip(groups, advantages):
+        for traj in group.trajectories.all().order_by("index"):
+            if traj.index < len(advs) and advs[traj.index] is not None:
+                traj.advantage = float(advs[traj.index])
+                rows.append(traj)
+    Trajectory.objects.bulk_update(rows, ["advantage"], batch_size=1000)
+
+
+def _validate(run: Run, cfg: RunConfig, step: int, model_name: str, server, hb: Heartbeat) -> float | None:
+    scenarios = _sample_scenarios(run, cfg, 0, "validation", cfg.val_scenarios)  # same held-out set each time
+    if not scenarios:
+        return None
+    # One rollout per scenario is enough for a held-out mean; the runtime needs groups of at least 1.
+    results = _rollouts(run, cfg, scenarios, model_name, server, hb, group_size=1)
+    _persist_groups(run, step, "validation", scenarios, results)
+    rewards = [t["reward"] for r in results for t in r.trajectories if t.get("reward") is not None]
+    return statistics.fmean(rewards) if rewards else None
+
+
+def _step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir: Path, info: dict) -> None:
+    with transaction.atomic():
+        if Run.objects.filter(id=run.id, steps_done=step - 1).update(
+            steps_done=step, latest_reward=stats["reward_mean"], heartbeat_at=timezone.now()
+        ) != 1:
+            raise StepAborted("step already recorded")
+        Step.objects.create(run=run, step=step, reward_mean=stats["reward_mean"], reward_std=stats["reward_std"],
+                            val_reward=val_reward, metrics=metrics, timings=timings,
+                            duration_s=timings.get("step", 0.0))
+        Checkpoint.objects.update_or_create(
+            run=run, step=step,
+            defaults={"path": str(ckpt_dir), "size_bytes": int(info.get("size_bytes", 0)), "metrics": metrics,
+                      "val_reward": val_reward, "state": Checkpoint.State.ACTIVE},
+        )
+        if val_reward is not None:
+            Run.objects.filter(Q(best_val_reward__isnull=True) | Q(best_val_reward__lt=val_reward), id=run.id).update(
+                best_val_reward=val_reward)
+        run_broadcast(run.id, {"type": "step", "run": run.id, "step": step, "metrics": {**metrics, "duration_s": timings["step"]},
+                               "timings": timings, "steps_done": step, "num_steps": run.num_steps}, to_list=True)
+    from training.services.checkpoints import checkpoint_apply_retention
+
+    run.refresh_from_db()
+    checkpoint_apply_retention(run=run)
+
+
+def _finish_if_requested(run: Run, me: str, reason: str | None = None) -> bool:
+    """Apply a pending cancel or pause, or complete the run when all steps are done. True if it stopped."""
+    run.refresh_from_db()
+    if run.cancel_requested or reason == "cancel":
+        run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.CANCELLED,
+                       message=f"Cancelled after {run.steps_done} steps.", worker="")
+        return True
+    if run.pause_requested:
+        run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.PAUSED,
+                       message=f"Paused after {run.steps_done} steps.", worker="", pause_requested=False)
+        return True
+    if run.steps_done >= run.num_steps:
+        run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.COMPLETED,
+                       message=f"Completed {run.steps_done} steps.", worker="")
+        inference.trainer_close()
+        return True
+    if reason:
+        run_release(run_id=run.id, me=me)
+        return True
+    return False
+
+
+def _after_step(run_id: int, me: str) -> None:
+    run = Run.objects.get(id=run_id)
+    if _finish_if_requested(run, me):
+        return
+    from training.tasks import run_step_task
+
+    next_step = run.steps_done + 1
+    with transaction.atomic():
+        run_release(run_id=run_id, me=me)
+        transaction.on_commit(lambda: run_step_task.apply_async(args=[run_id], kwargs={"step": next_step}))
+
+
+def runs_requeue_stale() -> list[int]:
+    """Requeue active runs whose worker stopped heartbeating (killed, lost its host)."""
+    from training.tasks import run_step_task
+
+    cutoff = timezone.now() - stale_after()
+    requeued = []
+    for run in Run.objects.filter(status__in=(S.STARTING, S.RUNNING), heartbeat_at__lt=cutoff).exclude(worker=""):
+        with transaction.atomic():
+            if Run.objects.filter(id=run.id, worker=run.worker, heartbeat_at__lt=cutoff).update(worker="") != 1:
+                continue
+            run_event(run=run, kind="requeued",
+                      message=f"Worker {run.worker} stopped heartbeating; requeued from step {run.steps_done}.",
+                      data={"worker": run.worker, "steps_done": run.steps_done})
+            transaction.on_commit(
+                lambda rid=run.id, nxt=run.steps_done + 1: run_step_task.apply_async(args=[rid], kwargs={"step": nxt}))
+        requeued.append(run.id)
+    return requeued
