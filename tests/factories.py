@@ -99,6 +99,7 @@ class RewardFunctionVersionFactory(factory.django.DjangoModelFactory):
 class ScenarioSetFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = ScenarioSet
+        skip_postgeneration_save = True
 
     owner = factory.SubFactory(UserFactory)
     name = factory.Sequence(lambda n: f"scenarios-{n}")

@@ -36,7 +36,8 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for scenario sampling and training.")
     keep_last_checkpoints: int = Field(2, ge=1, le=1000, description="Retention: newest checkpoints kept.")
     keep_best_checkpoints: int = Field(1, ge=0, le=1000, description="Retention: best by validation reward kept.")
-    train: dict[str, Any] = Field(default_factory=dict, description="Engine TrainConfig overrides.")
+    train: dict[str, Any] = Field(default_factory=dict, validate_default=True,
+                                  description="Engine TrainConfig (learning rate, LoRA, loss…); defaults filled in.")
 
     @field_validator("train")
     @classmethod

@@ -1,0 +1,114 @@
+"""Run lifecycle services: conditional transitions, events, enqueue after commit."""
+
+import pytest
+
+from artweb.errors import ApplicationError
+from tests.factories import CheckpointFactory, RunFactory
+from training.models import Run, RunEvent
+from training.services import run_cancel, run_create, run_pause, run_resume, run_retry, run_transition
+from training.services.checkpoints import checkpoint_apply_retention, checkpoint_delete, checkpoint_promote
+
+S = Run.Status
+
+
+@pytest.fixture
+def enqueued(monkeypatch):
+    """Records run_step_task enqueues instead of sending them to a broker (no worker in these tests)."""
+    calls = []
+    from training import tasks
+
+    monkeypatch.setattr(tasks.run_step_task, "delay_on_commit", lambda *a, **k: calls.append((a, k)))
+    return calls
+
+
+def test_it_creates_a_run_with_defaults_and_enqueues_after_commit(alice, enqueued, django_capture_on_commit_callbacks):
+    template = RunFactory(owner=alice)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        run = run_create(owner=alice, name="r1", base_model=template.base_model,
+                         script_version=template.script_version, reward_version=template.reward_version,
+                         scenario_set=template.scenario_set, config={"num_steps": 3})
+    assert run.status == S.QUEUED and run.num_steps == 3
+    assert run.config["group_size"] == 6 and run.config["train"]["learning_rate"] > 0
+    assert enqueued == [((run.id,), {})]
+    assert callbacks  # the enqueue and the broadcast waited for the commit
+    assert list(run.events.values_list("kind", flat=True)) == ["created"]
+
+
+@pytest.mark.parametrize("config, field", [
+    ({"group_size": 1}, "group_size"),
+    ({"num_steps": 0}, "num_steps"),
+    ({"bogus": 1}, "bogus"),
+    ({"train": {"learning_rate": -1}}, "train"),
+])
+def test_it_rejects_bad_config_naming_the_field(alice, enqueued, config, field):
+    template = RunFactory(owner=alice)
+    before = Run.objects.count()
+    with pytest.raises(ApplicationError) as exc:
+        run_create(owner=alice, name="bad", base_model=template.base_model, script_version=template.script_version,
+                   scenario_set=template.scenario_set, config=config)
+    assert field in exc.value.message
+    assert any(k.startswith(field) for k in exc.value.field_errors)
+    assert Run.objects.count() == before and enqueued == []
+
+
+def test_it_refuses_other_peoples_assets(alice, bob, enqueued):
+    theirs = RunFactory(owner=bob)
+    with pytest.raises(ApplicationError):
+        run_create(owner=alice, name="x", base_model=theirs.base_model, script_version=theirs.script_version,
+                   scenario_set=theirs.scenario_set)
+
+
+def test_it_cancels_a_queued_run_at_once_and_flags_a_running_one(alice):
+    queued = RunFactory(owner=alice)
+    run_cancel(run=queued, actor=alice)
+    assert queued.status == S.CANCELLED and queued.finished_at is not None
+    running = RunFactory(owner=alice, status=S.RUNNING)
+    run_cancel(run=running, actor=alice)
+    assert running.status == S.RUNNING and running.cancel_requested
+    with pytest.raises(ApplicationError):
+        run_cancel(run=queued, actor=alice)
+
+
+def test_it_pauses_and_resumes(alice, enqueued):
+    run = RunFactory(owner=alice)
+    run_pause(run=run, actor=alice)
+    assert run.status == S.PAUSED
+    run_resume(run=run, actor=alice)
+    assert run.status == S.QUEUED
+    assert len(enqueued) == 1
+    with pytest.raises(ApplicationError):
+        run_resume(run=run, actor=alice)
+
+
+def test_it_retries_a_failed_run_from_its_last_step(alice, enqueued):
+    run = RunFactory(owner=alice, status=S.FAILED, steps_done=2, error="boom")
+    run_retry(run=run, actor=alice)
+    assert run.status == S.QUEUED and run.error == "" and run.steps_done == 2
+    assert "step 2" in run.events.last().message
+
+
+def test_a_transition_happens_once(alice):
+    run = RunFactory(owner=alice)
+    assert run_transition(run=run, from_statuses=S.QUEUED, to_status=S.STARTING)
+    stale = Run.objects.get(id=run.id)
+    stale.status = S.QUEUED  # a second actor that read the old status
+    assert not run_transition(run=stale, from_statuses=S.QUEUED, to_status=S.STARTING)
+    assert RunEvent.objects.filter(run=run, kind="status").count() == 1
+
+
+def test_retention_keeps_latest_best_and_promoted_and_refuses_the_resume_point(alice, tmp_path):
+    run = RunFactory(owner=alice, status=S.RUNNING, config={"keep_last_checkpoints": 1, "keep_best_checkpoints": 1})
+    ckpts = {}
+    for step, val in [(1, 0.2), (2, 0.9), (3, 0.1), (4, None), (5, None)]:
+        d = tmp_path / f"s{step}"
+        d.mkdir()
+        (d / "adapter_model.safetensors").write_bytes(b"x" * 10)
+        ckpts[step] = CheckpointFactory(run=run, step=step, path=str(d), val_reward=val, size_bytes=10)
+    checkpoint_promote(checkpoint=ckpts[1], actor=alice)
+    with pytest.raises(ApplicationError, match="newest"):
+        checkpoint_delete(checkpoint=ckpts[5])
+    deleted = checkpoint_apply_retention(run=run, actor=alice)
+    assert sorted(c.step for c in deleted) == [3, 4]
+    states = dict(run.checkpoints.values_list("step", "state"))
+    assert states == {1: "active", 2: "active", 3: "deleted", 4: "deleted", 5: "active"}
+    assert run.events.filter(kind="checkpoint_deleted").count() == 2
