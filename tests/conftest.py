@@ -21,3 +21,15 @@ def bob(db, django_user_model):
 def staff(db, django_user_model):
     return django_user_model.objects.create_user("sam", "sam@example.com", "sam-pass-123", is_staff=True,
                                                  is_superuser=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir():
+    """The default model's directory (converted from its PyPI wheel on first use)."""
+    import os
+    from pathlib import Path
+
+    from training.engine.default_model import ensure_default_model
+
+    data_dir = Path(os.environ.get("ARTWEB_DATA_DIR", Path(__file__).resolve().parents[1] / "data"))
+    return ensure_default_model(data_dir).path.resolve()

@@ -1,0 +1,77 @@
+"""Whole-system runs with the real parts: PostgreSQL, Redis, a Celery worker process that starts a vLLM
+CPU server with the default model, the sandboxed example task, the PEFT trainer, and a WebSocket client
+connected to the ASGI server."""
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import stack
+from training.models import Checkpoint, Run, RunEvent, Step
+from training.services import run_create
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+SMALL = {"num_steps": 3, "group_size": 4, "scenarios_per_step": 2, "max_tokens": 24, "val_every": 3,
+         "val_scenarios": 2, "keep_last_checkpoints": 3, "train": {"learning_rate": 5e-5}}
+
+
+def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, socket_for, tmp_path):
+    web = stack.start_web(stack_env, tmp_path / "logs")
+    procs.append(web)
+    run = run_create(name="e2e", config=SMALL, **example_run_inputs)
+    sock = socket_for(web.extra["url"], run.id, example_run_inputs["owner"])
+    procs.append(stack.start_gpu_worker(stack_env, tmp_path / "logs"))
+
+    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
+                   procs=procs, what="the run to finish")
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, (run.error, procs[-1].tail())
+    assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
+    step3 = Step.objects.get(run=run, step=3)
+    assert step3.val_reward is not None and step3.metrics["tokens_trained"] > 0
+    assert {"rollouts", "train", "checkpoint", "adapter_load"} <= set(step3.timings)
+    for ckpt in Checkpoint.objects.filter(run=run):
+        assert (Path(ckpt.path) / "adapter_model.safetensors").exists()
+        assert ckpt.size_bytes > 0
+    assert run.groups.filter(split="train").count() == 3 * SMALL["scenarios_per_step"]
+    assert run.trajectories.filter(group__split="train").count() == 3 * 2 * 4
+    traj = run.trajectories.filter(group__split="train", error="").first()
+    assistant = [m for m in traj.messages if m["role"] == "assistant"]
+    assert assistant and len(assistant[0]["token_ids"]) == len(assistant[0]["logprobs"]) > 0
+    kinds = list(RunEvent.objects.filter(run=run).values_list("kind", flat=True))
+    assert kinds[0] == "created" and kinds.count("status") >= 3
+
+    stack.wait_for(lambda: len(sock.of_type("step")) == 3, timeout=10, what="three step messages on the socket")
+    assert [m["step"] for m in sock.of_type("step")] == [1, 2, 3]
+    assert sock.of_type("status")[-1]["status"] == "completed"
+
+
+def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, stack_env, procs, tmp_path):
+    from training.services.steps import runs_requeue_stale
+
+    run = run_create(name="fault", config={**SMALL, "val_every": 0}, **example_run_inputs)
+    first = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="worker-a")
+    procs.append(first)
+    # Kill it in the middle of step 2: after step 1 is recorded and step 2's rollouts have begun.
+    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
+                   what="step 1")
+    stack.wait_for(lambda: run.groups.filter(step=2).exists() or run.logs.filter(step=2).exists()
+                   or Run.objects.get(id=run.id).steps_done == 1, timeout=60, interval=0.2, what="step 2 started")
+    first.kill(signal.SIGKILL)
+    first.extra["must_live"] = False
+    assert Run.objects.get(id=run.id).status == Run.Status.RUNNING
+
+    second = stack.start_gpu_worker({**stack_env, "ARTWEB_VLLM_PORT": str(stack.free_port())}, tmp_path / "logs",
+                                    name="worker-b")
+    procs.append(second)
+    # The beat task does this every 10 s in a deployment; here the test calls it once the lease is stale.
+    stack.wait_for(lambda: runs_requeue_stale(), timeout=60, interval=1, what="the stale run to be requeued")
+    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
+                   procs=[second], what="the run to finish on the second worker")
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, (run.error, second.tail())
+    assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
+    assert run.groups.filter(split="train").count() == 3 * SMALL["scenarios_per_step"]
+    assert RunEvent.objects.filter(run=run, kind="requeued").count() == 1
