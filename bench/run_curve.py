@@ -1,0 +1,103 @@
+"""Run the shipped example task through the real stack on this machine and print what a step costs.
+
+Starts a Celery GPU worker (which starts the vLLM server), creates a run of the example task, waits for
+it, then prints the mean reward per step (the learning curve), the held-out reward, and the wall time of
+each phase of a step (median over steps). Uses the database and Redis the settings point at.
+
+    python -m bench.run_curve --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+
+from rollouts.services import reward_create, scenario_set_create, script_create  # noqa: E402
+from tests.e2e import stack  # noqa: E402
+from training.engine.default_model import ensure_default_model  # noqa: E402
+from training.models import Run, Step  # noqa: E402
+from training.services import base_model_register, run_create  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "rollouts" / "examples"
+PHASES = ("rollouts", "persist", "trainer_load", "train", "checkpoint", "adapter_load", "validation", "step")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--group-size", type=int, default=6)
+    parser.add_argument("--scenarios-per-step", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--val-every", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+
+    model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
+    user, _ = get_user_model().objects.get_or_create(username="bench")
+    tag = time.strftime("%Y%m%d-%H%M%S")
+    model = base_model_register(name="SmolLM2-135M-Instruct", source=str(model_dir), local_path=str(model_dir),
+                                supports_tools=True)
+    config = {"num_steps": args.steps, "group_size": args.group_size, "scenarios_per_step": args.scenarios_per_step,
+              "max_tokens": args.max_tokens, "val_every": args.val_every, "val_scenarios": 8,
+              "train": {"learning_rate": args.learning_rate}}
+    run = run_create(
+        owner=user, name=f"curve-{tag}", base_model=model,
+        script_version=script_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "rollout.py").read_text()),
+        reward_version=reward_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "reward.py").read_text()),
+        scenario_set=scenario_set_create(owner=user, name=f"example-{tag}",
+                                         jsonl=(EXAMPLES / "scenarios.jsonl").read_text()),
+        config=config,
+    )
+    db_name = settings.DATABASES["default"]["NAME"]
+    work = Path(tempfile.mkdtemp(prefix="artweb-curve-"))
+    env = stack.stack_env(db_name=db_name, data_dir=work / "data", ARTWEB_VLLM_PORT=str(stack.free_port()),
+                          ARTWEB_HEARTBEAT_SECONDS="15")
+    worker = stack.start_gpu_worker(env, work / "logs")
+    started = time.time()
+    try:
+        stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=args.timeout,
+                       interval=5, procs=[worker], what="the run")
+    finally:
+        worker.kill()
+    run.refresh_from_db()
+    wall = time.time() - started
+    steps = list(Step.objects.filter(run=run).order_by("step"))
+    print(f"run {run.id} {run.status} after {wall:.0f}s wall ({len(steps)} steps); config {config}")
+    print("\nstep  reward_mean  val_reward  step_s")
+    for s in steps:
+        print(f"{s.step:4d}  {s.reward_mean if s.reward_mean is not None else float('nan'):11.3f}  "
+              f"{'' if s.val_reward is None else f'{s.val_reward:10.3f}':>10}  {s.duration_s:6.1f}")
+    if steps:
+        first = statistics.fmean(s.reward_mean for s in steps[:3] if s.reward_mean is not None)
+        last = statistics.fmean(s.reward_mean for s in steps[-3:] if s.reward_mean is not None)
+        print(f"\nmean reward, first 3 steps: {first:.3f}; last 3 steps: {last:.3f}")
+        print("\nphase         median_s  share_of_step")
+        step_med = statistics.median(s.timings.get("step", 0.0) for s in steps)
+        for phase in PHASES:
+            values = [s.timings[phase] for s in steps if phase in s.timings]
+            if values:
+                med = statistics.median(values)
+                print(f"{phase:13s} {med:8.2f}  {med / step_med:6.1%}")
+        other = [s.timings["step"] - s.timings.get("rollouts", 0) - s.timings.get("train", 0)
+                 - s.timings.get("validation", 0) for s in steps]
+        print(f"outside rollouts+training (median): {statistics.median(other):.2f}s "
+              f"= {statistics.median(other) / step_med:.1%} of a step")
+    return 0 if run.status == Run.Status.COMPLETED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
