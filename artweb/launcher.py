@@ -27,7 +27,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,12 @@ class EmbeddedService:
 
     def start(self) -> EmbeddedService:
         self.root.mkdir(parents=True, exist_ok=True)
+        # Two launchers starting at once must not both start a server on the same directory.
+        with open(self.root / "start.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._start_or_reuse()
+
+    def _start_or_reuse(self) -> EmbeddedService:
         state = ServiceState.read(self.state_file)
         if state and pid_alive(state.pid) and self._answers(state.port):
             self.state = state
@@ -177,7 +185,7 @@ class EmbeddedPostgres(EmbeddedService):
         return f"postgres://postgres@127.0.0.1:{self.state.port}/{DATABASE_NAME}"
 
     def _run(self, *args: str, timeout: float = 120) -> None:
-        proc = subprocess.run([str(self.bin / args[0]), *args[1:]], user=self.user, capture_output=True,
+        proc = subprocess.run([str(self.bin / args[0]), *args[1:]], check=False, user=self.user, capture_output=True,
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             tail = self.log.read_text()[-2000:] if self.log.exists() else ""
@@ -268,7 +276,8 @@ class EmbeddedRedis(EmbeddedService):
                "--daemonize", "yes", "--pidfile", str(pidfile), "--logfile", str(self.root / "redis.log"),
                # Snapshot now and then: the broker queue and channel layer survive a restart.
                "--save", "60 1", "--dbfilename", "dump.rdb"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
         if proc.returncode != 0 or not wait_until(lambda: self._answers(port), timeout=15):
             raise LaunchError(f"Redis did not start: {proc.stderr.strip() or proc.stdout.strip()}; "
                               f"see {self.root / 'redis.log'}")
@@ -365,27 +374,49 @@ class Supervisor:
                 proc.wait(timeout=5)
 
 
-def manage(env: dict, *args: str) -> None:
-    proc = subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], env=env, cwd=BASE_DIR)
-    if proc.returncode != 0:
-        raise LaunchError(f"`manage.py {' '.join(args)}` failed (exit {proc.returncode}); see the output above.")
-
-
-def ensure_admin(env: dict) -> tuple[str, str] | None:
-    """Create a superuser "admin" with a random password when there is no superuser yet."""
+def prepare(env: dict) -> tuple[str, str] | None:
+    """Migrate, fetch the default model, make sure there is an admin, load the demo: one Django process
+    for all of it (each start-up of Django and torch costs seconds). Returns new admin credentials."""
     password = secrets.token_urlsafe(12)
-    code = (
-        "from django.contrib.auth import get_user_model\n"
-        "User = get_user_model()\n"
-        "if not User.objects.filter(is_superuser=True).exists():\n"
-        "    User.objects.create_superuser('admin', 'admin@localhost', __import__('os').environ['ARTWEB_NEW_ADMIN'])\n"
-        "    print('created')\n"
-    )
-    proc = subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), "shell", "-c", code],
-                          env={**env, "ARTWEB_NEW_ADMIN": password}, cwd=BASE_DIR, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise LaunchError(f"Could not create the admin user: {proc.stderr.strip()[-1500:]}")
-    return ("admin", password) if "created" in proc.stdout else None
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        proc = subprocess.run([sys.executable, "-m", "artweb.launcher", "prepare"], check=False, cwd=BASE_DIR,
+                              env={**env, "ARTWEB_NEW_ADMIN_PASSWORD": password, "ARTWEB_PREPARE_RESULT": str(result)})
+        if proc.returncode != 0:
+            raise LaunchError(f"Preparing the database and the default model failed (exit {proc.returncode}); "
+                              "see the output above.")
+        created = json.loads(result.read_text())["admin_created"]
+    return ("admin", password) if created else None
+
+
+def prepare_in_django() -> int:
+    """The `prepare` mode, run by prepare() in a child process with the launcher's environment."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    try:
+        call_command("migrate", interactive=False)
+        call_command("fetch_default_model")
+    except CommandError as exc:
+        print(f"artweb: {exc}", file=sys.stderr, flush=True)
+        return 1
+    users = get_user_model().objects
+    created = not users.filter(is_superuser=True).exists()
+    if created:
+        # Never a fixed password: a random one, printed once by the launcher.
+        users.create_superuser("admin", "admin@localhost", os.environ["ARTWEB_NEW_ADMIN_PASSWORD"])
+    try:
+        call_command("seed_demo")
+    except CommandError as exc:
+        # The demo is a convenience: the product is usable without it, so say so and go on.
+        print(f"artweb: the demo task was not loaded: {exc}", file=sys.stderr, flush=True)
+    Path(os.environ["ARTWEB_PREPARE_RESULT"]).write_text(json.dumps({"admin_created": created}))
+    return 0
 
 
 def pick_web_port(env: dict) -> int:
@@ -403,25 +434,40 @@ def pick_web_port(env: dict) -> int:
 
 def web_is_up(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + "healthz", timeout=3) as resp:
-            return resp.status == 200
+        with urllib.request.urlopen(url + "healthz", timeout=3):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answers; an unhealthy answer (or a host not in ALLOWED_HOSTS) is still an answer
     except OSError:
         return False
+
+
+def workers_ready(broker_url: str, names: tuple[str, ...]) -> bool:
+    """True once a Celery worker of each name prefix answers a ping (so the banner comes last)."""
+    from celery import Celery
+    from kombu.exceptions import OperationalError
+
+    app = Celery(broker=broker_url)
+    try:
+        replies = app.control.ping(timeout=1.0)
+    except (OSError, OperationalError):  # the broker is still starting: not ready yet
+        return False
+    finally:
+        app.close()
+    answered = {name.split("@")[0] for reply in replies for name in reply}
+    return all(name in answered for name in names)
 
 
 def run(env: dict, data_dir: Path, *, host: str) -> int:
     services = start_services(data_dir, env)
     supervisor = Supervisor(env)
     try:
-        manage(env, "migrate", "--noinput")
-        manage(env, "fetch_default_model")
-        admin = ensure_admin(env)
-        manage(env, "seed_demo")
+        admin = prepare(env)
         port = pick_web_port(env)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
         py = sys.executable
         supervisor.spawn("web", [py, "-m", "uvicorn", "artweb.asgi:application", "--host", host,
-                                 "--port", str(port), "--no-access-log"])
+                                 "--port", str(port), "--no-access-log", "--lifespan", "off"])
         supervisor.spawn("worker", [py, "-m", "celery", "-A", "artweb", "worker", "-Q", "default",
                                     "-n", "default@%h", "--loglevel", "INFO",
                                     "--concurrency", env.get("ARTWEB_WORKER_CONCURRENCY", "2")])
@@ -432,6 +478,9 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
         if not wait_until(lambda: web_is_up(url) or any(p.poll() is not None for _, p in supervisor.children),
                           timeout=120, interval=0.5) or not web_is_up(url):
             raise LaunchError("The web server did not come up; see the output above.")
+        broker = env.get("CELERY_BROKER_URL") or env["REDIS_URL"]
+        if not wait_until(lambda: workers_ready(broker, ("default", "gpu")), timeout=120, interval=1):
+            print("artweb: the Celery workers have not answered yet; see their output above.", flush=True)
         lines = [f"artweb is running at {url}"]
         if admin:
             lines += [f"Log in as {admin[0]!r} with password {admin[1]!r}.",
@@ -482,22 +531,26 @@ def stop_leftovers(data_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m artweb.launcher", description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["run", "services", "stop"])
+    # "prepare" is internal: the Django half of `run`, in its own process.
+    parser.add_argument("mode", choices=["run", "services", "stop", "prepare"])
     parser.add_argument("--host", default=os.environ.get("ARTWEB_HOST", "127.0.0.1"),
                         help="address the web server listens on (default 127.0.0.1, env ARTWEB_HOST)")
     args = parser.parse_args(argv)
 
+    if args.mode == "prepare":
+        return prepare_in_django()
     data_dir = data_dir_from_env()
     env = {**os.environ, "ARTWEB_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
     env.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
+        if args.mode == "services":
+            # No launcher lock: a `run` started meanwhile reuses these servers and leaves them running.
+            return services_only(env, data_dir)
         with single_launcher(data_dir):
             if args.mode == "run":
                 return run(env, data_dir, host=args.host)
-            if args.mode == "services":
-                return services_only(env, data_dir)
             return stop_leftovers(data_dir)
     except LaunchError as exc:
         print(f"artweb: {exc}", file=sys.stderr, flush=True)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
-from rollouts.models import RewardFunction, RolloutScript, ScenarioSet, Trajectory, TrajectoryGroup
+from rollouts.models import (
+    DryRun,
+    RewardFunction,
+    RewardFunctionVersion,
+    RolloutScript,
+    RolloutScriptVersion,
+    ScenarioSet,
+    Trajectory,
+    TrajectoryGroup,
+)
 
 
 def _visible(model, user) -> QuerySet:
@@ -64,3 +73,33 @@ def group_list(*, run, step: int | None = None, split: str | None = None) -> Que
     if split:
         qs = qs.filter(split=split)
     return qs.order_by("step", "id")
+
+
+# --- added for the dashboard ---------------------------------------------------------------------
+
+
+def script_version_list(*, user) -> QuerySet[RolloutScriptVersion]:
+    """Versions of the scripts the user may launch with (staff: all), newest first per script."""
+    qs = RolloutScriptVersion.objects.select_related("asset").order_by("asset__name", "-number")
+    return qs if user.is_staff else qs.filter(asset__owner=user)
+
+
+def reward_version_list(*, user) -> QuerySet[RewardFunctionVersion]:
+    qs = RewardFunctionVersion.objects.select_related("asset").order_by("asset__name", "-number")
+    return qs if user.is_staff else qs.filter(asset__owner=user)
+
+
+def dry_run_get(*, user, dry_run_id: int) -> DryRun:
+    return get_object_or_404(
+        _visible(DryRun, user).select_related("script_version__asset", "reward_version__asset", "base_model"),
+        id=dry_run_id,
+    )
+
+
+def trajectory_get(*, run, trajectory_id: int) -> Trajectory:
+    """One trajectory of a run (the caller has already checked access to the run), or 404."""
+    return get_object_or_404(Trajectory.objects.filter(run=run), id=trajectory_id)
+
+
+def group_get(*, run, group_id: int) -> TrajectoryGroup:
+    return get_object_or_404(TrajectoryGroup.objects.filter(run=run).select_related("scenario"), id=group_id)

@@ -156,3 +156,59 @@ class RunLog(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["run", "id"])]
+
+
+class ExportTarget(models.Model):
+    """Where a person's runs are mirrored: Weights & Biases, Weave or Langfuse.
+
+    A target without a run applies to every run of its owner; one with a run applies to that run only
+    and takes precedence over the owner's target of the same kind (enabled=False there opts the run out).
+    The secret (an API key) is stored encrypted; left empty, the worker's environment supplies it.
+    """
+
+    class Kind(models.TextChoices):
+        WANDB = "wandb", "Weights & Biases"
+        WEAVE = "weave", "Weave"
+        LANGFUSE = "langfuse", "Langfuse"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="export_targets")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="export_targets")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    enabled = models.BooleanField(default=True)
+    settings = models.JSONField(default=dict, blank=True, help_text="Validated per-kind settings; no secrets.")
+    secret_encrypted = models.TextField(blank=True)
+    secret_last4 = models.CharField(max_length=4, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["kind", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "kind"], condition=models.Q(run__isnull=True),
+                                    name="uniq_export_owner_kind"),
+            models.UniqueConstraint(fields=["run", "kind"], condition=models.Q(run__isnull=False),
+                                    name="uniq_export_run_kind"),
+        ]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} for {self.run or self.owner}"
+
+
+class ExportProgress(models.Model):
+    """How far one target has mirrored one run: the cursor that makes a retried export repeat nothing."""
+
+    target = models.ForeignKey(ExportTarget, on_delete=models.CASCADE, related_name="progress")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="export_progress")
+    last_step = models.PositiveIntegerField(default=0, help_text="Steps up to this one are exported.")
+    finished = models.BooleanField(default=False, help_text="The run's final state is exported.")
+    remote_id = models.CharField(max_length=100, blank=True, help_text="The run's id at the service.")
+    failures = models.PositiveIntegerField(default=0, help_text="Consecutive failed attempts.")
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["target", "run"], name="uniq_export_progress")]

@@ -97,3 +97,45 @@ def run_logs_since(*, run: Run, after_id: int = 0, limit: int = 500) -> list[Run
 
 def checkpoint_list(*, run: Run) -> QuerySet[Checkpoint]:
     return Checkpoint.objects.filter(run=run).order_by("-step")
+
+
+# --- added for the dashboard ---------------------------------------------------------------------
+
+
+def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
+    """run_metrics for the run page's first paint, plus the reward spread band.
+
+    The band needs reward_std at the very steps the downsampled reward_mean kept, so it is cut from
+    the full-resolution series here instead of being downsampled on its own.
+    """
+    full = run_metrics(run=run, series=list(DEFAULT_SERIES), max_points=None)
+    std_by_step = dict(zip(full["series"]["reward_std"]["x"], full["series"]["reward_std"]["y"]))
+    series = {}
+    for name, s in full["series"].items():
+        x, y = _downsample(np.asarray(s["x"], dtype=np.int64), np.asarray(s["y"], dtype=np.float64), max_points)
+        series[name] = {"x": x.tolist(), "y": y.tolist()}
+    mean = series["reward_mean"]
+    series["reward_band"] = {"x": mean["x"], "std": [std_by_step.get(x) for x in mean["x"]]}
+    return {"series": series, "last_step": full["last_step"]}
+
+
+def run_events_recent(*, run: Run, limit: int = 100) -> list[RunEvent]:
+    """The newest events, oldest first (the timeline's first paint; the socket appends the rest)."""
+    return list(reversed(RunEvent.objects.filter(run=run).order_by("-id")[:limit]))
+
+
+def run_logs_recent(*, run: Run, limit: int = 200) -> list[RunLog]:
+    return list(reversed(RunLog.objects.filter(run=run).order_by("-id")[:limit]))
+
+
+def run_trajectory_steps(*, run: Run) -> list[int]:
+    """Steps of the run that have trajectory groups (the inspector's slider stops)."""
+    from rollouts.models import TrajectoryGroup
+
+    return list(TrajectoryGroup.objects.filter(run=run).order_by("step").values_list("step", flat=True).distinct())
+
+
+def checkpoint_get(*, user, checkpoint_id: int) -> Checkpoint:
+    """A checkpoint of a run the user may see, or 404."""
+    return get_object_or_404(Checkpoint.objects.filter(run__in=run_visible(user)).select_related("run"),
+                             id=checkpoint_id)

@@ -1,1 +1,19 @@
-urlpatterns = []
+"""Web pages (the REST API lives under api/v1/, see api_urls.py)."""
+
+from django.urls import include, path
+
+from training.views import assets, compare, models, runs, trajectories
+
+urlpatterns = [
+    path("", runs.run_list_view, name="run-list"),
+    path("runs/new/", runs.run_launch_view, name="run-launch"),
+    path("runs/<int:run_id>/", runs.run_detail_view, name="run-detail"),
+    path("runs/<int:run_id>/trajectories/", trajectories.trajectory_inspector_view, name="run-trajectories"),
+    path("runs/<int:run_id>/checkpoints/<int:checkpoint_id>/download/", runs.checkpoint_download_view,
+         name="checkpoint-download"),
+    path("runs/<int:run_id>/<slug:action>/", runs.run_action_view, name="run-action"),
+    path("compare/", compare.run_compare_view, name="run-compare"),
+    path("models/", models.model_list_view, name="model-list"),
+    path("assets/plotly-<str:version>.min.js", assets.plotly_js, name="plotly-js"),
+    path("", include("rollouts.urls")),
+]

@@ -21,7 +21,7 @@ def run_python():
         base = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARS}
         base.pop("DJANGO_SETTINGS_MODULE", None)
         args = ["-c", code_or_args] if isinstance(code_or_args, str) else list(code_or_args)
-        return subprocess.run([sys.executable, *args], cwd=BASE_DIR, env={**base, **env},
+        return subprocess.run([sys.executable, *args], check=False, cwd=BASE_DIR, env={**base, **env},
                               capture_output=True, text=True, timeout=120)
 
     return run

@@ -112,10 +112,9 @@ def test_it_uses_configured_services_instead(services_dir):
 
 
 def test_it_allows_one_launcher_per_data_dir(tmp_path):
-    with single_launcher(tmp_path):
-        with pytest.raises(LaunchError, match="Another artweb launcher"):
-            with single_launcher(tmp_path):
-                pass
+    with single_launcher(tmp_path), pytest.raises(LaunchError, match="Another artweb launcher"), \
+            single_launcher(tmp_path):
+        pass
 
 
 def test_services_mode_stops_everything_on_ctrl_c(services_dir):

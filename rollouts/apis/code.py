@@ -1,0 +1,343 @@
+"""Rollout scripts and reward functions: upload (JSON text or a multipart file), versions, validation.
+
+The two kinds of code asset have the same operations; each operation is written once here on a
+base class and bound to scripts or rewards by a few class attributes in the concrete classes below.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Count, Max
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from artweb.api_errors import ErrorSerializer
+from rollouts import selectors, services
+from rollouts.apis.base import (
+    MIB,
+    PAGE_PARAMETERS,
+    Api,
+    UploadApi,
+    WriteApi,
+    body,
+    decode_utf8,
+    paginated_response,
+    paginated_schema,
+    upload_bytes,
+    query_params,
+)
+from rollouts.models import RewardFunction
+
+MAX_CODE_BYTES = MIB
+ERRORS = {400: ErrorSerializer, 404: ErrorSerializer, 413: ErrorSerializer}
+
+
+class CodeJsonInput(serializers.Serializer):
+    content = serializers.CharField(trim_whitespace=False, max_length=MAX_CODE_BYTES,
+                                    help_text="The Python source, UTF-8, at most 1 MiB.")
+
+
+class CodeFileInput(serializers.Serializer):
+    file = serializers.FileField(help_text="A UTF-8 .py file, at most 1 MiB.")
+
+
+def _code_bytes(request, what: str) -> bytes:
+    """The uploaded source from either a multipart 'file' or a JSON 'content'."""
+    data = request.data
+    file = request.FILES.get("file") if hasattr(request, "FILES") else None
+    content = data.get("content") if hasattr(data, "get") else None
+    if content is not None and not isinstance(content, str):
+        raise serializers.ValidationError({"content": ["must be a string"]})
+    return upload_bytes(file=file, content=content, max_bytes=MAX_CODE_BYTES, what=what)
+
+
+# --- shared outputs --------------------------------------------------------------------------------
+
+
+class AssetOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    description = serializers.CharField()
+    latest_version = serializers.IntegerField(source="latest_version_number", allow_null=True)
+    version_count = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class VersionOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    asset_id = serializers.IntegerField()
+    name = serializers.CharField(source="asset.name")
+    number = serializers.IntegerField()
+    sha256 = serializers.CharField()
+    note = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class RewardVersionOutput(VersionOutput):
+    kind = serializers.ChoiceField(choices=RewardFunction.Kind.choices)
+
+
+class ScriptVersionDetailOutput(VersionOutput):
+    content = serializers.CharField()
+
+
+class RewardVersionDetailOutput(RewardVersionOutput):
+    content = serializers.CharField()
+
+
+class ValidationIssue(serializers.Serializer):
+    line = serializers.IntegerField(allow_null=True)
+    message = serializers.CharField()
+
+
+def _annotated(qs):
+    return qs.annotate(latest_version_number=Max("versions__number"), version_count=Count("versions"))
+
+
+# --- operations, written once ----------------------------------------------------------------------
+
+
+class _AssetListApi(Api):
+    what = ""
+
+    class FilterSerializer(serializers.Serializer):
+        name = serializers.CharField(required=False, max_length=200, help_text="Exact name.")
+
+    def list(self, request, qs):
+        filters = query_params(self.FilterSerializer, request)
+        if filters.get("name"):
+            qs = qs.filter(name=filters["name"])
+        return paginated_response(request=request, view=self, queryset=_annotated(qs).order_by("-updated_at", "-id"),
+                                  serializer_class=AssetOutput)
+
+
+class _AssetDetailApi(Api):
+    def detail(self, asset):
+        asset = _annotated(type(asset).objects.filter(id=asset.id)).get()
+        return Response(AssetOutput(asset).data)
+
+
+class _VersionListApi(Api):
+    output = VersionOutput
+
+    def list(self, request, asset):
+        return paginated_response(request=request, view=self, queryset=asset.versions.select_related("asset")
+                                  .order_by("-number"), serializer_class=self.output)
+
+
+# --- rollout scripts -------------------------------------------------------------------------------
+
+
+class ScriptListApi(_AssetListApi):
+    @extend_schema(operation_id="scripts_list", parameters=[_AssetListApi.FilterSerializer, *PAGE_PARAMETERS],
+                   responses={200: paginated_schema(AssetOutput, "PaginatedScriptList")})
+    def get(self, request):
+        return self.list(request, selectors.script_list(user=request.user))
+
+
+class ScriptCreateApi(UploadApi):
+    max_upload_bytes = MAX_CODE_BYTES
+
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=200)
+        description = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
+
+    class JsonInputSerializer(InputSerializer, CodeJsonInput):
+        pass
+
+    class FileInputSerializer(InputSerializer, CodeFileInput):
+        pass
+
+    @extend_schema(operation_id="scripts_create",
+                   request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+                   responses={201: VersionOutput, **ERRORS})
+    def post(self, request):
+        data = body(self.InputSerializer, request)
+        raw = _code_bytes(request, "rollout script")
+        version = services.script_create(owner=request.user, name=data["name"], content=raw,
+                                         description=data["description"])
+        return Response(VersionOutput(version).data, status=201)
+
+
+class ScriptValidateApi(UploadApi):
+    max_upload_bytes = MAX_CODE_BYTES
+    throttle_scope = "writes"
+
+    class OutputSerializer(serializers.Serializer):
+        valid = serializers.BooleanField()
+        issues = ValidationIssue(many=True)
+
+    @extend_schema(operation_id="scripts_validate",
+                   request={"application/json": CodeJsonInput, "multipart/form-data": CodeFileInput},
+                   responses={200: OutputSerializer, **ERRORS})
+    def post(self, request):
+        from rollouts.runtime.validation import validate_script
+
+        text = decode_utf8(_code_bytes(request, "rollout script"), what="rollout script")
+        issues = validate_script(text)
+        return Response(self.OutputSerializer({"valid": not issues, "issues": _issues(issues)}).data)
+
+
+class ScriptDetailApi(_AssetDetailApi):
+    @extend_schema(operation_id="scripts_retrieve", responses={200: AssetOutput, 404: ErrorSerializer})
+    def get(self, request, script_id: int):
+        return self.detail(selectors.script_get(user=request.user, script_id=script_id))
+
+
+class ScriptVersionListApi(_VersionListApi):
+    @extend_schema(operation_id="scripts_versions_list", parameters=PAGE_PARAMETERS,
+                   responses={200: paginated_schema(VersionOutput, "PaginatedScriptVersionList"),
+                              404: ErrorSerializer})
+    def get(self, request, script_id: int):
+        return self.list(request, selectors.script_get(user=request.user, script_id=script_id))
+
+
+class ScriptVersionCreateApi(UploadApi):
+    max_upload_bytes = MAX_CODE_BYTES
+
+    class InputSerializer(serializers.Serializer):
+        note = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+
+    class JsonInputSerializer(InputSerializer, CodeJsonInput):
+        pass
+
+    class FileInputSerializer(InputSerializer, CodeFileInput):
+        pass
+
+    @extend_schema(operation_id="scripts_versions_create",
+                   request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+                   responses={201: VersionOutput, **ERRORS})
+    def post(self, request, script_id: int):
+        script = selectors.script_get(user=request.user, script_id=script_id)
+        data = body(self.InputSerializer, request)
+        raw = _code_bytes(request, "rollout script")
+        version = services.script_version_create(script=script, content=raw, note=data["note"])
+        return Response(VersionOutput(version).data, status=201)
+
+
+class ScriptVersionDetailApi(Api):
+    @extend_schema(operation_id="scripts_versions_retrieve",
+                   responses={200: ScriptVersionDetailOutput, 404: ErrorSerializer})
+    def get(self, request, script_id: int, number: int):
+        script = selectors.script_get(user=request.user, script_id=script_id)
+        version = _version(script, number)
+        return Response(ScriptVersionDetailOutput(version).data)
+
+
+# --- reward functions ------------------------------------------------------------------------------
+
+
+class RewardListApi(_AssetListApi):
+    @extend_schema(operation_id="rewards_list", parameters=[_AssetListApi.FilterSerializer, *PAGE_PARAMETERS],
+                   responses={200: paginated_schema(AssetOutput, "PaginatedRewardList")})
+    def get(self, request):
+        return self.list(request, selectors.reward_list(user=request.user))
+
+
+class RewardCreateApi(UploadApi):
+    max_upload_bytes = MAX_CODE_BYTES
+
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=200)
+        description = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
+
+    class JsonInputSerializer(InputSerializer, CodeJsonInput):
+        pass
+
+    class FileInputSerializer(InputSerializer, CodeFileInput):
+        pass
+
+    @extend_schema(operation_id="rewards_create",
+                   request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+                   responses={201: RewardVersionOutput, **ERRORS})
+    def post(self, request):
+        data = body(self.InputSerializer, request)
+        raw = _code_bytes(request, "reward function")
+        version = services.reward_create(owner=request.user, name=data["name"], content=raw,
+                                         description=data["description"])
+        return Response(RewardVersionOutput(version).data, status=201)
+
+
+class RewardValidateApi(UploadApi):
+    max_upload_bytes = MAX_CODE_BYTES
+    throttle_scope = "writes"
+
+    class OutputSerializer(serializers.Serializer):
+        valid = serializers.BooleanField()
+        kind = serializers.CharField(allow_null=True, help_text="trajectory or group, when recognised.")
+        issues = ValidationIssue(many=True)
+
+    @extend_schema(operation_id="rewards_validate",
+                   request={"application/json": CodeJsonInput, "multipart/form-data": CodeFileInput},
+                   responses={200: OutputSerializer, **ERRORS})
+    def post(self, request):
+        from rollouts.runtime.validation import validate_reward
+
+        text = decode_utf8(_code_bytes(request, "reward function"), what="reward function")
+        kind, issues = validate_reward(text)
+        return Response(self.OutputSerializer({"valid": not issues, "kind": kind or None,
+                                               "issues": _issues(issues)}).data)
+
+
+class RewardDetailApi(_AssetDetailApi):
+    @extend_schema(operation_id="rewards_retrieve", responses={200: AssetOutput, 404: ErrorSerializer})
+    def get(self, request, reward_id: int):
+        return self.detail(selectors.reward_get(user=request.user, reward_id=reward_id))
+
+
+class RewardVersionListApi(_VersionListApi):
+    output = RewardVersionOutput
+
+    @extend_schema(operation_id="rewards_versions_list", parameters=PAGE_PARAMETERS,
+                   responses={200: paginated_schema(RewardVersionOutput, "PaginatedRewardVersionList"),
+                              404: ErrorSerializer})
+    def get(self, request, reward_id: int):
+        return self.list(request, selectors.reward_get(user=request.user, reward_id=reward_id))
+
+
+class RewardVersionCreateApi(UploadApi):
+    max_upload_bytes = MAX_CODE_BYTES
+
+    class InputSerializer(serializers.Serializer):
+        note = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+
+    class JsonInputSerializer(InputSerializer, CodeJsonInput):
+        pass
+
+    class FileInputSerializer(InputSerializer, CodeFileInput):
+        pass
+
+    @extend_schema(operation_id="rewards_versions_create",
+                   request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+                   responses={201: RewardVersionOutput, **ERRORS})
+    def post(self, request, reward_id: int):
+        reward = selectors.reward_get(user=request.user, reward_id=reward_id)
+        data = body(self.InputSerializer, request)
+        raw = _code_bytes(request, "reward function")
+        version = services.reward_version_create(reward=reward, content=raw, note=data["note"])
+        return Response(RewardVersionOutput(version).data, status=201)
+
+
+class RewardVersionDetailApi(Api):
+    @extend_schema(operation_id="rewards_versions_retrieve",
+                   responses={200: RewardVersionDetailOutput, 404: ErrorSerializer})
+    def get(self, request, reward_id: int, number: int):
+        reward = selectors.reward_get(user=request.user, reward_id=reward_id)
+        return Response(RewardVersionDetailOutput(_version(reward, number)).data)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _version(asset, number: int):
+    from django.http import Http404
+
+    version = asset.versions.select_related("asset").filter(number=number).first() if number < 2**31 else None
+    if version is None:
+        raise Http404
+    return version
+
+
+def _issues(issues) -> list[dict]:
+    return [{"line": i.get("line"), "message": str(i.get("message", ""))} for i in issues or []]

@@ -1,0 +1,15 @@
+"""The pure rollout runtime: the SDK rollout scripts import, the sandbox that runs them, the vLLM
+inference service, and RULER. Never imports Django; services turn rows into these typed requests.
+"""
+
+
+class Cancelled(Exception):
+    """should_stop() said stop: the sandbox was killed and no results are returned."""
+
+
+class TooManyErrors(RuntimeError):
+    """More rollouts failed than the request's max_exceptions allows; `groups` holds what finished."""
+
+    def __init__(self, message: str, groups: list | None = None) -> None:
+        super().__init__(message)
+        self.groups = groups or []

@@ -1,0 +1,352 @@
+"""The sandbox process: runs a person's rollout script and reward function on a batch of groups.
+
+Started by rollouts.runtime.sandbox with a clean environment, resource limits and a working directory
+of its own; never imported by artweb itself. Reads the batch description (a JSON file named on the
+command line), runs every rollout concurrently on one asyncio loop, and writes one JSON line per
+finished trajectory to the result pipe, so whatever was finished survives if this process dies.
+
+Timeouts: `asyncio.timeout` stops a rollout that waits too long; a rollout that blocks the loop
+itself (`while True: pass`) is interrupted by a watchdog thread, which signals the main thread so
+that a RolloutTimeout is raised inside the blocking code, failing that rollout and no other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import io
+import json
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+from contextvars import ContextVar
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# Our `art` package must win over a real openpipe-art install; the weave stand-in must lose to a real
+# weave, so it goes last on the path.
+sys.path.insert(0, str(HERE))
+sys.path.append(str(HERE.parent / "guest_fallbacks"))
+
+from artweb_sdk import Scenario, TrainableModel, Trajectory, TrajectoryGroup  # noqa: E402
+from artweb_sdk.model import Endpoint, Usage, current_usage  # noqa: E402
+from artweb_sdk.trajectory import check_reward  # noqa: E402
+
+MAX_LOG_LINES = 500
+MAX_LOG_LINE_CHARS = 4000
+MAX_RECORD_BYTES = 4 << 20  # one trajectory; larger ones are replaced by an error
+
+
+class RolloutTimeout(BaseException):
+    """Raised inside a rollout that overran its wall-clock limit.
+
+    A BaseException, so a script's `except Exception:` cannot swallow it and keep going.
+    """
+
+
+# --- per-rollout logs ---------------------------------------------------------------------------------
+
+
+class RolloutLog:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._partial = ""
+        self.dropped = 0
+
+    def write(self, text: str) -> None:
+        text = self._partial + text
+        *complete, self._partial = text.split("\n")
+        for line in complete:
+            self._add(line)
+
+    def _add(self, line: str) -> None:
+        if len(self.lines) >= MAX_LOG_LINES:
+            self.dropped += 1
+            return
+        self.lines.append(line[:MAX_LOG_LINE_CHARS])
+
+    def finish(self) -> list[str]:
+        if self._partial:
+            self._add(self._partial)
+            self._partial = ""
+        if self.dropped:
+            self.lines.append(f"[{self.dropped} more log lines dropped]")
+        return self.lines
+
+
+current_log: ContextVar[RolloutLog | None] = ContextVar("artweb_log", default=None)
+
+
+class _RoutedStream(io.TextIOBase):
+    """sys.stdout/sys.stderr: text written inside a rollout goes to that rollout's logs."""
+
+    def __init__(self, fallback) -> None:
+        self._fallback = fallback
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        log = current_log.get()
+        if log is None:
+            self._fallback.write(text)
+        else:
+            log.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._fallback.flush()
+
+
+# --- results -----------------------------------------------------------------------------------------
+
+
+class ResultPipe:
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pid = os.getpid()
+
+    def send(self, message: dict) -> None:
+        if os.getpid() != self._pid:
+            # A process forked by the script reached our code: it must not report or run other rollouts.
+            os._exit(0)
+        data = (json.dumps(message, allow_nan=False) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+
+
+def describe_error(exc: BaseException, user_files: set[str]) -> str:
+    """'Type: message' and the traceback through the person's own code (not artweb's or libraries')."""
+    te = traceback.TracebackException.from_exception(exc, capture_locals=False)
+    head = "".join(te.format_exception_only()).strip()
+    frames = [f for f in te.stack if Path(f.filename).name in user_files]
+    if not frames:
+        return head
+    te.stack = traceback.StackSummary.from_list(frames)
+    return head + "\n\nTraceback (your code, most recent call last):\n" + "".join(te.stack.format()).rstrip()
+
+
+# --- loading the person's code -----------------------------------------------------------------------
+
+
+def load_module(path: Path, name: str) -> types.ModuleType:
+    source = path.read_text(encoding="utf-8")
+    linecache.cache[path.name] = (len(source), None, source.splitlines(True), path.name)
+    code = compile(source, path.name, "exec")
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    exec(code, module.__dict__)
+    return module
+
+
+async def call_maybe_async(fn, *args):
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+# --- the watchdog ------------------------------------------------------------------------------------
+
+
+class Watchdog(threading.Thread):
+    """Interrupts a rollout that keeps the event loop blocked past its deadline."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, grace_s: float = 1.0) -> None:
+        super().__init__(name="artweb-watchdog", daemon=True)
+        self.loop = loop
+        self.grace_s = grace_s
+        self.deadlines: dict[asyncio.Task, float] = {}
+        self.target: asyncio.Task | None = None
+        self._main = threading.main_thread().ident
+
+    def run(self) -> None:
+        while True:
+            time.sleep(0.2)
+            task = asyncio.current_task(self.loop) if self.loop.is_running() else None
+            deadline = self.deadlines.get(task) if task is not None else None
+            if deadline is not None and time.monotonic() > deadline + self.grace_s:
+                self.target = task
+                signal.pthread_kill(self._main, signal.SIGUSR1)
+                time.sleep(self.grace_s)
+
+    def on_signal(self, _signum, _frame) -> None:
+        task = asyncio.current_task(self.loop) if self.loop.is_running() else None
+        if task is not None and task is self.target:
+            self.target = None
+            raise RolloutTimeout()
+
+
+# --- running a batch ---------------------------------------------------------------------------------
+
+
+class Batch:
+    def __init__(self, spec: dict, pipe: ResultPipe) -> None:
+        self.spec = spec
+        self.pipe = pipe
+        self.timeout_s = float(spec["rollout_timeout_s"])
+        endpoint = Endpoint.from_env()
+        endpoint.max_connections = max(1, int(spec["concurrency"]))
+        self.model = TrainableModel(name=spec["model_name"], project="artweb", _endpoint=endpoint)
+        self.semaphore = asyncio.Semaphore(max(1, int(spec["concurrency"])))
+        self.user_files = {"rollout.py", "reward.py"}
+        self.rollout = None
+        self.reward = None
+        self.reward_kind = spec.get("reward_kind")
+        self.load_error: str | None = None
+        self.watchdog: Watchdog | None = None
+
+    def load(self, workdir: Path) -> None:
+        try:
+            script = load_module(workdir / "rollout.py", "rollout_script")
+            self.rollout = getattr(script, "rollout", None)
+            if not callable(self.rollout):
+                raise AttributeError("the rollout script defines no function named `rollout(model, scenario)`")
+            if self.reward_kind:
+                module = load_module(workdir / "reward.py", "reward_function")
+                name = "score_group" if self.reward_kind == "group" else "reward"
+                self.reward = getattr(module, name, None)
+                if not callable(self.reward):
+                    raise AttributeError(f"the reward function file defines no function named `{name}`")
+        except BaseException as exc:  # noqa: BLE001 - every rollout will report this error
+            self.load_error = "Loading your code failed: " + describe_error(exc, self.user_files)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.watchdog = Watchdog(loop)
+        signal.signal(signal.SIGUSR1, self.watchdog.on_signal)
+        self.watchdog.start()
+        await asyncio.gather(*(self.run_group(g) for g in self.spec["groups"]))
+
+    async def run_group(self, group: dict) -> None:
+        records = await asyncio.gather(*(self.run_one(group, i) for i in range(int(self.spec["group_size"]))))
+        if self.reward_kind == "group" and self.load_error is None:
+            await self.score_group(group, records)
+        for index, (record, _) in enumerate(records):
+            self.pipe.send({"kind": "trajectory", "group": group["index"], "index": index, "trajectory": record})
+
+    async def run_one(self, group: dict, index: int) -> tuple[dict, Trajectory | None]:
+        async with self.semaphore:
+            log, usage = RolloutLog(), Usage()
+            current_log.set(log)
+            current_usage.set(usage)
+            started = time.monotonic()
+            trajectory, error = None, self.load_error
+            scenario = Scenario(copy.deepcopy(group["scenario"]))
+            if error is None:
+                trajectory, error = await self._rollout_and_reward(scenario)
+            record = trajectory.to_record() if trajectory is not None else _empty_record()
+            record.update(
+                logs=log.finish() + record["logs"],
+                error=error,
+                duration_ms=int((time.monotonic() - started) * 1000),
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+            )
+            if error is not None:
+                record["reward"] = None
+            return _bounded(record), trajectory
+
+    async def _rollout_and_reward(self, scenario: Scenario) -> tuple[Trajectory | None, str | None]:
+        task = asyncio.current_task()
+        self.watchdog.deadlines[task] = time.monotonic() + self.timeout_s
+        trajectory, stage = None, "rollout"
+        try:
+            async with asyncio.timeout(self.timeout_s) as deadline:
+                trajectory = await call_maybe_async(self.rollout, self.model, scenario)
+                if not isinstance(trajectory, Trajectory):
+                    bad, trajectory = trajectory, None
+                    raise TypeError(f"rollout() must return an art.Trajectory, not {type(bad).__name__}")
+                stage = "reward"
+                if self.reward_kind == "trajectory":
+                    trajectory.reward = check_reward(await call_maybe_async(self.reward, trajectory, scenario))
+                elif self.reward_kind is None:
+                    trajectory.reward = check_reward(trajectory.reward)
+                    if trajectory.reward is None:
+                        return trajectory, "The rollout set no trajectory.reward and no reward function is attached."
+                stage = "result"
+                trajectory.to_record()  # unserialisable content is this rollout's error, not the batch's
+            return trajectory, None
+        except RolloutTimeout:
+            return trajectory, f"Timed out: the {stage} did not finish within {self.timeout_s:g} s (wall clock)."
+        except TimeoutError as exc:
+            if deadline.expired():
+                return trajectory, f"Timed out: the {stage} did not finish within {self.timeout_s:g} s (wall clock)."
+            return trajectory, _stage_error(stage, exc, self.user_files)
+        except BaseException as exc:  # noqa: BLE001 - anything the person's code raises is their rollout's error
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return trajectory, _stage_error(stage, exc, self.user_files)
+        finally:
+            self.watchdog.deadlines.pop(task, None)
+
+    async def score_group(self, group: dict, records: list[tuple[dict, Trajectory | None]]) -> None:
+        scored = [(record, traj) for record, traj in records if record["error"] is None and traj is not None]
+        if not scored:
+            return
+        scenario = Scenario(copy.deepcopy(group["scenario"]))
+        error = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                rewards = await call_maybe_async(self.reward, TrajectoryGroup(t for _, t in scored), scenario)
+            rewards = list(rewards)
+            if len(rewards) != len(scored):
+                raise ValueError(f"score_group returned {len(rewards)} rewards for {len(scored)} trajectories")
+            rewards = [check_reward(r) for r in rewards]
+        except TimeoutError:
+            error = f"Timed out: score_group did not finish within {self.timeout_s:g} s (wall clock)."
+        except Exception as exc:  # noqa: BLE001
+            error = _stage_error("reward", exc, self.user_files)
+        for i, (record, traj) in enumerate(scored):
+            if error is None:
+                traj.reward = rewards[i]
+                record.update(reward=rewards[i], metrics={**record["metrics"], **_plain_metrics(traj)})
+            else:
+                record.update(reward=None, error=error)
+
+
+def _stage_error(stage: str, exc: BaseException, user_files: set[str]) -> str:
+    prefix = {"rollout": "", "reward": "The reward function failed: ", "result": "The trajectory is not JSON: "}
+    return prefix.get(stage, "") + describe_error(exc, user_files)
+
+
+def _plain_metrics(traj: Trajectory) -> dict:
+    return traj.to_record()["metrics"]
+
+
+def _empty_record() -> dict:
+    return {"messages": [], "tools": None, "reward": None, "metrics": {}, "metadata": {}, "logs": []}
+
+
+def _bounded(record: dict) -> dict:
+    size = len(json.dumps(record, default=str))
+    if size <= MAX_RECORD_BYTES:
+        return record
+    return {**_empty_record(), "logs": record["logs"][-50:], "error":
+            f"The trajectory is {size >> 20} MB as JSON; the limit is {MAX_RECORD_BYTES >> 20} MB.",
+            "duration_ms": record["duration_ms"], "prompt_tokens": record["prompt_tokens"],
+            "completion_tokens": record["completion_tokens"]}
+
+
+def main() -> None:
+    spec_path = Path(sys.argv[1])
+    spec = json.loads(spec_path.read_text())
+    pipe = ResultPipe(int(spec["result_fd"]))
+    sys.stdout = _RoutedStream(sys.__stdout__)
+    sys.stderr = _RoutedStream(sys.__stderr__)
+    batch = Batch(spec, pipe)
+    batch.load(spec_path.parent)
+    asyncio.run(batch.run())
+    pipe.send({"kind": "done"})
+
+
+if __name__ == "__main__":
+    main()

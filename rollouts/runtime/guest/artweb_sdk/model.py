@@ -1,0 +1,172 @@
+"""The model handle a rollout receives, and the OpenAI client it hands out.
+
+`model.openai_client()` is an ordinary `AsyncOpenAI` pointed at the run's inference endpoint. Its
+HTTP transport adds what training needs to every chat completion request — the run's sampling
+defaults, logprobs, and vLLM's `return_token_ids` so each Choice carries its sampled token ids — and
+counts the tokens each rollout used. The script's own arguments win over the sampling defaults.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    requests: int = 0
+
+
+# The usage counter of the rollout running in the current asyncio task (None outside a rollout).
+current_usage: contextvars.ContextVar[Usage | None] = contextvars.ContextVar("artweb_usage", default=None)
+
+
+class _PolicyTransport(httpx.AsyncBaseTransport):
+    """Completes each chat completion request with the run's defaults and records its token usage."""
+
+    def __init__(self, sampling: dict, max_connections: int) -> None:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._inner = httpx.AsyncHTTPTransport(limits=limits)
+        self._sampling = dict(sampling)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "POST" or not request.url.path.endswith("/chat/completions"):
+            return await self._inner.handle_async_request(request)
+        body = json.loads(await request.aread() or b"{}")
+        for key, value in self._sampling.items():
+            if key == "max_tokens" and "max_completion_tokens" in body:
+                continue
+            body.setdefault(key, value)
+        body["logprobs"] = True
+        body["return_token_ids"] = True
+        headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "content-length"]
+        request = httpx.Request("POST", request.url, headers=headers, content=json.dumps(body).encode(),
+                                extensions=request.extensions)
+        response = await self._inner.handle_async_request(request)
+        usage = current_usage.get()
+        if usage is not None and not body.get("stream") and response.status_code == 200:
+            # Reading here keeps the body cached on the response; the OpenAI client reads that copy.
+            await response.aread()
+            counts = (json.loads(response.content).get("usage") or {})
+            usage.prompt_tokens += int(counts.get("prompt_tokens") or 0)
+            usage.completion_tokens += int(counts.get("completion_tokens") or 0)
+            usage.requests += 1
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@dataclass
+class Endpoint:
+    """Where the policy is served, and the defaults merged into every request."""
+
+    base_url: str
+    api_key: str = "artweb"
+    sampling: dict = field(default_factory=dict)
+    max_connections: int = 64
+    timeout_s: float = 600.0
+
+    @classmethod
+    def from_env(cls) -> "Endpoint":
+        return cls(
+            base_url=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
+            api_key=os.environ.get("OPENAI_API_KEY", "artweb"),
+            sampling=json.loads(os.environ.get("ARTWEB_SAMPLING", "{}")),
+        )
+
+
+class Model:
+    """A served model: `name` is what to pass as `model=` to chat.completions.create."""
+
+    def __init__(
+        self,
+        name: str,
+        project: str = "artweb",
+        config: Any = None,
+        base_model: str | None = None,
+        inference_base_url: str | None = None,
+        inference_api_key: str | None = None,
+        inference_model_name: str | None = None,
+        trainable: bool = False,
+        _endpoint: Endpoint | None = None,
+        **extra: Any,
+    ) -> None:
+        self.name = name
+        self.project = project
+        self.config = config
+        self.base_model = base_model
+        self.trainable = trainable
+        self.extra = extra
+        self._endpoint = _endpoint or Endpoint.from_env()
+        self.inference_base_url = inference_base_url or self._endpoint.base_url
+        self.inference_api_key = inference_api_key or self._endpoint.api_key
+        self.inference_model_name = inference_model_name or name
+        self._client = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+    def get_inference_name(self) -> str:
+        return self.inference_model_name
+
+    def openai_client(self):
+        """One AsyncOpenAI client per model handle, shared by all the rollouts that use it."""
+        if self._client is None:
+            from openai import AsyncOpenAI
+
+            transport = _PolicyTransport(self._endpoint.sampling, self._endpoint.max_connections)
+            self._client = AsyncOpenAI(
+                base_url=self.inference_base_url,
+                api_key=self.inference_api_key,
+                http_client=httpx.AsyncClient(transport=transport, timeout=self._endpoint.timeout_s),
+                # A rollout's wall-clock limit bounds retries anyway; retrying hides server trouble.
+                max_retries=1,
+            )
+        return self._client
+
+    def litellm_completion_params(self) -> dict:
+        return {"model": f"hosted_vllm/{self.inference_model_name}", "api_base": self.inference_base_url,
+                "api_key": self.inference_api_key, **self._endpoint.sampling}
+
+    async def register(self, backend: Any = None, **_: Any) -> None:
+        """Nothing to do: artweb has already registered the model with its inference server."""
+
+    async def get_step(self) -> int:
+        return int(os.environ.get("ARTWEB_STEP", "0"))
+
+    async def log(self, *_: Any, **__: Any) -> None:
+        """Metrics are recorded by artweb from the returned trajectories."""
+
+
+class TrainableModel(Model):
+    def __init__(self, name: str, project: str = "artweb", base_model: str | None = None, **kwargs: Any) -> None:
+        super().__init__(name=name, project=project, base_model=base_model, trainable=True, **kwargs)
+
+    async def train(self, *_: Any, **__: Any) -> None:
+        raise RuntimeError("Training is run by artweb: a rollout script only produces trajectories.")
+
+
+class TrainConfig:
+    """Accepted so ART training scripts import cleanly; artweb takes hyperparameters from the run."""
+
+    def __init__(self, learning_rate: float = 5e-6, **kwargs: Any) -> None:
+        self.learning_rate = learning_rate
+        self.__dict__.update(kwargs)
+
+
+class LocalBackend:
+    """Accepted so ART scripts import cleanly; artweb owns the backend."""
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass

@@ -1,0 +1,216 @@
+"""Pages for rollout scripts, reward functions, scenario sets and dry runs.
+
+Scripts and reward functions are the same kind of thing to a person (named code with versions), so
+one set of views serves both, told apart by the ASSETS entry the URL names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from artweb.errors import ApplicationError
+from rollouts import selectors, services
+from rollouts.forms import CodeAssetForm, CodeVersionForm, DryRunForm, ScenarioSetForm
+from training.forms import apply_service_errors
+from training.selectors import base_model_visible
+from training.views.presenters import code_diff_table, code_with_errors, transcript
+
+
+@dataclass(frozen=True)
+class AssetKind:
+    slug: str
+    label: str
+    plural: str
+    get: Callable
+    list: Callable
+    create: Callable
+    version_create: Callable
+    version_arg: str  # the keyword its version_create takes the asset as
+
+
+ASSETS = {
+    "script": AssetKind("script", "Rollout script", "Rollout scripts",
+                        get=lambda user, pk: selectors.script_get(user=user, script_id=pk),
+                        list=lambda user: selectors.script_list(user=user),
+                        create=services.script_create, version_create=services.script_version_create,
+                        version_arg="script"),
+    "reward": AssetKind("reward", "Reward function", "Reward functions",
+                        get=lambda user, pk: selectors.reward_get(user=user, reward_id=pk),
+                        list=lambda user: selectors.reward_list(user=user),
+                        create=services.reward_create, version_create=services.reward_version_create,
+                        version_arg="reward"),
+}
+
+
+def _kind(kind: str) -> AssetKind:
+    if kind not in ASSETS:
+        raise Http404
+    return ASSETS[kind]
+
+
+def _code_errors(form, exc: ApplicationError) -> list[dict]:
+    """Show the service's errors under the code and return the offending lines, numbered."""
+    apply_service_errors(form, exc, {"file": "content"} if "content" in form.fields else {})
+    return code_with_errors(form.code_text(), exc.field_errors.get("content", []))
+
+
+def _dry_run_form(request, data=None, initial=None) -> DryRunForm:
+    user = request.user
+    return DryRunForm(data, initial=initial, script_versions=selectors.script_version_list(user=user),
+                      reward_versions=selectors.reward_version_list(user=user),
+                      base_models=base_model_visible(user),
+                      scenario_sets=selectors.scenario_set_list(user=user).order_by("name"))
+
+
+@login_required
+def asset_list_view(request, kind: str):
+    k = _kind(kind)
+    assets = k.list(request.user).select_related("owner").prefetch_related("versions")
+    return render(request, "rollouts/asset_list.html", {"nav": f"{k.slug}s", "kind": k, "assets": assets})
+
+
+@login_required
+def asset_create_view(request, kind: str):
+    k = _kind(kind)
+    form = CodeAssetForm(request.POST or None, request.FILES or None)
+    error_lines = []
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        try:
+            version = k.create(owner=request.user, name=d["name"], content=d["code"], description=d["description"])
+        except ApplicationError as exc:
+            error_lines = _code_errors(form, exc)
+        else:
+            messages.success(request, f"{k.label} {version.asset.name} uploaded (version 1).")
+            return redirect(f"{k.slug}-detail", asset_id=version.asset_id)
+    return render(request, "rollouts/asset_form.html", {"nav": f"{k.slug}s", "kind": k, "form": form,
+                                                        "error_lines": error_lines})
+
+
+@login_required
+def asset_detail_view(request, kind: str, asset_id: int):
+    k = _kind(kind)
+    asset = k.get(request.user, asset_id)
+    form = CodeVersionForm(request.POST or None, request.FILES or None)
+    error_lines = []
+    if request.method == "POST" and form.is_valid():
+        try:
+            version = k.version_create(**{k.version_arg: asset}, content=form.cleaned_data["code"],
+                                       note=form.cleaned_data["note"])
+        except ApplicationError as exc:
+            error_lines = _code_errors(form, exc)
+        else:
+            messages.success(request, f"Version {version.number} saved.")
+            return redirect(f"{k.slug}-detail", asset_id=asset.id)
+
+    versions = list(asset.versions.order_by("-number"))
+    by_number = {v.number: v for v in versions}
+    shown = by_number.get(int(request.GET["v"])) if request.GET.get("v", "").isdigit() else None
+    shown = shown or (versions[0] if versions else None)
+    diff = None
+    # Default diff: the newest version against the one before it.
+    a = request.GET.get("a", str(versions[1].number) if len(versions) > 1 else "")
+    b = request.GET.get("b", str(versions[0].number) if versions else "")
+    if a.isdigit() and b.isdigit() and int(a) in by_number and int(b) in by_number:
+        old, new = by_number[int(a)], by_number[int(b)]
+        diff = {"old": old, "new": new,
+                "table": code_diff_table(old.content, new.content, f"version {old.number}", f"version {new.number}")}
+    dry_initial = {f"{k.slug}_version": versions[0].id} if versions else None
+    return render(request, "rollouts/asset_detail.html", {
+        "nav": f"{k.slug}s", "kind": k, "asset": asset, "versions": versions, "shown": shown, "diff": diff,
+        "form": form, "error_lines": error_lines,
+        "dry_run_form": _dry_run_form(request, initial=dry_initial),
+    })
+
+
+# --- scenario sets ----------------------------------------------------------------------------------
+
+SCENARIO_PREVIEW = 50
+
+
+@login_required
+def scenario_set_list_view(request):
+    return render(request, "rollouts/scenario_set_list.html", {
+        "nav": "scenarios", "sets": selectors.scenario_set_list(user=request.user).select_related("owner"),
+    })
+
+
+@login_required
+def scenario_set_create_view(request):
+    form = ScenarioSetForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        try:
+            scenario_set = services.scenario_set_create(owner=request.user, name=d["name"], jsonl=d["jsonl"],
+                                                        validation_fraction=d["validation_fraction"],
+                                                        description=d["description"])
+        except ApplicationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Scenario set {scenario_set.name} created.")
+            return redirect("scenario-set-detail", scenario_set_id=scenario_set.id)
+    return render(request, "rollouts/scenario_set_form.html", {"nav": "scenarios", "form": form})
+
+
+@login_required
+def scenario_set_detail_view(request, scenario_set_id: int):
+    scenario_set = selectors.scenario_set_get(user=request.user, scenario_set_id=scenario_set_id)
+    return render(request, "rollouts/scenario_set_detail.html", {
+        "nav": "scenarios", "scenario_set": scenario_set,
+        "scenarios": scenario_set.scenarios.order_by("index")[:SCENARIO_PREVIEW],
+        "preview": SCENARIO_PREVIEW,
+        "dry_run_form": _dry_run_form(request, initial={"scenario_set": scenario_set.id}),
+    })
+
+
+# --- dry runs ---------------------------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def dry_run_create_view(request):
+    form = _dry_run_form(request, request.POST)
+    if form.is_valid():
+        try:
+            dry_run = services.dry_run_create(owner=request.user, **form.cleaned_data)
+        except ApplicationError as exc:
+            apply_service_errors(form, exc, DryRunForm.ERROR_ALIASES)
+        else:
+            return redirect("dry-run-detail", dry_run_id=dry_run.id)
+    return render(request, "rollouts/dry_run_form.html", {"nav": "scripts", "dry_run_form": form}, status=400)
+
+
+def _dry_run_trajectories(result) -> list[dict]:
+    """The result's trajectories with their transcripts (a list, or {"trajectories": [...]})."""
+    items = result.get("trajectories", []) if isinstance(result, dict) else (result or [])
+    out = []
+    for i, t in enumerate(items):
+        t = t if isinstance(t, dict) else {"messages": [], "error": str(t)}
+        out.append({"index": i, "reward": t.get("reward"), "error": t.get("error") or "",
+                    "logs": t.get("logs") or [], "metrics": t.get("metrics") or {},
+                    "scenario": t.get("scenario"), "turns": transcript(t.get("messages"))})
+    return out
+
+
+@login_required
+def dry_run_detail_view(request, dry_run_id: int):
+    dry_run = selectors.dry_run_get(user=request.user, dry_run_id=dry_run_id)
+    return render(request, "rollouts/dry_run_detail.html", {
+        "nav": "scripts", "dry_run": dry_run, "trajectories": _dry_run_trajectories(dry_run.result),
+        "finished": dry_run.status in ("done", "failed"),
+    })
+
+
+@login_required
+@require_GET
+def dry_run_status_view(request, dry_run_id: int):
+    dry_run = selectors.dry_run_get(user=request.user, dry_run_id=dry_run_id)
+    return JsonResponse({"id": dry_run.id, "status": dry_run.status,
+                         "finished": dry_run.status in ("done", "failed")})

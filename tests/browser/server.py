@@ -1,0 +1,82 @@
+"""Start the ASGI app (HTTP + WebSockets) under uvicorn in a subprocess, against a given database.
+
+pytest-django's live_server is WSGI only, so the pages' WebSockets need this instead. Shared by the
+browser tests and bench/page_bench.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("ARTWEB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AsgiServer:
+    def __init__(self, *, database_url: str, channel_prefix: str, broker_url: str, log_path: Path | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "ARTWEB_CHANNEL_PREFIX": channel_prefix,
+            # A broker database no worker reads: launched runs stay queued, the test plays the worker.
+            "CELERY_BROKER_URL": broker_url,
+            "DB_CONN_MAX_AGE": "0",
+            "DEBUG": "true",
+            "PYTHONPATH": str(ROOT),
+        }
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> "AsgiServer":
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "tests.browser.asgi:application", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning", "--ws", "websockets"],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the ASGI server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if httpx.get(self.url + "/accounts/login/", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the ASGI server did not answer within {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def database_url(settings_dict: dict) -> str:
+    user = settings_dict.get("USER") or "postgres"
+    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"

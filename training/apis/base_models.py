@@ -1,0 +1,66 @@
+"""Base models: the shared ones and the user's own; register by Hugging Face id (local paths: staff)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from artweb.api_errors import ErrorSerializer
+from artweb.errors import ApplicationError
+from rollouts.apis.base import PAGE_PARAMETERS, Api, WriteApi, body, paginated_response, paginated_schema
+from training import selectors, services
+from training.models import BaseModel
+
+
+class BaseModelOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    source = serializers.CharField()
+    revision = serializers.CharField()
+    max_length = serializers.IntegerField()
+    supports_tools = serializers.BooleanField()
+    shared = serializers.SerializerMethodField(help_text="True for models everyone may use.")
+    created_at = serializers.DateTimeField()
+
+    def get_shared(self, obj) -> bool:
+        return obj.owner_id is None
+
+
+class BaseModelListApi(Api):
+    @extend_schema(operation_id="base_models_list", parameters=PAGE_PARAMETERS,
+                   responses={200: paginated_schema(BaseModelOutput, "PaginatedBaseModelList")})
+    def get(self, request):
+        qs = selectors.base_model_visible(request.user).order_by("name", "id")
+        return paginated_response(request=request, view=self, queryset=qs, serializer_class=BaseModelOutput)
+
+
+class BaseModelRegisterApi(WriteApi):
+    """Register a model by Hugging Face id (org/name). Registering the same name and source again
+    returns the existing model."""
+
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=200)
+        source = serializers.CharField(max_length=500, help_text="Hugging Face id, or a server directory (staff).")
+        revision = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+        max_length = serializers.IntegerField(min_value=16, max_value=1_048_576, required=False, default=2048)
+        chat_template_override = serializers.CharField(required=False, allow_blank=True, default="",
+                                                       max_length=100_000, trim_whitespace=False)
+        supports_tools = serializers.BooleanField(required=False, default=False)
+
+    @extend_schema(operation_id="base_models_register", request=InputSerializer,
+                   responses={201: BaseModelOutput, 400: ErrorSerializer})
+    def post(self, request):
+        data = body(self.InputSerializer, request)
+        user = request.user
+        if data["source"].strip().startswith(("/", ".", "~")) and not user.is_staff:
+            # A directory on the server is the operators' business: it reads files there.
+            raise ApplicationError("Only staff may register a model from a server directory; give a Hugging Face "
+                                   "model id (org/name).", field_errors={"source": ["server paths need staff"]})
+        if BaseModel.objects.filter(name=data["name"].strip()).exclude(
+                id__in=selectors.base_model_visible(user).values("id")).exists():
+            # Names are unique across users: say it is taken without showing the other user's model.
+            raise ApplicationError(f"The model name {data['name']!r} is taken; pick another.",
+                                   field_errors={"name": ["already registered"]})
+        model = services.base_model_register(owner=user, **data)
+        return Response(BaseModelOutput(model).data, status=201)

@@ -1,0 +1,275 @@
+"""Runs: create (and start), list with filters, detail, the lifecycle actions, metrics, events, logs."""
+
+from __future__ import annotations
+
+import re
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from artweb.api_errors import ErrorSerializer
+from rollouts.apis.base import (
+    PAGE_PARAMETERS,
+    Api,
+    WriteApi,
+    body,
+    paginated_response,
+    paginated_schema,
+    query_params,
+)
+from training import selectors, services
+from training.apis.common import (
+    IdOrNameField,
+    RefOutput,
+    VersionRefOutput,
+    resolve_base_model,
+    resolve_reward_version,
+    resolve_scenario_set,
+    resolve_script_version,
+)
+from training.models import Run
+
+MAX_INT = 2**31 - 1
+ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
+ORDERS = ["created_at", "-created_at", "name", "-name", "status", "-status", "latest_reward", "-latest_reward",
+          "best_val_reward", "-best_val_reward", "steps_done", "-steps_done"]
+
+
+class RunOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    owner = serializers.CharField(source="owner.username")
+    status = serializers.ChoiceField(choices=Run.Status.choices)
+    tags = serializers.ListField(child=serializers.CharField())
+    base_model = RefOutput()
+    script = VersionRefOutput(source="script_version")
+    reward = VersionRefOutput(source="reward_version", allow_null=True)
+    scenario_set = RefOutput()
+    steps_done = serializers.IntegerField()
+    num_steps = serializers.IntegerField()
+    progress = serializers.FloatField()
+    latest_reward = serializers.FloatField(allow_null=True)
+    best_val_reward = serializers.FloatField(allow_null=True)
+    error = serializers.CharField()
+    cancel_requested = serializers.BooleanField()
+    pause_requested = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class RunDetailOutput(RunOutput):
+    config = serializers.JSONField(help_text="The validated RunConfig, every setting included.")
+    worker = serializers.CharField()
+    heartbeat_at = serializers.DateTimeField(allow_null=True)
+
+
+def _run(user, run_id: int) -> Run:
+    return selectors.run_get(user=user, run_id=run_id)
+
+
+class RunListApi(Api):
+    class FilterSerializer(serializers.Serializer):
+        status = serializers.ChoiceField(choices=Run.Status.choices, required=False)
+        base_model = serializers.CharField(required=False, max_length=200, help_text="Base model id or name.")
+        tag = serializers.CharField(required=False, max_length=50)
+        q = serializers.CharField(required=False, max_length=200, help_text="Text in the run's or script's name.")
+        order = serializers.ChoiceField(choices=ORDERS, required=False, default="-created_at")
+
+    @extend_schema(operation_id="runs_list", parameters=[FilterSerializer, *PAGE_PARAMETERS],
+                   responses={200: paginated_schema(RunOutput, "PaginatedRunList"), 400: ErrorSerializer})
+    def get(self, request):
+        filters = query_params(self.FilterSerializer, request)
+        qs = selectors.run_list(user=request.user, **filters).select_related("reward_version__asset", "scenario_set")
+        return paginated_response(request=request, view=self, queryset=qs, serializer_class=RunOutput)
+
+
+class RunCreateApi(WriteApi):
+    """Create a run and queue it: a GPU worker picks it up and trains."""
+
+    throttle_scope = "runs"
+
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=200)
+        base_model = IdOrNameField(help_text="Base model id or name.")
+        script = IdOrNameField(help_text="Rollout script id or name.")
+        script_version = serializers.IntegerField(required=False, min_value=1, max_value=MAX_INT,
+                                                  help_text="Version number; default the newest.")
+        reward = IdOrNameField(required=False, allow_null=True, default=None,
+                               help_text="Reward function id or name; none if the script sets rewards itself.")
+        reward_version = serializers.IntegerField(required=False, min_value=1, max_value=MAX_INT)
+        scenario_set = IdOrNameField(help_text="Scenario set id or name.")
+        config = serializers.DictField(required=False, default=dict, help_text="RunConfig settings; "
+                                       "missing ones take their defaults.")
+        tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list,
+                                     max_length=20)
+
+    @extend_schema(operation_id="runs_create", request=InputSerializer,
+                   responses={201: RunDetailOutput, **ERRORS})
+    def post(self, request):
+        data = body(self.InputSerializer, request)
+        user = request.user
+        run = services.run_create(
+            owner=user, name=data["name"], base_model=resolve_base_model(user, data["base_model"]),
+            script_version=resolve_script_version(user, data["script"], data.get("script_version")),
+            reward_version=resolve_reward_version(user, data["reward"], data.get("reward_version")),
+            scenario_set=resolve_scenario_set(user, data["scenario_set"]),
+            config=data["config"], tags=data["tags"],
+        )
+        return Response(RunDetailOutput(run).data, status=201)
+
+
+class RunDetailApi(Api):
+    @extend_schema(operation_id="runs_retrieve", responses={200: RunDetailOutput, 404: ErrorSerializer})
+    def get(self, request, run_id: int):
+        return Response(RunDetailOutput(_run(request.user, run_id)).data)
+
+
+class _RunActionApi(WriteApi):
+    service = None
+
+    def act(self, request, run_id: int):
+        run = _run(request.user, run_id)
+        run = type(self).service(run=run, actor=request.user)
+        return Response(RunDetailOutput(run).data)
+
+
+class RunCancelApi(_RunActionApi):
+    """Cancel: at once if nothing is executing, else the worker stops at its next check."""
+
+    service = staticmethod(services.run_cancel)
+
+    @extend_schema(operation_id="runs_cancel", request=None, responses={200: RunDetailOutput, **ERRORS})
+    def post(self, request, run_id: int):
+        return self.act(request, run_id)
+
+
+class RunPauseApi(_RunActionApi):
+    """Pause: at once if queued, else after the current step."""
+
+    service = staticmethod(services.run_pause)
+
+    @extend_schema(operation_id="runs_pause", request=None, responses={200: RunDetailOutput, **ERRORS})
+    def post(self, request, run_id: int):
+        return self.act(request, run_id)
+
+
+class RunResumeApi(_RunActionApi):
+    service = staticmethod(services.run_resume)
+
+    @extend_schema(operation_id="runs_resume", request=None, responses={200: RunDetailOutput, **ERRORS})
+    def post(self, request, run_id: int):
+        return self.act(request, run_id)
+
+
+class RunRetryApi(_RunActionApi):
+    """Requeue a failed or cancelled run; it continues from its last checkpoint."""
+
+    service = staticmethod(services.run_retry)
+
+    @extend_schema(operation_id="runs_retry", request=None, responses={200: RunDetailOutput, **ERRORS})
+    def post(self, request, run_id: int):
+        return self.act(request, run_id)
+
+
+SERIES_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,64}$")
+
+
+class RunMetricsApi(Api):
+    """Per-step metrics as series of (step, value), downsampled on request, newer than a cursor.
+
+    Poll with since_step=<last_step of the previous answer> to get only what is new.
+    """
+
+    class FilterSerializer(serializers.Serializer):
+        series = serializers.CharField(required=False, max_length=2000,
+                                       help_text="Comma-separated names (default: the standard charts), e.g. "
+                                                 "reward_mean,loss,kl.")
+        since_step = serializers.IntegerField(required=False, min_value=0, max_value=MAX_INT,
+                                              help_text="Only steps after this one.")
+        max_points = serializers.IntegerField(required=False, min_value=0, max_value=100_000, default=0,
+                                              help_text="Downsample each series to about this many points "
+                                                        "(min/max per bucket, spikes kept); 0: all.")
+
+        def validate_series(self, value):
+            names = [n.strip() for n in value.split(",") if n.strip()]
+            bad = [n for n in names if not SERIES_NAME.match(n)]
+            if bad:
+                raise serializers.ValidationError(f"not a series name: {bad[0][:64]!r}")
+            if len(names) > 32:
+                raise serializers.ValidationError("at most 32 series at once")
+            return names
+
+    class OutputSerializer(serializers.Serializer):
+        class PointsSerializer(serializers.Serializer):
+            x = serializers.ListField(child=serializers.IntegerField(), help_text="Steps.")
+            y = serializers.ListField(child=serializers.FloatField(), help_text="Values at those steps.")
+
+        series = serializers.DictField(child=PointsSerializer(), help_text="By series name.")
+        last_step = serializers.IntegerField(allow_null=True, help_text="Pass as since_step next time.")
+
+    @extend_schema(operation_id="runs_metrics", parameters=[FilterSerializer],
+                   responses={200: OutputSerializer, **ERRORS})
+    def get(self, request, run_id: int):
+        run = _run(request.user, run_id)
+        f = query_params(self.FilterSerializer, request)
+        data = selectors.run_metrics(run=run, series=f.get("series") or None, since_step=f.get("since_step"),
+                                     max_points=f["max_points"] or None)
+        return Response(data)
+
+
+class RunEventListApi(Api):
+    """The run's timeline, oldest first, after an event id (poll with after=<next_after>)."""
+
+    class FilterSerializer(serializers.Serializer):
+        after = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1, default=0)
+        limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=200)
+
+    class OutputSerializer(serializers.Serializer):
+        class EventSerializer(serializers.Serializer):
+            id = serializers.IntegerField()
+            kind = serializers.CharField()
+            message = serializers.CharField()
+            data = serializers.JSONField()
+            actor = serializers.CharField(source="actor.username", allow_null=True, default=None)
+            created_at = serializers.DateTimeField()
+
+        results = EventSerializer(many=True)
+        next_after = serializers.IntegerField()
+
+    @extend_schema(operation_id="runs_events", parameters=[FilterSerializer],
+                   responses={200: OutputSerializer, **ERRORS})
+    def get(self, request, run_id: int):
+        run = _run(request.user, run_id)
+        f = query_params(self.FilterSerializer, request)
+        events = selectors.run_events_since(run=run, after_id=f["after"], limit=f["limit"])
+        return Response(self.OutputSerializer(
+            {"results": events, "next_after": events[-1].id if events else f["after"]}).data)
+
+
+class RunLogListApi(Api):
+    """Worker log lines about the run, oldest first, after a log id."""
+
+    class FilterSerializer(serializers.Serializer):
+        after = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1, default=0)
+        limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=500)
+
+    class OutputSerializer(serializers.Serializer):
+        class LogSerializer(serializers.Serializer):
+            id = serializers.IntegerField()
+            step = serializers.IntegerField(allow_null=True)
+            level = serializers.CharField()
+            message = serializers.CharField()
+            created_at = serializers.DateTimeField()
+
+        results = LogSerializer(many=True)
+        next_after = serializers.IntegerField()
+
+    @extend_schema(operation_id="runs_logs", parameters=[FilterSerializer],
+                   responses={200: OutputSerializer, **ERRORS})
+    def get(self, request, run_id: int):
+        run = _run(request.user, run_id)
+        f = query_params(self.FilterSerializer, request)
+        logs = selectors.run_logs_since(run=run, after_id=f["after"], limit=f["limit"])
+        return Response(self.OutputSerializer({"results": logs, "next_after": logs[-1].id if logs else f["after"]}).data)

@@ -1,0 +1,72 @@
+"""Model loaders of the two backends: base weights frozen, a fresh LoRA adapter on top.
+
+Both return a PEFT model over a Hugging Face causal LM, so the trainer drives either the same way:
+the decoder for hidden states, the output embedding for logits at trained positions only, and
+`disable_adapter()` for the base model as KL reference. Unsloth is imported here, lazily, because it
+patches transformers on import and needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from training.engine.config import TrainConfig
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # peft.PeftModel over a *ForCausalLM
+    tokenizer: Any
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """The base weights' dtype; "auto" is bf16 on CUDA and fp32 on CPU (faster there without bf16 units)."""
+    if name == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    return getattr(torch, name)
+
+
+def load_peft(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedModel:
+    """transformers + PEFT: CPU or GPU, any causal LM that transformers loads."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base_model_path)
+    base = AutoModelForCausalLM.from_pretrained(
+        base_model_path, dtype=resolve_dtype(cfg.dtype, device), attn_implementation="sdpa")
+    base.to(device)
+    base.config.use_cache = False
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(cfg.lora_target_modules), bias="none", task_type="CAUSAL_LM")
+    # PEFT freezes the base and, with a half-precision base, keeps the adapter in fp32
+    # (autocast_adapter_dtype), so small Adam updates are not rounded away.
+    model = get_peft_model(base, lora)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return LoadedModel(model=model, tokenizer=tokenizer)
+
+
+def load_unsloth(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedModel:
+    """Unsloth's FastLanguageModel + LoRA: fused kernels and its own activation offloading; CUDA only."""
+    if not str(device).startswith("cuda"):
+        raise ValueError("the unsloth backend needs a CUDA device; use backend 'peft' on the CPU")
+    from unsloth import FastLanguageModel  # noqa: PLC0415 (patches transformers on import)
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=base_model_path, max_seq_length=cfg.max_seq_len,
+        dtype=resolve_dtype(cfg.dtype, device), load_in_4bit=False, load_in_8bit=False,
+        full_finetuning=False, local_files_only=True)
+    model = FastLanguageModel.get_peft_model(
+        model, r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules), bias="none", random_state=cfg.seed,
+        use_gradient_checkpointing="unsloth" if cfg.gradient_checkpointing else False)
+    FastLanguageModel.for_training(model)
+    # Unsloth may return a processor-like wrapper; the trainer needs the text tokenizer.
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+    return LoadedModel(model=model, tokenizer=tokenizer)
+
+
+LOADERS = {"peft": load_peft, "unsloth": load_unsloth}

@@ -1,0 +1,73 @@
+"""Micro-batches: sequences grouped under a token budget and padded into tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from training.engine.tokenize import TokenizedSequence
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, T] long, right-padded
+    attention_mask: torch.Tensor  # [B, T] long, 1 on real tokens
+    # Targets are the tokens at positions 1..T-1, predicted from positions 0..T-2.
+    target_mask: torch.Tensor  # [B, T-1] bool, the target token was sampled by the policy
+    targets: torch.Tensor  # [N] long, the trained tokens, row-major over target_mask
+    old_logprobs: torch.Tensor  # [N] float32
+    advantages: torch.Tensor  # [N] float32, each token's trajectory advantage
+    seq_ids: torch.Tensor  # [N] long, row of each trained token (0 .. B-1)
+    seq_token_counts: torch.Tensor  # [B] trained tokens per row
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.targets.numel())
+
+
+def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped so that rows × longest row ≤ token_budget (a longer sequence goes alone).
+
+    Sorting by length first keeps padding small; the order is deterministic, which exact resume needs.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        # Sorted descending, so the first row of the current batch is its longest.
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def collate(seqs: list[TokenizedSequence], pad_id: int, device: torch.device | str) -> MicroBatch:
+    """Pad a list of sequences into one MicroBatch on device."""
+    width = max(len(s.input_ids) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    trainable = torch.zeros((len(seqs), width), dtype=torch.bool)
+    old = torch.zeros((len(seqs), width), dtype=torch.float32)
+    adv = torch.zeros((len(seqs), width), dtype=torch.float32)
+    for row, s in enumerate(seqs):
+        n = len(s.input_ids)
+        ids[row, :n] = torch.tensor(s.input_ids, dtype=torch.long)
+        attn[row, :n] = 1
+        trainable[row, :n] = torch.tensor(s.trainable, dtype=torch.bool)
+        old[row, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        adv[row, :n] = s.advantage
+    # Position 0 has no prediction before it, so a sampled first token (no prompt at all) can't be
+    # trained; chat templates always open with a role header, so this does not happen in practice.
+    target_mask = trainable[:, 1:]
+    rows = torch.arange(len(seqs)).unsqueeze(1).expand_as(target_mask)
+    return MicroBatch(
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        target_mask=target_mask.to(device),
+        targets=ids[:, 1:][target_mask].to(device),
+        old_logprobs=old[:, 1:][target_mask].to(device),
+        advantages=adv[:, 1:][target_mask].to(device),
+        seq_ids=rows[target_mask].to(device),
+        seq_token_counts=target_mask.sum(dim=1).to(device),
+    )

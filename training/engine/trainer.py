@@ -1,0 +1,299 @@
+"""The GRPO trainer: scored trajectory groups in, one LoRA update and metrics out.
+
+One update reads top to bottom in `train_step`:
+  advantages per group → tokenize the trajectories of groups with signal → micro-batches under a token
+  budget → per micro-batch: policy log-probs of the sampled tokens, loss, backward (gradients accumulate)
+  → clip the gradient norm → AdamW step → scheduler step.
+Both backends hand over a PEFT model, so everything here is backend-independent.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.engine.advantages import compute_advantages
+from training.engine.backends import LOADERS, LoadedModel
+from training.engine.batching import MicroBatch, collate, plan_micro_batches
+from training.engine.checkpoint import read_checkpoint, restore_rng, write_checkpoint
+from training.engine.config import ConfigError, TrainConfig
+from training.engine.losses import aggregate, kl_k3, policy_loss
+from training.engine.tokenize import TokenizedSequence, tokenize_trajectory
+
+
+class Cancelled(Exception):
+    """`should_stop()` returned True during an update; the optimizer was not stepped."""
+
+
+@dataclass
+class _Sums:
+    """Running sums over the micro-batches of one update, turned into means at the end."""
+    loss: float = 0.0
+    policy_loss: float = 0.0
+    kl: float = 0.0
+    sampler_kl: float = 0.0
+    entropy: float = 0.0
+    clipped: int = 0
+    tokens: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: TrainConfig, base_model_path: str, device: str = "cpu"):
+        if cfg.backend not in LOADERS:
+            raise ConfigError("backend", f"backend must be one of {sorted(LOADERS)}, got {cfg.backend!r}")
+        self.cfg = cfg
+        self.base_model_path = str(base_model_path)
+        self.device = str(device)
+        self.step = 0
+        self._loaded: LoadedModel | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self._param_names: list[str] = []
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+    def load(self, checkpoint_dir: str | None = None) -> None:
+        """Base weights + a fresh LoRA (None), or exactly the state saved in checkpoint_dir."""
+        self.close()
+        state = read_checkpoint(checkpoint_dir) if checkpoint_dir else None
+        if state is not None:
+            self._check_compatible(state.config)
+        # Seed every RNG at a run's start so the LoRA init and any dropout are reproducible;
+        # a resumed run restores the saved RNG states below instead.
+        _seed_everything(self.cfg.seed)
+        self._loaded = LOADERS[self.cfg.backend](self.cfg, self.base_model_path, self.device)
+        named = sorted((n, p) for n, p in self.model.named_parameters() if p.requires_grad)
+        self._param_names = [n for n, _ in named]
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in named], lr=self.cfg.learning_rate, betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
+            eps=self.cfg.adam_epsilon, weight_decay=self.cfg.weight_decay)
+        self.scheduler = _make_scheduler(self.cfg, self.optimizer)
+        self.step = 0
+        if state is not None:
+            self._restore(state)
+
+    def _check_compatible(self, saved: dict[str, Any]) -> None:
+        for key in ("lora_rank", "lora_alpha", "lora_target_modules"):
+            mine = self.cfg.to_dict()[key]
+            if saved.get(key) != mine:
+                raise ConfigError(key, f"{key} is {mine!r} but the checkpoint was trained with "
+                                       f"{saved.get(key)!r}; resume with the checkpoint's LoRA settings")
+
+    def _restore(self, state: Any) -> None:
+        from peft.utils import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(self.model, state.adapter)
+        if getattr(result, "unexpected_keys", None):
+            raise ConfigError("lora_target_modules", f"checkpoint adapter has weights this model lacks: "
+                                                     f"{result.unexpected_keys[:3]}")
+        if state.param_names != self._param_names:
+            raise ConfigError("lora_target_modules", "checkpoint optimizer state belongs to other parameters")
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        restore_rng(state.rng)
+        self.step = state.step
+
+    def close(self) -> None:
+        """Drop the model and optimizer; frees their memory (and the GPU's cache)."""
+        self._loaded = None
+        self.optimizer = None
+        self.scheduler = None
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    @property
+    def model(self) -> Any:
+        if self._loaded is None:
+            raise RuntimeError("call trainer.load() first")
+        return self._loaded.model
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._loaded is None:
+            raise RuntimeError("call trainer.load() first")
+        return self._loaded.tokenizer
+
+    def save_checkpoint(self, directory: str) -> dict:
+        return write_checkpoint(directory, peft_model=self.model, optimizer=self.optimizer,
+                                scheduler=self.scheduler, param_names=self._param_names,
+                                config=self.cfg.to_dict(), step=self.step)
+
+    # --- one update ------------------------------------------------------------------------------------
+    def train_step(self, groups: list[list[dict]], should_stop: Callable[[], bool] | None = None
+                   ) -> dict[str, Any]:
+        start = time.perf_counter()
+        adv = compute_advantages(groups, scale_rewards=self.cfg.scale_rewards)
+        seqs = self.tokenize_groups(groups, adv.values, adv.used)
+        truncated = sum(s.truncated for s in seqs)
+        seqs = [s for s in seqs if s.n_trainable > 0]
+        total_tokens = sum(s.n_trainable for s in seqs)
+        batches = plan_micro_batches([len(s.input_ids) for s in seqs], self.cfg.micro_batch_tokens)
+        lr = self.optimizer.param_groups[0]["lr"]
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = _Sums()
+        try:
+            for rows in batches:
+                if should_stop is not None and should_stop():
+                    raise Cancelled(f"update {self.step + 1} cancelled before its optimizer step")
+                mb = collate([seqs[i] for i in rows], self._pad_id(), self.device)
+                self._accumulate(mb, total_tokens, len(seqs), sums)
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        grad_norm = self._clip_and_step(stepped := total_tokens > 0)
+
+        elapsed = time.perf_counter() - start
+        n = max(sums.tokens, 1)
+        return {
+            "step": self.step,
+            "loss": sums.loss,
+            "policy_loss": sums.policy_loss,
+            "policy_clip_fraction": sums.clipped / n,
+            "kl": sums.kl,
+            "sampler_kl": sums.sampler_kl / n,
+            "entropy": sums.entropy / n if self.cfg.compute_entropy else float("nan"),
+            "grad_norm": grad_norm,
+            "learning_rate": lr,
+            "tokens_trained": total_tokens,
+            "tokens_processed": sum(len(s.input_ids) for s in seqs),
+            "trajectories_trained": len(seqs),
+            "groups_used": adv.groups_used,
+            "groups_skipped": adv.groups_skipped,
+            "sequences_truncated": truncated,
+            "micro_batches": len(batches),
+            "optimizer_stepped": int(stepped),
+            "train_seconds": elapsed,
+            "tokens_per_second": total_tokens / elapsed if elapsed > 0 else 0.0,
+            "advantages": adv.values,
+        }
+
+    def tokenize_groups(self, groups: list[list[dict]], advantages: list[list[float | None]],
+                        used: list[bool]) -> list[TokenizedSequence]:
+        """Sequences of every scored trajectory of the groups with signal, advantage attached."""
+        seqs: list[TokenizedSequence] = []
+        for g, (group, group_adv, ok) in enumerate(zip(groups, advantages, used)):
+            if not ok:
+                continue
+            for t, (traj, a) in enumerate(zip(group, group_adv)):
+                if a is None:
+                    continue
+                seq = tokenize_trajectory(self.tokenizer, traj, self.cfg.max_seq_len)
+                seq.advantage, seq.source = a, (g, t)
+                seqs.append(seq)
+        return seqs
+
+    @torch.no_grad()
+    def logprobs(self, trajectories: list[dict]) -> list[list[float]]:
+        """The current policy's log-prob of each sampled token of each trajectory (for evaluation,
+        on-policy checks and tests); dropout off, nothing trained."""
+        seqs = [tokenize_trajectory(self.tokenizer, t, self.cfg.max_seq_len) for t in trajectories]
+        result: list[list[float]] = [[] for _ in seqs]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            live = [i for i, s in enumerate(seqs) if s.n_trainable > 0]
+            for rows in plan_micro_batches([len(seqs[i].input_ids) for i in live], self.cfg.micro_batch_tokens):
+                mb = collate([seqs[live[r]] for r in rows], self._pad_id(), self.device)
+                lp, _ = self._token_logprobs(mb, with_entropy=False)
+                for seq_row, value in zip(mb.seq_ids.tolist(), lp.tolist()):
+                    result[live[rows[seq_row]]].append(value)
+        finally:
+            self.model.train(was_training)
+        return result
+
+    def _accumulate(self, mb: MicroBatch, total_tokens: int, total_seqs: int, sums: _Sums) -> None:
+        """Forward + backward of one micro-batch; its gradient share adds to .grad."""
+        cfg = self.cfg
+        new_lp, entropy = self._token_logprobs(mb, with_entropy=cfg.compute_entropy)
+        eps_low, eps_high = cfg.clip_range()
+        pl = policy_loss(cfg.loss, new_lp, mb.old_logprobs, mb.advantages, mb.seq_ids, eps_low, eps_high)
+        agg = lambda per_token: aggregate(  # noqa: E731
+            per_token, mb.seq_ids, mb.seq_token_counts, cfg.loss_aggregation, total_tokens, total_seqs)
+        policy_part = agg(pl.per_token)
+        loss = policy_part
+        if cfg.kl_beta > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref_lp, _ = self._token_logprobs(mb, with_entropy=False)
+            kl_part = agg(kl_k3(new_lp, ref_lp))
+            loss = loss + cfg.kl_beta * kl_part
+            sums.kl += float(kl_part.detach())
+        loss.backward()
+        sums.loss += float(loss.detach())
+        sums.policy_loss += float(policy_part.detach())
+        sums.sampler_kl += float(kl_k3(new_lp.detach(), mb.old_logprobs).sum())
+        sums.clipped += int(pl.clipped.sum())
+        sums.tokens += mb.n_tokens
+        if entropy is not None:
+            sums.entropy += float(entropy.sum())
+
+    def _token_logprobs(self, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log π(target) [N] for the trained tokens, and their entropy [N] (no grad) if asked.
+
+        The output projection runs on the N trained positions only, not on all B×T, which for
+        agent rollouts (long prompts, short answers) saves most of the vocabulary-sized work.
+        """
+        causal_lm = self.model.get_base_model()
+        out = causal_lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                      use_cache=False)
+        hidden = out.last_hidden_state[:, :-1][mb.target_mask]  # [N, H]
+        logits = causal_lm.get_output_embeddings()(hidden).float()  # [N, V]
+        logz = torch.logsumexp(logits, dim=-1)  # [N]
+        logprobs = logits.gather(1, mb.targets.unsqueeze(1)).squeeze(1) - logz  # [N]
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                # H = logZ - Σ p·logit, p = softmax(logits)
+                entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+        return logprobs, entropy
+
+    def _clip_and_step(self, stepped: bool) -> float:
+        """Clip the global grad norm, step AdamW (only when something was trained) and the scheduler.
+
+        The scheduler and the step counter advance either way, so both stay aligned with the run's steps.
+        """
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grad_norm = 0.0
+        if stepped:
+            max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return grad_norm
+
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+
+
+def _make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> Any:
+    from transformers import get_scheduler
+
+    name = {"constant": "constant_with_warmup" if cfg.warmup_steps else "constant",
+            "linear": "linear", "cosine": "cosine"}[cfg.lr_scheduler]
+    return get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps,
+                         num_training_steps=cfg.total_steps)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_trainer(cfg: TrainConfig, base_model_path: str, device: str = "cpu") -> GRPOTrainer:
+    """A trainer for cfg.backend; call .load() before training."""
+    return GRPOTrainer(cfg, base_model_path=base_model_path, device=device)

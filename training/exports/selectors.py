@@ -1,0 +1,47 @@
+"""Reads: which targets apply to a run, and what a person may see of a target."""
+
+from __future__ import annotations
+
+from django.db.models import Q
+
+from training.exports.crypto import secret_mask
+from training.models import ExportProgress, ExportTarget, Run
+
+
+def export_targets_for_run(*, run: Run, include_disabled: bool = False) -> list[ExportTarget]:
+    """One target per kind: the run's own, else its owner's. A disabled run target opts the run out."""
+    chosen: dict[str, ExportTarget] = {}
+    rows = ExportTarget.objects.filter(Q(run=run) | Q(run__isnull=True, owner_id=run.owner_id))
+    for target in sorted(rows, key=lambda t: t.run_id is not None):  # run targets last: they win
+        chosen[target.kind] = target
+    return [t for t in chosen.values() if include_disabled or t.enabled]
+
+
+def export_target_list(*, owner, run: Run | None = None) -> list[ExportTarget]:
+    qs = ExportTarget.objects.filter(owner=owner)
+    return list(qs.filter(run=run) if run is not None else qs)
+
+
+def export_target_public(target: ExportTarget) -> dict:
+    """A target as the API and pages show it: the key masked to its last four characters."""
+    return {
+        "id": target.id, "kind": target.kind, "run": target.run_id, "enabled": target.enabled,
+        "settings": target.settings,
+        "secret": secret_mask(target.secret_last4) if target.secret_encrypted else "",
+        "secret_source": "stored" if target.secret_encrypted else "worker environment",
+        "last_error": target.last_error, "last_error_at": target.last_error_at,
+        "last_success_at": target.last_success_at, "created_at": target.created_at,
+        "updated_at": target.updated_at,
+    }
+
+
+def export_status_for_run(*, run: Run) -> list[dict]:
+    """Per target: how far the run is mirrored and the latest error, for the run page."""
+    progress = {p.target_id: p for p in ExportProgress.objects.filter(run=run)}
+    out = []
+    for target in export_targets_for_run(run=run):
+        p = progress.get(target.id)
+        out.append({"target": target.id, "kind": target.kind, "last_step": p.last_step if p else 0,
+                    "finished": bool(p and p.finished), "last_error": p.last_error if p else "",
+                    "last_error_at": p.last_error_at if p else None})
+    return out

@@ -1,0 +1,179 @@
+"""Weights & Biases: the run's config, every step's metrics (dashboard names), validation results, a
+table of sample trajectories per step, and optionally each checkpoint as a model artifact.
+
+Each attempt resumes the same W&B run (its id is kept in ExportProgress.remote_id), logs the steps
+after the cursor and finishes. Online, a resumed run ignores steps it already has, so an attempt that
+failed half-way can simply be repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+from django.conf import settings as django_settings
+
+from rollouts.models import Trajectory
+from training.exports.base import ExportError, ExportJob
+from training.models import Checkpoint, Run, Step
+
+MESSAGE_TEXT_LIMIT = 4000  # characters of a rendered conversation in a table cell
+
+
+def wandb_export(job: ExportJob) -> None:
+    import wandb
+
+    cfg = job.settings
+    progress = job.progress
+    if not progress.remote_id:
+        progress.remote_id = f"artweb-{job.run.id}-{secrets.token_hex(3)}"
+        progress.save(update_fields=["remote_id", "updated_at"])
+
+    offline = cfg.mode == "offline" or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
+    wb_settings = {"silent": True, "console": "off", "x_disable_stats": True, "x_disable_machine_info": True,
+                   "disable_git": True, "save_code": False, "x_save_requirements": False, "init_timeout": 30.0}
+    if cfg.mode == "offline":
+        wb_settings["mode"] = "offline"
+    if job.secret:
+        wb_settings["api_key"] = job.secret
+    if cfg.base_url:
+        wb_settings["base_url"] = cfg.base_url
+    if not offline and not job.secret:
+        raise ExportError("W&B needs an API key: enter one in the export settings, "
+                          "or set WANDB_API_KEY in the worker's environment.")
+    # Offline files stay (for `wandb sync`); online, the local copy is only a staging area.
+    if offline:
+        root = Path(os.environ.get("WANDB_DIR") or Path(django_settings.DATA_DIR) / "exports" / "wandb")
+        root.mkdir(parents=True, exist_ok=True)
+        scratch = None
+    else:
+        root = scratch = Path(tempfile.mkdtemp(prefix="artweb-wandb-"))
+
+    try:
+        try:
+            wb = wandb.init(
+                project=cfg.project, entity=cfg.entity or None, id=progress.remote_id, resume="allow",
+                name=job.run.name, tags=list(job.run.tags)[:20], config=_run_config(job.run), dir=str(root),
+                reinit="create_new", settings=wandb.Settings(**wb_settings),
+            )
+        except Exception as exc:  # noqa: BLE001 - wandb raises several types for auth and network failures
+            raise ExportError(f"W&B refused the run: {type(exc).__name__}: {exc}") from exc
+        try:
+            wb.define_metric("val_reward", summary="max")
+            for step in job.steps:
+                _log_step(wb, job, step)
+            if job.final:
+                _log_final(wb, job.run)
+        except Exception:
+            wb.finish(exit_code=1)
+            raise
+        wb.finish()
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    # Only now does W&B hold every logged step.
+    if job.steps:
+        job.done(job.steps[-1].step)
+
+
+def _run_config(run: Run) -> dict:
+    return {
+        **run.config,
+        "artweb": {
+            "run_id": run.id, "base_model": run.base_model.name, "base_model_source": run.base_model.source,
+            "scenario_set": run.scenario_set.name, "script_version": str(run.script_version),
+            "reward_version": str(run.reward_version) if run.reward_version else None,
+            "num_steps": run.num_steps,
+        },
+    }
+
+
+def step_metrics(step: Step) -> dict:
+    """The step's numbers under the dashboard's names; wall times under time/."""
+    data = {k: v for k, v in (step.metrics or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for name in ("reward_mean", "reward_std", "val_reward"):
+        value = getattr(step, name)
+        if value is not None:
+            data[name] = value
+    data["duration_s"] = step.duration_s
+    data.update({f"time/{k}": v for k, v in (step.timings or {}).items() if isinstance(v, (int, float))})
+    return data
+
+
+def _log_step(wb, job: ExportJob, step: Step) -> None:
+    import wandb
+
+    data = step_metrics(step)
+    trajs = Trajectory.objects.filter(run=job.run, step=step.step).select_related("group").order_by("group_id", "index")
+    n = job.settings.trajectories_per_step
+    train = [t for t in trajs if t.group.split == "train"]
+    if n and train:
+        data["trajectories"] = _table(wandb, _sample(train, n))
+    validation = [t for t in trajs if t.group.split == "validation"]
+    if validation:
+        rewards = [t.reward for t in validation if t.reward is not None]
+        data["validation/reward_mean"] = sum(rewards) / len(rewards) if rewards else None
+        data["validation/errors"] = sum(1 for t in validation if t.error)
+        data["validation/trajectories"] = _table(wandb, validation[:256])
+    wb.log({k: v for k, v in data.items() if v is not None}, step=step.step)
+    if job.settings.log_checkpoints:
+        _log_checkpoint(wandb, wb, job.run, step.step)
+
+
+def _sample(trajs: list[Trajectory], n: int) -> list[Trajectory]:
+    """The best and the worst first, then the rest in order: what a person wants to compare."""
+    if len(trajs) <= n:
+        return trajs
+    ranked = sorted(trajs, key=lambda t: (t.reward is None, -(t.reward or 0.0)))
+    picked, lo, hi = [], 0, len(ranked) - 1
+    while len(picked) < n:
+        picked.append(ranked[lo])
+        lo += 1
+        if len(picked) < n:
+            picked.append(ranked[hi])
+            hi -= 1
+    return sorted(picked, key=lambda t: (t.group_id, t.index))
+
+
+def render_messages(messages: list[dict]) -> str:
+    lines = []
+    for m in messages or []:
+        content = m.get("content")
+        if not isinstance(content, str):
+            content = json.dumps(content) if content else ""
+        line = f"[{m.get('role', '?')}] {content}"
+        for call in m.get("tool_calls") or []:
+            fn = (call or {}).get("function") or {}
+            line += f"\n  → {fn.get('name', '')}({fn.get('arguments', '')})"
+        lines.append(line)
+    text = "\n".join(lines)
+    return text if len(text) <= MESSAGE_TEXT_LIMIT else text[:MESSAGE_TEXT_LIMIT] + "…"
+
+
+def _table(wandb, trajs: list[Trajectory]):
+    columns = ["step", "split", "group", "index", "reward", "advantage", "completion_tokens", "duration_ms",
+               "error", "conversation"]
+    rows = [[t.step, t.group.split, t.group_id, t.index, t.reward, t.advantage, t.completion_tokens,
+             t.duration_ms, t.error[:500], render_messages(t.messages)] for t in trajs]
+    return wandb.Table(columns=columns, data=rows)
+
+
+def _log_checkpoint(wandb, wb, run: Run, step: int) -> None:
+    ckpt = Checkpoint.objects.filter(run=run, step=step, state=Checkpoint.State.ACTIVE).first()
+    if ckpt is None or not Path(ckpt.path).is_dir():
+        return  # retention may have removed it already; nothing to upload
+    artifact = wandb.Artifact(f"run-{run.id}-lora", type="model",
+                              metadata={"step": step, "val_reward": ckpt.val_reward, **(ckpt.metrics or {})})
+    artifact.add_dir(ckpt.path)
+    wb.log_artifact(artifact, aliases=[f"step-{step}", "latest"])
+
+
+def _log_final(wb, run: Run) -> None:
+    wb.summary.update({"status": run.status, "steps_done": run.steps_done, "best_val_reward": run.best_val_reward,
+                       "latest_reward": run.latest_reward})
+    if run.error:
+        wb.summary["error"] = run.error[:1000]

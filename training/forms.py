@@ -1,0 +1,246 @@
+"""Forms of the training pages. They collect and shape input; services validate it and decide.
+
+The launch form is generated from RunConfig, so a new config field appears on the page with its
+default, bounds and description without touching this file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, fields as dataclass_fields
+from typing import get_args, get_origin
+
+from django import forms
+
+from artweb.errors import ApplicationError
+from training.config import RunConfig
+from training.models import Run
+
+SORTS = [
+    ("-created_at", "Newest first"),
+    ("created_at", "Oldest first"),
+    ("name", "Name"),
+    ("status", "Status"),
+    ("-latest_reward", "Latest reward"),
+    ("-best_val_reward", "Best validation reward"),
+    ("-steps_done", "Progress"),
+]
+
+
+def apply_service_errors(form: forms.Form, exc: ApplicationError, aliases: dict[str, str] | None = None) -> None:
+    """Show an ApplicationError on the form: field errors under their fields, the rest on top."""
+    aliases = aliases or {}
+    placed = False
+    for key, messages in exc.field_errors.items():
+        name = aliases.get(key, key)
+        if "." in name and name not in form.fields:
+            name = aliases.get(name.split(".", 1)[0], name.split(".", 1)[0])
+        if name in form.fields:
+            detail = key.split(".", 1)[1] + ": " if "." in key and name != key else ""
+            for message in messages:
+                form.add_error(name, f"{detail}{message}")
+            placed = True
+    if not placed or not exc.field_errors:
+        form.add_error(None, exc.message)
+
+
+class RunFilterForm(forms.Form):
+    q = forms.CharField(required=False, label="Search", widget=forms.TextInput(attrs={"type": "search",
+                                                                                      "placeholder": "name or task"}))
+    status = forms.ChoiceField(required=False, choices=[("", "Any status"), *Run.Status.choices])
+    model = forms.ChoiceField(required=False, label="Model", choices=[("", "Any model")])
+    tag = forms.CharField(required=False)
+    order = forms.ChoiceField(required=False, label="Sort", choices=SORTS)
+
+    def __init__(self, *args, base_models=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["model"].choices = [("", "Any model"), *((str(m.id), m.name) for m in base_models)]
+
+    def selector_kwargs(self) -> dict:
+        data = self.cleaned_data if self.is_valid() else {}
+        return {"q": data.get("q") or None, "status": data.get("status") or None,
+                "base_model": data.get("model") or None, "tag": data.get("tag") or None,
+                "order": data.get("order") or "-created_at"}
+
+
+class BaseModelForm(forms.Form):
+    name = forms.CharField(max_length=200, help_text="A short unique name, e.g. smollm2-135m.")
+    source = forms.CharField(max_length=500, help_text="A Hugging Face model id (org/name) or a local directory "
+                                                       "with config.json.")
+    revision = forms.CharField(max_length=100, required=False, help_text="Git revision of a Hub model; empty: main.")
+    max_length = forms.IntegerField(initial=2048, min_value=16, max_value=1_048_576,
+                                    help_text="Context length in tokens (16 to 1,048,576).")
+    supports_tools = forms.BooleanField(required=False, label="Supports tool calls")
+    chat_template_override = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}),
+                                             help_text="Jinja chat template to use instead of the model's own.")
+
+
+# --- launch -------------------------------------------------------------------------------------
+
+def _bounds(info) -> dict:
+    """min/max/exclusive bounds of a pydantic field, read off its annotated_types metadata."""
+    out = {}
+    for m in info.metadata:
+        for attr in ("ge", "gt", "le", "lt", "max_length"):
+            if getattr(m, attr, None) is not None:
+                out[attr] = getattr(m, attr)
+    return out
+
+
+def _bounds_text(b: dict) -> str:
+    lo = f"≥ {b['ge']:g}" if "ge" in b else (f"> {b['gt']:g}" if "gt" in b else "")
+    hi = f"≤ {b['le']:g}" if "le" in b else (f"< {b['lt']:g}" if "lt" in b else "")
+    return ", ".join(p for p in (lo, hi) if p)
+
+
+def config_form_field(name: str, info) -> forms.Field:
+    """A form field for one RunConfig field: its default as initial, its bounds as min/max."""
+    b = _bounds(info)
+    default = info.get_default(call_default_factory=True)
+    help_parts = [info.description or ""]
+    bounds = _bounds_text(b)
+    if bounds:
+        help_parts.append(f"Allowed: {bounds}.")
+    help_parts.append(f"Default: {json.dumps(default) if not isinstance(default, str) else repr(default)}.")
+    common = {"required": False, "initial": default, "help_text": " ".join(p for p in help_parts if p),
+              "label": name.replace("_", " ").capitalize()}
+    annotation = info.annotation
+    if annotation is bool:
+        return forms.BooleanField(**common)
+    if annotation is int:
+        return forms.IntegerField(min_value=b.get("ge"), max_value=b.get("le"), **common)
+    if annotation is float:
+        attrs = {"step": "any"}
+        if "gt" in b:
+            attrs["min"] = b["gt"]
+        return forms.FloatField(min_value=b.get("ge"), max_value=b.get("le"),
+                                widget=forms.NumberInput(attrs=attrs), **common)
+    if annotation is str:
+        return forms.CharField(max_length=b.get("max_length"), **common)
+    if get_origin(annotation) is dict or annotation is dict:
+        common["initial"] = json.dumps(default) if default else ""
+        return forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "placeholder": '{"learning_rate": 1e-5}'}),
+                               **common)
+    raise TypeError(f"RunConfig field {name} has a type the launch form cannot show: {annotation!r}")
+
+
+def train_config_reference() -> list[dict]:
+    """Rows (name, default, allowed) describing the engine's TrainConfig, for the launch page."""
+    from training.engine.config import TrainConfig
+
+    rows = []
+    for f in dataclass_fields(TrainConfig):
+        meta = f.metadata
+        default = f.default if f.default is not MISSING else f.default_factory()
+        if meta.get("choices"):
+            allowed = " | ".join(meta["choices"])
+        elif isinstance(default, bool):
+            allowed = "true | false"
+        elif meta.get("lo") is not None:
+            allowed = f"{'(' if meta.get('lo_open') else '['}{meta['lo']:g}, {meta['hi']:g}]"
+            if meta.get("optional"):
+                allowed += " or null"
+        else:
+            allowed = "list of module names" if isinstance(default, tuple) else ""
+        rows.append({"name": f.name, "default": json.dumps(list(default) if isinstance(default, tuple) else default),
+                     "allowed": allowed})
+    return rows
+
+
+CONFIG_FIELDS = list(RunConfig.model_fields)
+
+
+class RunLaunchForm(forms.Form):
+    """Pick what to train and how. Querysets are limited to what the user may use."""
+
+    name = forms.CharField(max_length=200)
+    tags = forms.CharField(required=False, help_text="Comma-separated, e.g. baseline, lr-sweep.")
+    base_model = forms.ModelChoiceField(queryset=None, label="Base model")
+    script_version = forms.ModelChoiceField(queryset=None, label="Rollout script version")
+    reward_version = forms.ModelChoiceField(
+        queryset=None, required=False, label="Reward function version",
+        help_text="Optional: without one the script's own trajectory.reward is used (or RULER when enabled).")
+    scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set")
+
+    # Service error keys → form field names.
+    ERROR_ALIASES = {"script": "script_version", "reward function": "reward_version", "base model": "base_model",
+                     "scenario set": "scenario_set", "config": "train"}
+
+    def __init__(self, *args, base_models, script_versions, reward_versions, scenario_sets, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["base_model"].queryset = base_models
+        self.fields["script_version"].queryset = script_versions
+        self.fields["script_version"].label_from_instance = lambda v: f"{v.asset.name} v{v.number}"
+        self.fields["reward_version"].queryset = reward_versions
+        self.fields["reward_version"].label_from_instance = lambda v: f"{v.asset.name} v{v.number} ({v.kind})"
+        self.fields["scenario_set"].queryset = scenario_sets
+        self.fields["scenario_set"].label_from_instance = (
+            lambda s: f"{s.name} ({s.train_count} train / {s.validation_count} validation)")
+        for name, info in RunConfig.model_fields.items():
+            self.fields[name] = config_form_field(name, info)
+
+    def clean_tags(self) -> list[str]:
+        return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
+
+    def clean_train(self) -> dict:
+        raw = (self.cleaned_data.get("train") or "").strip()
+        if not raw:
+            return {}
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.")
+        if not isinstance(value, dict):
+            raise forms.ValidationError('Give a JSON object, e.g. {"learning_rate": 1e-5}.')
+        return value
+
+    def config_fields(self):
+        return [self[name] for name in CONFIG_FIELDS if name != "train"]
+
+    def config(self) -> dict:
+        """The run config as entered; blank fields are left out so the schema's defaults apply."""
+        out = {}
+        for name in CONFIG_FIELDS:
+            value = self.cleaned_data.get(name)
+            if isinstance(self.fields[name], forms.BooleanField):
+                out[name] = bool(value)
+            elif value not in (None, ""):
+                out[name] = value
+        return out
+
+    def service_kwargs(self) -> dict:
+        d = self.cleaned_data
+        return {"name": d["name"], "tags": d["tags"], "base_model": d["base_model"],
+                "script_version": d["script_version"], "reward_version": d.get("reward_version"),
+                "scenario_set": d["scenario_set"], "config": self.config()}
+
+
+
+class TrajectoryFilterForm(forms.Form):
+    step = forms.IntegerField(required=False, min_value=0)
+    split = forms.ChoiceField(required=False, choices=[("", "Train and validation"), ("train", "Train"),
+                                                      ("validation", "Validation")])
+    min_reward = forms.FloatField(required=False, label="Reward ≥", widget=forms.NumberInput(attrs={"step": "any"}))
+    max_reward = forms.FloatField(required=False, label="Reward ≤", widget=forms.NumberInput(attrs={"step": "any"}))
+    q = forms.CharField(required=False, label="Text", widget=forms.TextInput(attrs={"type": "search"}))
+    errors = forms.ChoiceField(required=False, label="Errors", choices=[("", "Any"), ("yes", "With errors"),
+                                                                         ("no", "Without errors")])
+    all_steps = forms.BooleanField(required=False, label="Search all steps")
+    traj = forms.IntegerField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args, steps=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps = list(steps)
+
+    def filters(self) -> dict:
+        data = self.cleaned_data if self.is_valid() else {}
+        return {
+            "step": data.get("step"),
+            "split": data.get("split") or None,
+            "min_reward": data.get("min_reward"),
+            "max_reward": data.get("max_reward"),
+            "q": (data.get("q") or "").strip() or None,
+            "has_error": {"yes": True, "no": False}.get(data.get("errors") or ""),
+            "all_steps": bool(data.get("all_steps")),
+            "traj": data.get("traj"),
+        }

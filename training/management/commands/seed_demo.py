@@ -1,0 +1,61 @@
+"""Load the example task (rollout script, reward function, scenario set) for the admin, so a first run
+needs nothing but a click. Idempotent: assets that already exist by name are left alone."""
+
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+import rollouts
+from artweb.errors import ApplicationError
+from rollouts.models import RewardFunction, RolloutScript, ScenarioSet
+from rollouts.services import reward_create, scenario_set_create, script_create
+
+EXAMPLES_DIR = Path(rollouts.__file__).resolve().parent / "examples"
+SCRIPT_NAME = "Example rollout"
+REWARD_NAME = "Example reward"
+SCENARIOS_NAME = "Example scenarios"
+
+
+class Command(BaseCommand):
+    help = "Register the example rollout script, reward function and scenario set for the admin user."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--owner", help="username that owns the demo (default: the first superuser)")
+
+    def handle(self, *args, owner=None, **options):
+        owner = self._owner(owner)
+        files = {name: EXAMPLES_DIR / name for name in ("rollout.py", "reward.py", "scenarios.jsonl")}
+        missing = [str(path) for path in files.values() if not path.exists()]
+        if missing:
+            raise CommandError(f"The example files are missing: {', '.join(missing)}.")
+        steps = [
+            (RolloutScript, SCRIPT_NAME, lambda: script_create(
+                owner=owner, name=SCRIPT_NAME, content=files["rollout.py"].read_text())),
+            (RewardFunction, REWARD_NAME, lambda: reward_create(
+                owner=owner, name=REWARD_NAME, content=files["reward.py"].read_text())),
+            (ScenarioSet, SCENARIOS_NAME, lambda: scenario_set_create(
+                owner=owner, name=SCENARIOS_NAME, jsonl=files["scenarios.jsonl"].read_text(),
+                validation_fraction=0.2)),
+        ]
+        for model, name, create in steps:
+            if model.objects.filter(owner=owner, name=name).exists():
+                self.stdout.write(f"{model._meta.verbose_name.capitalize()} {name!r} exists already; left as is.")
+                continue
+            try:
+                create()
+            except ApplicationError as exc:
+                raise CommandError(f"Could not load {name!r}: {exc.message}") from exc
+            self.stdout.write(self.style.SUCCESS(f"Loaded {model._meta.verbose_name} {name!r} for {owner}."))
+
+    def _owner(self, username):
+        users = get_user_model().objects
+        if username:
+            user = users.filter(username=username).first()
+            if user is None:
+                raise CommandError(f"There is no user {username!r}.")
+            return user
+        user = users.filter(is_superuser=True).order_by("id").first()
+        if user is None:
+            raise CommandError("There is no admin user yet: create one with `python manage.py createsuperuser`.")
+        return user

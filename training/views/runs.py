@@ -1,0 +1,163 @@
+"""Runs: the list, one run's page, its action buttons, the launch form and checkpoint downloads."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import FileResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from artweb.errors import ApplicationError
+from rollouts.selectors import reward_version_list, scenario_set_list, script_version_list
+from training import services
+from training.forms import RunFilterForm, RunLaunchForm, apply_service_errors, train_config_reference
+from training.selectors import (
+    base_model_visible,
+    checkpoint_list,
+    run_chart_data,
+    run_events_recent,
+    run_get,
+    run_list,
+    run_logs_recent,
+)
+from training.services.checkpoints import checkpoint_archive
+from training.views.assets import plotly_url
+
+PAGE_SIZES = (25, 50, 100, 200)
+CHART_POINTS = 500
+
+
+@login_required
+def run_list_view(request):
+    models_qs = base_model_visible(request.user)
+    form = RunFilterForm(request.GET or None, base_models=models_qs)
+    runs = run_list(user=request.user, **form.selector_kwargs())
+    per_page = int(request.GET["per_page"]) if request.GET.get("per_page", "").isdigit() else 50
+    per_page = per_page if per_page in PAGE_SIZES else 50
+    page = Paginator(runs, per_page).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "training/run_list.html", {
+        "nav": "runs", "form": form, "page": page, "query": query.urlencode(), "per_page": per_page,
+        "page_sizes": PAGE_SIZES,
+    })
+
+
+def _run_page_data(run, chart, events, logs) -> dict:
+    """What the run page's script starts from; the socket brings everything after it."""
+    return {
+        "run": run.id,
+        "status": run.status,
+        "steps_done": run.steps_done,
+        "num_steps": run.num_steps,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "series": chart["series"],
+        "last_step": chart["last_step"],
+        "last_event": events[-1].id if events else 0,
+        "last_log": logs[-1].id if logs else 0,
+        "ws_path": f"/ws/runs/{run.id}/",
+    }
+
+
+@login_required
+def run_detail_view(request, run_id: int):
+    run = run_get(user=request.user, run_id=run_id)
+    chart = run_chart_data(run=run, max_points=CHART_POINTS)
+    events = run_events_recent(run=run, limit=100)
+    logs = run_logs_recent(run=run, limit=200)
+    return render(request, "training/run_detail.html", {
+        "nav": "runs",
+        "run": run,
+        "page_data": _run_page_data(run, chart, events, logs),
+        "events": events,
+        "logs": logs,
+        "checkpoints": checkpoint_list(run=run),
+        "config_json": json.dumps(run.config, indent=2, sort_keys=True),
+        "plotly_url": plotly_url(),
+        "admin_checkpoints_url": reverse("admin:index") + f"training/checkpoint/?run__id__exact={run.id}",
+    })
+
+
+RUN_ACTIONS = {
+    "cancel": (services.run_cancel, "Cancel requested."),
+    "pause": (services.run_pause, "Pause requested."),
+    "resume": (services.run_resume, "Run resumed; it is queued again."),
+    "retry": (services.run_retry, "Run queued again; it continues from its last checkpoint."),
+}
+
+
+@login_required
+@require_POST
+def run_action_view(request, run_id: int, action: str):
+    run = run_get(user=request.user, run_id=run_id)
+    service, done = RUN_ACTIONS.get(action, (None, None))
+    if service is None:
+        messages.error(request, f"Unknown action {action!r}.")
+    else:
+        try:
+            service(run=run, actor=request.user)
+            messages.success(request, done)
+        except ApplicationError as exc:
+            messages.error(request, exc.message)
+    return redirect("run-detail", run_id=run.id)
+
+
+def _launch_form(request, data=None, initial=None) -> RunLaunchForm:
+    user = request.user
+    return RunLaunchForm(
+        data, initial=initial,
+        base_models=base_model_visible(user),
+        script_versions=script_version_list(user=user),
+        reward_versions=reward_version_list(user=user),
+        scenario_sets=scenario_set_list(user=user).order_by("name"),
+    )
+
+
+def _initial_from(run) -> dict:
+    """Launch form values copied from an existing run ("launch similar")."""
+    initial = {"name": f"{run.name} (copy)", "tags": ", ".join(run.tags), "base_model": run.base_model_id,
+               "script_version": run.script_version_id, "reward_version": run.reward_version_id,
+               "scenario_set": run.scenario_set_id}
+    for key, value in (run.config or {}).items():
+        initial[key] = json.dumps(value) if isinstance(value, dict) else value
+    return initial
+
+
+@login_required
+def run_launch_view(request):
+    if request.method == "POST":
+        form = _launch_form(request, request.POST)
+        if form.is_valid():
+            try:
+                run = services.run_create(owner=request.user, **form.service_kwargs())
+            except ApplicationError as exc:
+                apply_service_errors(form, exc, RunLaunchForm.ERROR_ALIASES)
+            else:
+                messages.success(request, f"Run {run.name} created and queued.")
+                return redirect("run-detail", run_id=run.id)
+    else:
+        source = request.GET.get("from", "")
+        initial = _initial_from(run_get(user=request.user, run_id=int(source))) if source.isdigit() else None
+        form = _launch_form(request, initial=initial)
+    return render(request, "training/run_launch.html", {
+        "nav": "launch", "form": form, "train_reference": train_config_reference(),
+    })
+
+
+@login_required
+def checkpoint_download_view(request, run_id: int, checkpoint_id: int):
+    run = run_get(user=request.user, run_id=run_id)
+    checkpoint = get_object_or_404(checkpoint_list(run=run), id=checkpoint_id)
+    try:
+        path = checkpoint_archive(checkpoint=checkpoint)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+        return redirect(reverse("run-detail", args=[run.id]) + "#checkpoints")
+    return FileResponse(path.open("rb"), as_attachment=True, filename=path.name,
+                        content_type="application/gzip")

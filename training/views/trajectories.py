@@ -1,0 +1,64 @@
+"""The trajectory inspector: one step's groups side by side, and one trajectory as a transcript."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, render
+
+from rollouts.selectors import group_list, trajectory_list
+from training.forms import TrajectoryFilterForm
+from training.selectors import run_get, run_trajectory_steps
+from training.views.presenters import transcript
+
+# The list columns; the heavy JSON (messages, logs) is read only for the trajectory that is open.
+LIST_FIELDS = ("id", "group_id", "step", "index", "reward", "advantage", "error", "prompt_tokens",
+               "completion_tokens", "duration_ms")
+MAX_FLAT_RESULTS = 200
+
+
+@login_required
+def trajectory_inspector_view(request, run_id: int):
+    run = run_get(user=request.user, run_id=run_id)
+    steps = run_trajectory_steps(run=run)
+    form = TrajectoryFilterForm(request.GET or None, steps=steps)
+    f = form.filters()
+    step = f["step"] if f["step"] in steps else (steps[-1] if steps else None)
+    filters = {"split": f["split"], "min_reward": f["min_reward"], "max_reward": f["max_reward"], "q": f["q"],
+               "has_error": f["has_error"]}
+
+    groups, flat = [], []
+    if f["all_steps"]:
+        flat = list(trajectory_list(run=run, **filters).only(*LIST_FIELDS)[:MAX_FLAT_RESULTS])
+    elif step is not None:
+        trajs = trajectory_list(run=run, step=step, **filters).only(*LIST_FIELDS)
+        by_group: dict[int, list] = {}
+        for t in trajs:
+            by_group.setdefault(t.group_id, []).append(t)
+        groups = [{"group": g, "trajectories": by_group.get(g.id, [])}
+                  for g in group_list(run=run, step=step, split=f["split"])]
+
+    selected = None
+    if f["traj"]:
+        selected = get_object_or_404(trajectory_list(run=run).select_related("group__scenario"), id=f["traj"])
+
+    query = request.GET.copy()
+    query.pop("traj", None)
+    step_query = query.copy()
+    step_query.pop("step", None)
+    position = steps.index(step) if step in steps else None
+    return render(request, "training/trajectories.html", {
+        "nav": "runs",
+        "run": run,
+        "form": form,
+        "steps": steps,
+        "step": step,
+        "prev_step": steps[position - 1] if position else None,
+        "next_step": steps[position + 1] if position is not None and position + 1 < len(steps) else None,
+        "groups": groups,
+        "flat": flat,
+        "all_steps": f["all_steps"],
+        "selected": selected,
+        "turns": transcript(selected.messages) if selected else [],
+        "query": query.urlencode(),
+        "step_query": step_query.urlencode(),
+    })
