@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 
 CONTEXT_FIELDS = ("run_id", "step", "task", "task_id")
-_context: ContextVar[dict] = ContextVar("artweb_log_context", default={})
+_context: ContextVar[dict | None] = ContextVar("artweb_log_context", default=None)
 
 # The attributes every LogRecord has; anything else on a record came from `extra=` and is worth keeping.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "ids", *CONTEXT_FIELDS}
@@ -31,7 +31,7 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message
 @contextmanager
 def log_context(**fields):
     """Bind fields (None values are ignored) to every log line written inside the block."""
-    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v is not None}})
+    token = _context.set({**(_context.get() or {}), **{k: v for k, v in fields.items() if v is not None}})
     try:
         yield
     finally:
@@ -39,14 +39,14 @@ def log_context(**fields):
 
 
 def current_log_context() -> dict:
-    return dict(_context.get())
+    return dict(_context.get() or {})
 
 
 class ContextFilter(logging.Filter):
     """Puts run_id, step, task and task_id on every record: from `extra=` if given, else the context."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        ctx = _context.get()
+        ctx = _context.get() or {}
         for key in CONTEXT_FIELDS:
             if getattr(record, key, None) is None:
                 setattr(record, key, ctx.get(key))
@@ -83,7 +83,7 @@ class ConsoleFormatter(logging.Formatter):
     def __init__(self, *args, **kwargs):
         super().__init__(fmt="%(asctime)s %(levelname)-7s %(name)s %(ids)s%(message)s", datefmt="%H:%M:%S")
 
-    def formatTime(self, record, datefmt=None):  # noqa: N802 - logging's name
+    def formatTime(self, record, datefmt=None):
         return super().formatTime(record, datefmt) + f".{int(record.msecs):03d}"
 
     def format(self, record: logging.LogRecord) -> str:
@@ -115,7 +115,7 @@ def _task_context(task, args, kwargs) -> dict:
 
 def _on_task_prerun(sender=None, task_id=None, task=None, args=None, kwargs=None, **_):
     fields = _task_context(task or sender, args, kwargs)
-    _task_tokens[task_id] = _context.set({**_context.get(), **fields, "task_id": task_id})
+    _task_tokens[task_id] = _context.set({**(_context.get() or {}), **fields, "task_id": task_id})
 
 
 def _on_task_postrun(sender=None, task_id=None, **_):

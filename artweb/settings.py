@@ -183,10 +183,19 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
 
+ARTWEB_METRICS_TOKEN = env.str("ARTWEB_METRICS_TOKEN", default="")
+LOG_FORMAT = env.str("LOG_FORMAT", default="console" if DEBUG else "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "artweb.logging.ContextFilter"}},
+    "formatters": {
+        "json": {"()": "artweb.logging.JsonFormatter"},
+        "console": {"()": "artweb.logging.ConsoleFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"wandb": {"level": "WARNING"}, "weave": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
+# Worker output goes through LOGGING (JSON in production, run/step ids) instead of Celery's own format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -2,9 +2,11 @@ from django.contrib import admin
 from django.urls import include, path
 
 from artweb.views import healthz
+from training.metrics import metrics_view
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("artweb.api_urls")),

@@ -25,17 +25,19 @@ function css(name) {
   return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
 }
 
-export function baseLayout(title) {
+export function baseLayout(title, empty = false) {
   const text = css("--text");
   const grid = css("--border");
   return {
+    annotations: empty ? [{ text: "no data yet", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5,
+                            font: { color: css("--muted"), size: 12 } }] : [],
     title: { text: title, font: { size: 13, color: text }, x: 0.02, xanchor: "left" },
     paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)",
     font: { color: text, size: 11 },
     margin: { l: 48, r: 12, t: 32, b: 34 },
-    xaxis: { title: { text: "step" }, gridcolor: grid, zerolinecolor: grid },
-    yaxis: { gridcolor: grid, zerolinecolor: grid, automargin: true },
+    xaxis: { title: { text: "step" }, gridcolor: grid, zerolinecolor: grid, showticklabels: !empty },
+    yaxis: { gridcolor: grid, zerolinecolor: grid, automargin: true, showticklabels: !empty },
     showlegend: false,
     hovermode: "x unified",
     uirevision: "keep", // zoom survives live updates and restyles
@@ -51,7 +53,9 @@ export class Ema {
     if (this.w <= 0) return v;
     this.n += 1;
     this.acc = this.acc * this.w + (1 - this.w) * v;
-    return this.acc / (1 - Math.pow(this.w, this.n));
+    // Rounded to 12 digits: the debiasing leaves ~1e-16 noise on a constant series, which Plotly's
+    // autorange would blow up into a spike.
+    return Number((this.acc / (1 - Math.pow(this.w, this.n))).toPrecision(12));
   }
 }
 
@@ -92,13 +96,20 @@ export class MetricChart {
   }
 
   draw() {
-    return Plotly.react(this.el, this.traces(), baseLayout(this.spec.title), PLOT_CONFIG);
+    return Plotly.react(this.el, this.traces(), baseLayout(this.spec.title, this.x.length === 0), PLOT_CONFIG);
   }
 
   setSmoothing(w) { this.smoothing = w; return this.draw(); }
 
   // Append one point (x must be past the last one; the caller drops duplicates).
   append(x, y, std) {
+    if (this.x.length === 0) {
+      // The first point: redraw, which also takes the "no data yet" note away.
+      this.x.push(x);
+      this.y.push(y);
+      if (this.std) this.std.push(std ?? 0);
+      return this.draw();
+    }
     this.x.push(x);
     this.y.push(y);
     const sy = this.emaY.push(y);

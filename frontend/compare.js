@@ -33,7 +33,8 @@ function draw() {
                name: run.name, line: { color: color(i), width: 2 }, marker: { size: 4 } };
     });
     const title = spec.band ? "Reward (mean)" : spec.title;
-    Plotly.react(el, traces, { ...baseLayout(title), showlegend: false }, PLOT_CONFIG);
+    const empty = traces.every((t) => t.x.length === 0);
+    Plotly.react(el, traces, baseLayout(title, empty), PLOT_CONFIG);
   }
 }
 

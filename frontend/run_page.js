@@ -1,7 +1,7 @@
 // The run page: charts from the embedded first data, then live over ws/runs/<id>/.
 //
-// window.__artwebLive.points[step] records when each live step was drawn (epoch ms), which the page
-// benchmark reads to measure commit-to-screen latency.
+// window.__artwebLive.received[step] / .points[step] record when each live step arrived and when it
+// was drawn (epoch ms); the page benchmark reads them to measure commit-to-screen latency.
 import { MetricChart, RUN_CHARTS, restyleOnThemeChange } from "./charts.js";
 import { LiveSocket, showConnState } from "./ws.js";
 
@@ -14,7 +14,7 @@ const state = {
   lastEvent: data.last_event || 0,
   lastLog: data.last_log || 0,
 };
-const live = (window.__artwebLive = { points: {}, messages: 0 });
+const live = (window.__artwebLive = { points: {}, received: {}, messages: 0 });
 
 // --- charts ---------------------------------------------------------------------------------------
 const slider = document.getElementById("smoothing");
@@ -117,6 +117,7 @@ function addGroup(msg) {
 // --- live steps -----------------------------------------------------------------------------------
 function addStep(msg) {
   if (msg.step <= state.lastStep) return; // already drawn (catch-up overlap or duplicate delivery)
+  live.received[msg.step] = performance.timeOrigin + performance.now();
   state.lastStep = msg.step;
   const m = msg.metrics || {};
   const drawn = [];

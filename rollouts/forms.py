@@ -76,10 +76,11 @@ class ScenarioSetForm(forms.Form):
 
 
 class DryRunForm(forms.Form):
-    script_version = forms.ModelChoiceField(queryset=None, label="Script version")
-    reward_version = forms.ModelChoiceField(queryset=None, required=False, label="Reward version")
-    base_model = forms.ModelChoiceField(queryset=None, label="Base model")
-    scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set",
+    script_version = forms.ModelChoiceField(queryset=None, label="Script version", empty_label=None)
+    reward_version = forms.ModelChoiceField(queryset=None, required=False, label="Reward version",
+                                            empty_label="none")
+    base_model = forms.ModelChoiceField(queryset=None, label="Base model", empty_label=None)
+    scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set", empty_label=None,
                                           help_text="The first few scenarios of the set are tried.")
 
     ERROR_ALIASES = {"scenarios": "scenario_set"}

@@ -87,9 +87,13 @@ def _bounds(info) -> dict:
     return out
 
 
+def _num(v) -> str:
+    return f"{v:,}" if isinstance(v, int) else f"{v:g}"
+
+
 def _bounds_text(b: dict) -> str:
-    lo = f"≥ {b['ge']:g}" if "ge" in b else (f"> {b['gt']:g}" if "gt" in b else "")
-    hi = f"≤ {b['le']:g}" if "le" in b else (f"< {b['lt']:g}" if "lt" in b else "")
+    lo = f"≥ {_num(b['ge'])}" if "ge" in b else (f"> {_num(b['gt'])}" if "gt" in b else "")
+    hi = f"≤ {_num(b['le'])}" if "le" in b else (f"< {_num(b['lt'])}" if "lt" in b else "")
     return ", ".join(p for p in (lo, hi) if p)
 
 
@@ -155,12 +159,13 @@ class RunLaunchForm(forms.Form):
 
     name = forms.CharField(max_length=200)
     tags = forms.CharField(required=False, help_text="Comma-separated, e.g. baseline, lr-sweep.")
-    base_model = forms.ModelChoiceField(queryset=None, label="Base model")
-    script_version = forms.ModelChoiceField(queryset=None, label="Rollout script version")
+    # No blank choice on required pickers: with one model, script or set there is nothing to pick.
+    base_model = forms.ModelChoiceField(queryset=None, label="Base model", empty_label=None)
+    script_version = forms.ModelChoiceField(queryset=None, label="Rollout script version", empty_label=None)
     reward_version = forms.ModelChoiceField(
-        queryset=None, required=False, label="Reward function version",
+        queryset=None, required=False, label="Reward function version", empty_label="none",
         help_text="Optional: without one the script's own trajectory.reward is used (or RULER when enabled).")
-    scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set")
+    scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set", empty_label=None)
 
     # Service error keys → form field names.
     ERROR_ALIASES = {"script": "script_version", "reward function": "reward_version", "base model": "base_model",

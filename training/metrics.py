@@ -171,7 +171,7 @@ class DatabaseCollector:
             n = len(_PRIORITY_STEPS)
             for i, queue in enumerate(QUEUES):
                 depth.add_metric([queue], sum(lengths[i * n:(i + 1) * n]))
-        except Exception:  # noqa: BLE001 - a broker outage is itself worth a metric, not a failed scrape
+        except Exception:  # a broker outage is itself worth a metric, not a failed scrape
             logger.warning("queue depth unavailable", exc_info=True)
             up = 0
         yield depth

@@ -16,3 +16,6 @@ def runs_requeue_stale_task() -> None:
     from training.services.steps import runs_requeue_stale
 
     runs_requeue_stale()
+
+
+from training.exports import tasks as _export_tasks  # noqa: E402,F401 - registers the export tasks

@@ -16,16 +16,16 @@ from django.conf import settings
 from django.db.models import BooleanField, QuerySet
 from django.db.models.expressions import RawSQL
 from django.http import StreamingHttpResponse
-from rest_framework import exceptions, serializers
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, inline_serializer
+from rest_framework import exceptions, serializers
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import BaseParser, MultiPartParser
 from rest_framework.settings import api_settings
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
-from artweb.api_errors import PayloadTooLarge
+from artweb.api_errors import PayloadTooLarge, exception_handler
 from artweb.errors import ApplicationError
 
 KIB = 1024
@@ -104,7 +104,7 @@ class WriteThrottle(ScopedRateThrottle):
     cache key names the database, so deployments or test sessions sharing one Redis do not collide."""
 
     @property
-    def THROTTLE_RATES(self):  # noqa: N802 - the name DRF's base class reads
+    def THROTTLE_RATES(self):
         return {**DEFAULT_THROTTLE_RATES, **(api_settings.DEFAULT_THROTTLE_RATES or {})}
 
     def get_cache_key(self, request, view):
@@ -127,11 +127,16 @@ class ApiSchema(AutoSchema):
 
 
 class Api(APIView):
-    """Reads: JSON bodies only, 1 MiB at most."""
+    """Reads: JSON bodies only, 1 MiB at most. Errors in the one shape of artweb.api_errors."""
 
     parser_classes = [LimitedJSONParser]
     max_json_bytes = MIB
     schema = ApiSchema()
+
+    def get_exception_handler(self):
+        # Set here as well as in settings, so these views answer in the one error shape whatever the
+        # project-wide REST_FRAMEWORK["EXCEPTION_HANDLER"] says.
+        return exception_handler
 
 
 class WriteApi(Api):

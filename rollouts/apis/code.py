@@ -14,31 +14,31 @@ from rest_framework.response import Response
 from artweb.api_errors import ErrorSerializer
 from rollouts import selectors, services
 from rollouts.apis.base import (
-    MIB,
     PAGE_PARAMETERS,
     Api,
     UploadApi,
-    WriteApi,
     body,
     decode_utf8,
     paginated_response,
     paginated_schema,
-    upload_bytes,
     query_params,
+    upload_bytes,
 )
 from rollouts.models import RewardFunction
+from rollouts.runtime.validation import MAX_SOURCE_BYTES, validate_reward, validate_script
 
-MAX_CODE_BYTES = MIB
+# One limit for code, the runtime's: larger uploads get a 413 here instead of a validation issue.
+MAX_CODE_BYTES = MAX_SOURCE_BYTES
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer, 413: ErrorSerializer}
 
 
 class CodeJsonInput(serializers.Serializer):
     content = serializers.CharField(trim_whitespace=False, max_length=MAX_CODE_BYTES,
-                                    help_text="The Python source, UTF-8, at most 1 MiB.")
+                                    help_text=f"The Python source, UTF-8, at most {MAX_CODE_BYTES // 1024} KiB.")
 
 
 class CodeFileInput(serializers.Serializer):
-    file = serializers.FileField(help_text="A UTF-8 .py file, at most 1 MiB.")
+    file = serializers.FileField(help_text=f"A UTF-8 .py file, at most {MAX_CODE_BYTES // 1024} KiB.")
 
 
 def _code_bytes(request, what: str) -> bytes:
@@ -172,8 +172,6 @@ class ScriptValidateApi(UploadApi):
                    request={"application/json": CodeJsonInput, "multipart/form-data": CodeFileInput},
                    responses={200: OutputSerializer, **ERRORS})
     def post(self, request):
-        from rollouts.runtime.validation import validate_script
-
         text = decode_utf8(_code_bytes(request, "rollout script"), what="rollout script")
         issues = validate_script(text)
         return Response(self.OutputSerializer({"valid": not issues, "issues": _issues(issues)}).data)
@@ -272,8 +270,6 @@ class RewardValidateApi(UploadApi):
                    request={"application/json": CodeJsonInput, "multipart/form-data": CodeFileInput},
                    responses={200: OutputSerializer, **ERRORS})
     def post(self, request):
-        from rollouts.runtime.validation import validate_reward
-
         text = decode_utf8(_code_bytes(request, "reward function"), what="reward function")
         kind, issues = validate_reward(text)
         return Response(self.OutputSerializer({"valid": not issues, "kind": kind or None,

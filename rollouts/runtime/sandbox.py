@@ -16,6 +16,7 @@ a segfault, a limit) loses only its unfinished rollouts, which are recorded as e
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pwd
@@ -33,6 +34,8 @@ from pathlib import Path
 
 from rollouts.runtime import Cancelled, TooManyErrors
 from rollouts.runtime.validation import validate_reward
+
+logger = logging.getLogger(__name__)
 
 GUEST = Path(__file__).resolve().parent / "guest" / "_artweb_guest.py"
 
@@ -227,13 +230,33 @@ def dry_run(
 # --- one sandbox process -----------------------------------------------------------------------------
 
 
-def _sandbox_user(name: str | None) -> pwd.struct_passwd | None:
+_usable_users: dict[tuple[str, str], bool] = {}
+
+
+def _sandbox_user(name: str | None, python: str) -> pwd.struct_passwd | None:
+    """The user to run sandboxes as: `name` when we are root and it can run the interpreter.
+
+    A virtualenv under a private home directory (mode 0700) cannot be executed by another user; then
+    the sandbox keeps our uid, and a warning says so once.
+    """
     if name is None or os.geteuid() != 0:
         return None
     try:
-        return pwd.getpwnam(name)
+        user = pwd.getpwnam(name)
     except KeyError:
         return None
+    key = (name, python)
+    if key not in _usable_users:
+        try:
+            probe = subprocess.run([python, "-I", "-c", "import openai, httpx"], user=user.pw_uid, group=user.pw_gid,
+                                   extra_groups=[], cwd="/", capture_output=True, timeout=120)
+            _usable_users[key] = probe.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            _usable_users[key] = False
+        if not _usable_users[key]:
+            logger.warning("sandboxes run as %s: user %r cannot run %s (install the environment where "
+                           "that user can read it)", pwd.getpwuid(os.getuid()).pw_name, name, python)
+    return user if _usable_users[key] else None
 
 
 def _tasks_of(uid: int) -> int:
@@ -294,9 +317,11 @@ class _Sandbox:
             "concurrency": concurrency,
             "rollout_timeout_s": limits.rollout_timeout_s,
             "result_fd": write_fd,
+            "max_processes": limits.max_processes,
         }
         (workdir / "batch.json").write_text(json.dumps(spec))
-        user = _sandbox_user(limits.user)
+        python = request.python or sys.executable
+        user = _sandbox_user(limits.user, python)
         uid = user.pw_uid if user else os.getuid()
         if user:
             workdir.parent.chmod(0o755)
@@ -319,7 +344,7 @@ class _Sandbox:
         try:
             proc = subprocess.Popen(
                 # -I: ignore PYTHON* variables and user site-packages; -u: unbuffered; -X utf8: UTF-8 I/O.
-                [request.python or sys.executable, "-I", "-u", "-X", "utf8", str(GUEST), str(workdir / "batch.json")],
+                [python, "-I", "-u", "-X", "utf8", str(GUEST), str(workdir / "batch.json")],
                 cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,), start_new_session=True,
                 user=user.pw_uid if user else None, group=user.pw_gid if user else None,

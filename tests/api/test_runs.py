@@ -270,3 +270,20 @@ def test_the_step_factory_still_works_with_metrics(alice_api, alice):
     step = StepFactory(run=RunFactory(owner=alice))
     body = alice_api.get(f"/api/v1/runs/{step.run_id}/metrics/?series=loss,kl").json()
     assert body["series"]["loss"]["y"] == [0.1]
+
+
+def test_the_fast_metrics_selector_answers_like_run_metrics(alice):
+    from training.selectors import run_metrics, run_metrics_series
+
+    run = RunFactory(owner=alice)
+    Step.objects.bulk_create([
+        Step(run=run, step=1, reward_mean=0.1, metrics={"loss": 1.5, "flag": True, "note": "text"},
+             timings={"train": 2.0, "note": 3.0}),
+        Step(run=run, step=2, reward_mean=None, val_reward=0.7, metrics={"loss": None, "tokens": 12},
+             timings={"loss": 9.0}),
+        Step(run=run, step=3, reward_mean=0.3, metrics={}, timings={}),
+    ])
+    names = ["reward_mean", "val_reward", "loss", "flag", "note", "train", "tokens", "absent", "loss"]
+    for kwargs in ({}, {"since_step": 1}, {"max_points": 4}, {"since_step": 3}):
+        assert run_metrics_series(run=run, series=names, **kwargs) == run_metrics(run=run, series=names, **kwargs)
+    assert run_metrics_series(run=run) == run_metrics(run=run)

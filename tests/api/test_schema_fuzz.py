@@ -16,7 +16,7 @@ from schemathesis.checks import not_a_server_error
 from tests.api.conftest import token_client  # noqa: F401  (fixtures below need the factories it imports)
 from tests.factories import CheckpointFactory, RunFactory, StepFactory, TrajectoryFactory
 
-MAX_EXAMPLES = 15
+MAX_EXAMPLES = 10
 
 
 def _schema():

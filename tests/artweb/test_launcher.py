@@ -9,14 +9,13 @@ import sys
 import psycopg
 import pytest
 
-from artweb.launcher import (
-    BASE_DIR,
+from artweb.launcher import BASE_DIR, single_launcher
+from artweb.launcher.embedded import (
     EmbeddedPostgres,
     EmbeddedRedis,
     LaunchError,
     ServiceState,
     pid_alive,
-    single_launcher,
     start_services,
     stop_services,
     wait_until,

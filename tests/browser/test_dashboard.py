@@ -6,6 +6,7 @@ writes the row, so the message leaves on commit). Screenshots go to tests/artifa
 """
 
 import importlib.util
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -92,20 +93,20 @@ def test_it_uploads_code_shows_inline_errors_and_launches_a_run(signed_in):
     page.fill("#id_name", "agent")
     page.fill("#id_content", SCRIPT)
     page.click("button[type=submit].primary")
-    page.wait_for_url("**/scripts/*/")
+    page.wait_for_url(re.compile(r"/scripts/\d+/$"))
     assert "agent" in page.locator("h1").inner_text()
 
     page.goto("/rewards/new/")
     page.fill("#id_name", "exact-match")
     page.fill("#id_content", REWARD)
     page.click("button[type=submit].primary")
-    page.wait_for_url("**/rewards/*/")
+    page.wait_for_url(re.compile(r"/rewards/\d+/$"))
 
     page.goto("/scenarios/new/")
     page.fill("#id_name", "words")
     page.fill("#id_content", SCENARIOS)
     page.click("button[type=submit].primary")
-    page.wait_for_url("**/scenarios/*/")
+    page.wait_for_url(re.compile(r"/scenarios/\d+/$"))
     assert "6 training and 2 validation" in page.inner_text("main")
 
     page.goto("/runs/new/")
@@ -121,7 +122,7 @@ def test_it_uploads_code_shows_inline_errors_and_launches_a_run(signed_in):
     page.fill("#id_group_size", "4")
     page.fill("#id_num_steps", "3")
     page.click("button[type=submit].primary")
-    page.wait_for_url("**/runs/*/")
+    page.wait_for_url(re.compile(r"/runs/\d+/$"))
     assert "first run" in page.locator("h1").inner_text()
     run = Run.objects.get(name="first run")
     assert run.config["group_size"] == 4 and run.num_steps == 3

@@ -72,7 +72,7 @@ def recording_server():
     rec = Recorder()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
+        def do_POST(self):
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             body = json.loads(raw) if raw else None
             rec.requests.append({"method": "POST", "path": self.path, "headers": dict(self.headers), "body": body})
@@ -103,3 +103,9 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_third_party_error_reports(monkeypatch):
+    """The W&B and Weave clients report their own errors to a third party by default; not from tests."""
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")

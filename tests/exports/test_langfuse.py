@@ -119,8 +119,8 @@ def test_without_any_key_it_says_where_to_put_one(run_with_steps, monkeypatch):
 
 
 def test_trajectory_events_mark_errors():
-    from datetime import UTC, datetime
     import uuid
+    from datetime import UTC, datetime
 
     from training.exports.langfuse import trajectory_events
 

@@ -39,9 +39,9 @@ def test_keys_survive_a_secret_key_rotation_with_fallbacks():
         token = secret_encrypt("s3cret")
     with override_settings(SECRET_KEY="new-key-" * 6, SECRET_KEY_FALLBACKS=["old-key-" * 6]):
         assert secret_decrypt(token) == "s3cret"
-    with override_settings(SECRET_KEY="new-key-" * 6, SECRET_KEY_FALLBACKS=[]):
-        with pytest.raises(SecretUnreadable, match="Enter the key again"):
-            secret_decrypt(token)
+    with (override_settings(SECRET_KEY="new-key-" * 6, SECRET_KEY_FALLBACKS=[]),
+          pytest.raises(SecretUnreadable, match="Enter the key again")):
+        secret_decrypt(token)
 
 
 def test_update_keeps_clears_or_replaces_the_key(alice):

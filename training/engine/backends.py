@@ -8,6 +8,7 @@ patches transformers on import and needs a CUDA GPU.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,11 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def _alpha(cfg: TrainConfig) -> int | float:
+    """LoRA alpha, as an int when it is one (adapter_config.json then reads like the usual ones)."""
+    return int(cfg.lora_alpha) if float(cfg.lora_alpha).is_integer() else cfg.lora_alpha
+
+
 def load_peft(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedModel:
     """transformers + PEFT: CPU or GPU, any causal LM that transformers loads."""
     from peft import LoraConfig, get_peft_model
@@ -39,7 +45,7 @@ def load_peft(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedMode
         base_model_path, dtype=resolve_dtype(cfg.dtype, device), attn_implementation="sdpa")
     base.to(device)
     base.config.use_cache = False
-    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=_alpha(cfg), lora_dropout=cfg.lora_dropout,
                       target_modules=list(cfg.lora_target_modules), bias="none", task_type="CAUSAL_LM")
     # PEFT freezes the base and, with a half-precision base, keeps the adapter in fp32
     # (autocast_adapter_dtype), so small Adam updates are not rounded away.
@@ -53,16 +59,21 @@ def load_unsloth(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedM
     """Unsloth's FastLanguageModel + LoRA: fused kernels and its own activation offloading; CUDA only."""
     if not str(device).startswith("cuda"):
         raise ValueError("the unsloth backend needs a CUDA device; use backend 'peft' on the CPU")
+    # Unsloth fetches a usage-statistics file from the model hub on load unless told not to; a worker
+    # must never depend on the internet.
+    os.environ.setdefault("UNSLOTH_DISABLE_STATISTICS", "1")
     from unsloth import FastLanguageModel  # noqa: PLC0415 (patches transformers on import)
 
+    checkpointing = "unsloth" if cfg.gradient_checkpointing else False
+    # fix_tokenizer=False: the tokenizer must stay exactly the one the inference server uses.
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=base_model_path, max_seq_length=cfg.max_seq_len,
-        dtype=resolve_dtype(cfg.dtype, device), load_in_4bit=False, load_in_8bit=False,
-        full_finetuning=False, local_files_only=True)
+        model_name=base_model_path, max_seq_length=cfg.max_seq_len, dtype=resolve_dtype(cfg.dtype, device),
+        load_in_4bit=False, load_in_8bit=False, full_finetuning=False, fix_tokenizer=False,
+        use_gradient_checkpointing=checkpointing, random_state=cfg.seed)
     model = FastLanguageModel.get_peft_model(
-        model, r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        model, r=cfg.lora_rank, lora_alpha=_alpha(cfg), lora_dropout=cfg.lora_dropout,
         target_modules=list(cfg.lora_target_modules), bias="none", random_state=cfg.seed,
-        use_gradient_checkpointing="unsloth" if cfg.gradient_checkpointing else False)
+        use_gradient_checkpointing=checkpointing)
     FastLanguageModel.for_training(model)
     # Unsloth may return a processor-like wrapper; the trainer needs the text tokenizer.
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)

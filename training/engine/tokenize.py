@@ -39,12 +39,19 @@ def is_trainable_turn(message: dict[str, Any]) -> bool:
     return message.get("role") == "assistant" and message.get("token_ids") is not None
 
 
-def tokenize_trajectory(tokenizer: Any, trajectory: dict[str, Any], max_seq_len: int) -> TokenizedSequence:
+# Placeholder text for sampled turn k; random per process so no conversation contains it by chance,
+# fixed within it so trajectories sharing a prompt render the same text (and share `encode_cache`).
+_PLACEHOLDER = "ZQX" + uuid.uuid4().hex + "TURN{}"
+
+
+def tokenize_trajectory(tokenizer: Any, trajectory: dict[str, Any], max_seq_len: int,
+                        encode_cache: dict[str, list[int]] | None = None) -> TokenizedSequence:
     """Render, splice the sampled turns in, truncate to max_seq_len.
 
-    The conversation is rendered up to its last sampled turn (what follows trains nothing) with a unique
+    The conversation is rendered up to its last sampled turn (what follows trains nothing) with a
     placeholder in place of each sampled turn. The text between placeholders is tokenized as it would be
-    for the inference request; the placeholders become the sampled token ids.
+    for the inference request; the placeholders become the sampled token ids. `encode_cache` (text →
+    ids) saves re-encoding the prompt every trajectory of a group shares.
     """
     messages = list(trajectory.get("messages") or [])
     turn_idx = [i for i, m in enumerate(messages) if is_trainable_turn(m)]
@@ -53,7 +60,7 @@ def tokenize_trajectory(tokenizer: Any, trajectory: dict[str, Any], max_seq_len:
     if not turn_idx:
         return TokenizedSequence(input_ids=[], trainable=[], old_logprobs=[])
     messages = messages[: turn_idx[-1] + 1]
-    placeholders = [f"ZQXPLACEHOLDER{uuid.uuid4().hex}" for _ in turn_idx]
+    placeholders = [_PLACEHOLDER.format(k) for k in range(len(turn_idx))]
     rendered_msgs = [_render_message(m) for m in messages]
     for i, ph in zip(turn_idx, placeholders):
         rendered_msgs[i] = {"role": "assistant", "content": ph}
@@ -66,7 +73,11 @@ def tokenize_trajectory(tokenizer: Any, trajectory: dict[str, Any], max_seq_len:
     trainable: list[bool] = []
     old: list[float] = []
     for k, segment in enumerate(segments[:-1]):  # the tail after the last sampled turn is dropped
-        seg_ids = tokenizer.encode(segment, add_special_tokens=False)
+        seg_ids = encode_cache.get(segment) if encode_cache is not None else None
+        if seg_ids is None:
+            seg_ids = tokenizer.encode(segment, add_special_tokens=False)
+            if encode_cache is not None:
+                encode_cache[segment] = seg_ids
         # The sampler usually returns the end-of-turn token it stopped on; the template writes it again
         # right after the placeholder. Keep the sampled copy only, so the sequence is what the model saw.
         if k > 0 and ids and seg_ids and seg_ids[0] == ids[-1] and seg_ids[0] in special:
@@ -75,9 +86,9 @@ def tokenize_trajectory(tokenizer: Any, trajectory: dict[str, Any], max_seq_len:
         trainable += [False] * len(seg_ids)
         old += [0.0] * len(seg_ids)
         turn = messages[turn_idx[k]]
-        ids += [int(t) for t in turn["token_ids"]]
-        trainable += [True] * len(turn["token_ids"])
-        old += [float(lp) for lp in turn["logprobs"]]
+        ids.extend(map(int, turn["token_ids"]))
+        trainable.extend([True] * len(turn["token_ids"]))
+        old.extend(map(float, turn["logprobs"]))
 
     truncated = len(ids) > max_seq_len
     if truncated:

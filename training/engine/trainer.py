@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +135,7 @@ class GRPOTrainer:
         start = time.perf_counter()
         adv = compute_advantages(groups, scale_rewards=self.cfg.scale_rewards)
         seqs = self.tokenize_groups(groups, adv.values, adv.used)
+        tokenize_seconds = time.perf_counter() - start
         truncated = sum(s.truncated for s in seqs)
         seqs = [s for s in seqs if s.n_trainable > 0]
         total_tokens = sum(s.n_trainable for s in seqs)
@@ -175,6 +177,7 @@ class GRPOTrainer:
             "micro_batches": len(batches),
             "optimizer_stepped": int(stepped),
             "train_seconds": elapsed,
+            "tokenize_seconds": tokenize_seconds,
             "tokens_per_second": total_tokens / elapsed if elapsed > 0 else 0.0,
             "advantages": adv.values,
         }
@@ -183,13 +186,14 @@ class GRPOTrainer:
                         used: list[bool]) -> list[TokenizedSequence]:
         """Sequences of every scored trajectory of the groups with signal, advantage attached."""
         seqs: list[TokenizedSequence] = []
+        cache: dict[str, list[int]] = {}
         for g, (group, group_adv, ok) in enumerate(zip(groups, advantages, used)):
             if not ok:
                 continue
             for t, (traj, a) in enumerate(zip(group, group_adv)):
                 if a is None:
                     continue
-                seq = tokenize_trajectory(self.tokenizer, traj, self.cfg.max_seq_len)
+                seq = tokenize_trajectory(self.tokenizer, traj, self.cfg.max_seq_len, cache)
                 seq.advantage, seq.source = a, (g, t)
                 seqs.append(seq)
         return seqs
@@ -245,8 +249,10 @@ class GRPOTrainer:
         agent rollouts (long prompts, short answers) saves most of the vocabulary-sized work.
         """
         causal_lm = self.model.get_base_model()
-        out = causal_lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                      use_cache=False)
+        # Without padding the mask is all ones; leaving it out lets attention take its fused causal
+        # kernel (flash) instead of a masked one.
+        mask = None if mb.unpadded else mb.attention_mask
+        out = causal_lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mask, use_cache=False)
         hidden = out.last_hidden_state[:, :-1][mb.target_mask]  # [N, H]
         logits = causal_lm.get_output_embeddings()(hidden).float()  # [N, V]
         logz = torch.logsumexp(logits, dim=-1)  # [N]
@@ -269,7 +275,10 @@ class GRPOTrainer:
             max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             self.optimizer.step()
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # Expected when the first update had nothing to train: the schedule still follows the steps.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return grad_norm

@@ -22,7 +22,7 @@ def _enqueue(run_id: int, reason: str, step: int | None = None) -> None:
     try:
         run_exports_task.apply_async(args=[run_id], kwargs={"reason": reason, "step": step}, queue="default",
                                      retry=True, retry_policy=_PUBLISH_RETRY)
-    except Exception:  # noqa: BLE001 - exports must never fail a run
+    except Exception:  # exports must never fail a run
         logger.warning("could not enqueue exports (%s)", reason, exc_info=True,
                        extra={"run_id": run_id, "step": step})
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -177,7 +178,7 @@ def _sync_once(target: ExportTarget, run: Run, exporter) -> int:
         job = ExportJob(target=target, run=run, progress=progress, steps=steps, final=final,
                         settings=export_settings_parse(target.kind, target.settings), secret=secret, done=done)
         exporter(job)
-    except Exception as exc:  # noqa: BLE001 - anything an exporter raises is a failed attempt, never a crash
+    except Exception as exc:  # anything an exporter raises is a failed attempt, never a crash
         message = str(exc) if isinstance(exc, ExportError) else f"{type(exc).__name__}: {exc}"
         message = _scrub(message, secret)
         export_failure_record(target=target, run=run, progress=progress, message=message)
@@ -195,11 +196,16 @@ def _scrub(message: str, secret: str) -> str:
     return message[:2000]
 
 
+def _gist(message: str) -> str:
+    """An error's first line without its numbers (ports, attempt counts, ids): what makes it a new error."""
+    return re.sub(r"\d+", "#", message.strip().split("\n", 1)[0])[:200]
+
+
 def export_failure_record(*, target: ExportTarget, run: Run, progress: ExportProgress, message: str) -> None:
     """Note the failure on the target and the run's progress; tell the run page once per new error."""
     now = timezone.now()
     progress.refresh_from_db()
-    new = progress.failures == 0 or progress.last_error != message
+    new = progress.failures == 0 or _gist(progress.last_error) != _gist(message)
     ExportProgress.objects.filter(id=progress.id).update(failures=progress.failures + 1, last_error=message,
                                                          last_error_at=now)
     ExportTarget.objects.filter(id=target.id).update(last_error=message, last_error_at=now)

@@ -22,9 +22,12 @@ from training.exports.base import ExportError, ExportJob
 from training.models import Checkpoint, Run, Step
 
 MESSAGE_TEXT_LIMIT = 4000  # characters of a rendered conversation in a table cell
+INIT_TIMEOUT_S = 30.0  # a W&B server that does not answer by then counts as down; the attempt is retried
 
 
 def wandb_export(job: ExportJob) -> None:
+    # The W&B client reports its own crashes to a third party unless told not to; an operator may opt in.
+    os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
     import wandb
 
     cfg = job.settings
@@ -35,7 +38,7 @@ def wandb_export(job: ExportJob) -> None:
 
     offline = cfg.mode == "offline" or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
     wb_settings = {"silent": True, "console": "off", "x_disable_stats": True, "x_disable_machine_info": True,
-                   "disable_git": True, "save_code": False, "x_save_requirements": False, "init_timeout": 30.0}
+                   "disable_git": True, "save_code": False, "x_save_requirements": False, "init_timeout": INIT_TIMEOUT_S}
     if cfg.mode == "offline":
         wb_settings["mode"] = "offline"
     if job.secret:
@@ -60,7 +63,10 @@ def wandb_export(job: ExportJob) -> None:
                 name=job.run.name, tags=list(job.run.tags)[:20], config=_run_config(job.run), dir=str(root),
                 reinit="create_new", settings=wandb.Settings(**wb_settings),
             )
-        except Exception as exc:  # noqa: BLE001 - wandb raises several types for auth and network failures
+        except Exception as exc:  # wandb raises several types for auth and network failures
+            # The failed run stays registered with this process's wandb service ("run ID is in use" on
+            # the next attempt) until the service is shut down.
+            wandb.teardown()
             raise ExportError(f"W&B refused the run: {type(exc).__name__}: {exc}") from exc
         try:
             wb.define_metric("val_reward", summary="max")

@@ -40,6 +40,10 @@ def run_transition(*, run: Run, from_statuses, to_status: str, message: str = ""
     run.refresh_from_db()
     run_event(run=run, kind="status", message=message or f"{old} → {to_status}",
               data={"from": old, "to": to_status}, actor=actor)
+    if to_status in Run.FINAL_STATUSES:
+        from training.exports.hooks import run_finished
+
+        transaction.on_commit(lambda: run_finished(run_id=run.id))
     run_broadcast(run.id, {"type": "status", "run": run.id, "status": to_status, "steps_done": run.steps_done,
                            "num_steps": run.num_steps, "error": run.error}, to_list=True)
     return True

@@ -27,6 +27,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from rollouts.models import Scenario, Trajectory, TrajectoryGroup
+from artweb.logging import log_context
 from training.config import RunConfig
 from training.models import Checkpoint, Run, Step
 from training.services import inference
@@ -210,7 +211,7 @@ def _policy_model_name(run: Run, server) -> str:
     """The model name rollouts call: the base model at step 0, else the latest checkpoint's adapter."""
     ckpt = _latest_checkpoint(run)
     if ckpt is None:
-        return server.base_model_name
+        return server.ensure_base()
     name = adapter_name(run, ckpt.step)
     server.ensure_adapter(name, ckpt.path)
     return name
@@ -234,7 +235,7 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
             run_transition(run=run, from_statuses=(S.QUEUED,), to_status=S.STARTING,
                            message=f"Worker {me} picked the run up.")
         cfg = RunConfig.model_validate(run.config)
-        with Heartbeat(run.id, me) as hb:
+        with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step):
             server = inference.inference_server(run.base_model)
             if run.status == S.STARTING:
                 run_transition(run=run, from_statuses=(S.STARTING,), to_status=S.RUNNING,
@@ -385,6 +386,9 @@ def _step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir: Path,
                 best_val_reward=val_reward)
         run_broadcast(run.id, {"type": "step", "run": run.id, "step": step, "metrics": {**metrics, "duration_s": timings["step"]},
                                "timings": timings, "steps_done": step, "num_steps": run.num_steps}, to_list=True)
+        from training.exports.hooks import step_committed
+
+        transaction.on_commit(lambda: step_committed(run_id=run.id, step=step))
     from training.services.checkpoints import checkpoint_apply_retention
 
     run.refresh_from_db()

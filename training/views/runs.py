@@ -69,8 +69,8 @@ def _run_page_data(run, chart, events, logs) -> dict:
 def run_detail_view(request, run_id: int):
     run = run_get(user=request.user, run_id=run_id)
     chart = run_chart_data(run=run, max_points=CHART_POINTS)
-    events = run_events_recent(run=run, limit=100)
-    logs = run_logs_recent(run=run, limit=200)
+    events = run_events_recent(run=run, limit=50)
+    logs = run_logs_recent(run=run, limit=100)
     return render(request, "training/run_detail.html", {
         "nav": "runs",
         "run": run,

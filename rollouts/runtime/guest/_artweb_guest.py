@@ -133,6 +133,33 @@ def describe_error(exc: BaseException, user_files: set[str]) -> str:
     return head + "\n\nTraceback (your code, most recent call last):\n" + "".join(te.stack.format()).rstrip()
 
 
+# --- process limit ------------------------------------------------------------------------------------
+
+PROCESS_EVENTS = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen"}
+
+
+def limit_processes(budget: int) -> None:
+    """At most `budget` processes started by the script, and none by the processes it forks.
+
+    RLIMIT_NPROC does this for an unprivileged sandbox user, but is not enforced for root; an audit
+    hook (which the script cannot remove) covers that case from inside. Forbidding forks in forked
+    children keeps the total bounded rather than exponential.
+    """
+    state = {"left": budget, "forked": False}
+    os.register_at_fork(after_in_child=lambda: state.update(forked=True))
+
+    def hook(event: str, _args) -> None:
+        if event not in PROCESS_EVENTS:
+            return
+        if state["forked"] and event in ("os.fork", "os.forkpty"):
+            raise PermissionError("a process forked inside the sandbox may not fork again")
+        state["left"] -= 1
+        if state["left"] < 0:
+            raise PermissionError(f"the sandbox may start at most {budget} processes")
+
+    sys.addaudithook(hook)
+
+
 # --- loading the person's code -----------------------------------------------------------------------
 
 
@@ -342,6 +369,7 @@ def main() -> None:
     pipe = ResultPipe(int(spec["result_fd"]))
     sys.stdout = _RoutedStream(sys.__stdout__)
     sys.stderr = _RoutedStream(sys.__stderr__)
+    limit_processes(int(spec["max_processes"]))
     batch = Batch(spec, pipe)
     batch.load(spec_path.parent)
     asyncio.run(batch.run())

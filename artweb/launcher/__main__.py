@@ -1,0 +1,5 @@
+import sys
+
+from artweb.launcher import main
+
+sys.exit(main())

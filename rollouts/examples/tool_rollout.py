@@ -1,0 +1,65 @@
+"""Example multi-turn agent: answer "what is the capital of X?" by calling a lookup tool first.
+
+The first turn must call the tool (tool_choice names it: the agent is meant to consult it rather
+than guess); its result goes back as a tool message, and the second turn answers in words. Every
+assistant turn is a Choice appended as returned, so each carries its token ids and logprobs.
+The script sets its own reward, so it needs no reward function.
+"""
+
+import json
+
+import art
+
+CAPITALS = {
+    "france": "Paris", "italy": "Rome", "japan": "Tokyo", "kenya": "Nairobi", "peru": "Lima",
+    "canada": "Ottawa", "egypt": "Cairo", "norway": "Oslo", "spain": "Madrid", "chile": "Santiago",
+}
+
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "lookup_capital",
+        "description": "Look up the capital city of a country.",
+        "parameters": {
+            "type": "object",
+            "properties": {"country": {"type": "string", "description": "The country's name in English."}},
+            "required": ["country"],
+        },
+    },
+}]
+
+
+def lookup_capital(country: str) -> str:
+    return CAPITALS.get(country.strip().lower(), f"No capital known for {country!r}.")
+
+
+async def rollout(model: art.Model, scenario) -> art.Trajectory:
+    client = model.openai_client()
+    trajectory = art.Trajectory(
+        messages_and_choices=[
+            {"role": "system", "content": "Use the lookup_capital tool, then answer with the city's name."},
+            {"role": "user", "content": f"What is the capital of {scenario.country}?"},
+        ],
+        tools=TOOLS,
+    )
+    tool_calls = 0
+    for turn in range(2):
+        completion = await client.chat.completions.create(
+            model=model.name, messages=trajectory.messages(), tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "lookup_capital"}} if turn == 0 else "none",
+        )
+        choice = completion.choices[0]
+        trajectory.messages_and_choices.append(choice)
+        for call in choice.message.tool_calls or []:
+            tool_calls += 1
+            try:
+                result = lookup_capital(str(json.loads(call.function.arguments).get("country", "")))
+            except (ValueError, AttributeError):
+                result = "The arguments were not a JSON object with a country."
+            trajectory.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        if not choice.message.tool_calls:
+            break
+    answer = trajectory.messages()[-1]["content"] or ""
+    trajectory.metrics["tool_calls"] = tool_calls
+    trajectory.reward = 0.2 * (tool_calls > 0) + 0.8 * (scenario.capital.lower() in answer.lower())
+    return trajectory

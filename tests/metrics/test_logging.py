@@ -1,0 +1,112 @@
+"""Structured logs: run and step ids on every line, JSON in production, readable in development."""
+
+import json
+import logging
+
+import pytest
+from celery import shared_task
+
+from artweb.logging import ConsoleFormatter, ContextFilter, JsonFormatter, log_context
+
+
+@pytest.fixture
+def lines():
+    """A handler wired like settings.LOGGING's, on the root logger; yields (records, set_formatter)."""
+    import io
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+    def read():
+        return stream.getvalue().splitlines()
+
+    read.handler = handler
+    yield read
+    root.removeHandler(handler)
+    root.setLevel(old_level)
+
+
+def test_every_line_inside_a_context_carries_the_run_and_step(lines):
+    with log_context(run_id=7, step=3):
+        logging.getLogger("training.engine.trainer").info("loss %.2f", 0.5)
+        with log_context(step=4):
+            logging.getLogger("rollouts.runtime").warning("slow rollout", extra={"rollout": 2})
+    logging.getLogger("x").info("outside")
+    a, b, c = (json.loads(line) for line in lines())
+    assert a["run_id"] == 7 and a["step"] == 3 and a["message"] == "loss 0.50" and a["level"] == "INFO"
+    assert a["logger"] == "training.engine.trainer" and a["ts"].endswith("Z")
+    assert b["step"] == 4 and b["rollout"] == 2 and b["level"] == "WARNING"
+    assert "run_id" not in c
+
+
+def test_explicit_extra_wins_and_exceptions_are_kept(lines):
+    with log_context(run_id=7):
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("x").exception("failed", extra={"run_id": 8, "step": 1})
+    line = json.loads(lines()[0])
+    assert line["run_id"] == 8 and line["step"] == 1 and "ValueError: boom" in line["exc"]
+
+
+def test_the_run_log_service_lines_carry_ids(lines, alice):
+    from tests.factories import RunFactory
+    from training.services.logs import run_log
+
+    run = RunFactory(owner=alice)
+    run_log(run_id=run.id, step=2, message="step 2: 8 rollouts")
+    line = next(json.loads(x) for x in lines() if "8 rollouts" in x)
+    assert line["run_id"] == run.id and line["step"] == 2 and line["logger"] == "artweb.run"
+
+
+@shared_task(name="tests.metrics.test_logging.a_run_task")
+def a_run_task(run_id, step=None):
+    logging.getLogger("training.tasks").info("working")
+
+
+@shared_task(name="tests.metrics.test_logging.an_export_task")
+def an_export_task(target_id, run_id):
+    logging.getLogger("training.exports").info("exporting")
+
+
+def test_celery_tasks_that_take_a_run_id_bind_it_for_their_lines(lines):
+    a_run_task.apply(args=[5], kwargs={"step": 6})
+    an_export_task.apply(args=[1, 9])
+    logging.getLogger("x").info("after")
+    records = [json.loads(x) for x in lines() if x.startswith("{")]
+    working = next(r for r in records if r["message"] == "working")
+    exporting = next(r for r in records if r["message"] == "exporting")
+    after = next(r for r in records if r["message"] == "after")
+    assert (working["run_id"], working["step"], working["task"]) == (5, 6, "tests.metrics.test_logging.a_run_task")
+    assert working["task_id"]
+    assert exporting["run_id"] == 9 and "step" not in exporting
+    assert "run_id" not in after and "task_id" not in after  # the task's context ends with it
+
+
+def test_development_lines_are_readable(lines):
+    lines.handler.setFormatter(ConsoleFormatter())
+    with log_context(run_id=7, step=3):
+        logging.getLogger("training.services.steps").info("step done")
+    (line,) = lines()
+    assert line.endswith("INFO    training.services.steps [run 7 step 3] step done")
+
+
+def test_the_settings_logging_dict_builds(settings):
+    import logging.config
+
+    config = {
+        "version": 1, "disable_existing_loggers": False,
+        "filters": {"context": {"()": "artweb.logging.ContextFilter"}},
+        "formatters": {"json": {"()": "artweb.logging.JsonFormatter"},
+                       "console": {"()": "artweb.logging.ConsoleFormatter"}},
+        "handlers": {"null": {"class": "logging.NullHandler", "formatter": "json", "filters": ["context"]}},
+        "loggers": {"tests.logging-config": {"handlers": ["null"], "propagate": False}},
+    }
+    logging.config.dictConfig(config)
+    logging.getLogger("tests.logging-config").info("fine")

@@ -1,0 +1,136 @@
+"""The sandbox against hostile or broken scripts. None of these scripts calls the model, so no vLLM
+server is needed: each one fails in its own way and must end as a recorded error on its rollouts
+while the other rollouts and the calling process carry on."""
+
+import os
+import time
+
+import pytest
+
+from rollouts.runtime import Cancelled, TooManyErrors
+from rollouts.runtime.sandbox import SandboxLimits, run_rollouts
+
+# Scenario 0 misbehaves, scenario 1 is a well-behaved rollout: one group each.
+TEMPLATE = """
+import art, asyncio, os
+
+async def rollout(model, scenario):
+    if scenario.i == 0:
+{bad}
+    return art.Trajectory(messages_and_choices=[{{"role": "user", "content": "hi"}}], reward=1.0)
+"""
+
+
+def script(bad: str) -> str:
+    return TEMPLATE.format(bad="\n".join("        " + line for line in bad.splitlines()))
+
+
+def assert_only_group_zero_failed(results, *needles):
+    bad, good = results
+    assert [t["reward"] for t in good.trajectories] == [1.0, 1.0]
+    assert all(t["error"] is None for t in good.trajectories)
+    for t in bad.trajectories:
+        assert t["reward"] is None
+        for needle in needles:
+            assert needle in t["error"], t["error"]
+
+
+def test_it_stops_an_infinite_loop_at_the_rollout_timeout(request_for):
+    started = time.monotonic()
+    results = run_rollouts(request_for(script("while True:\n    pass"), rollout_timeout_s=2))
+    assert_only_group_zero_failed(results, "Timed out", "2 s")
+    assert time.monotonic() - started < 30
+
+
+def test_it_stops_a_rollout_that_awaits_forever(request_for):
+    results = run_rollouts(request_for(script("await asyncio.sleep(3600)"), rollout_timeout_s=2))
+    assert_only_group_zero_failed(results, "Timed out")
+
+
+def test_it_survives_a_fork_bomb(request_for):
+    results = run_rollouts(request_for(script("while True:\n    os.fork()"), sandboxes=2,
+                                       limits=SandboxLimits(rollout_timeout_s=20, max_processes=16)))
+    # The fork is refused once the process budget is spent; the rollout fails with that error.
+    bad, good = results
+    assert [t["reward"] for t in good.trajectories] == [1.0, 1.0]
+    assert all("process" in t["error"] for t in bad.trajectories), [t["error"] for t in bad.trajectories]
+
+
+def test_it_turns_a_memory_bomb_into_a_memory_error(request_for):
+    results = run_rollouts(request_for(script("hog = bytearray(64 * 1024**3)"),
+                                       limits=SandboxLimits(rollout_timeout_s=20, memory_mb=1024)))
+    assert_only_group_zero_failed(results, "MemoryError", 'File "rollout.py", line 6')
+
+
+def test_it_records_os_exit_on_the_unfinished_rollouts_only(request_for):
+    results = run_rollouts(request_for(script("await asyncio.sleep(0.5)\nos._exit(3)"), sandboxes=2))
+    assert_only_group_zero_failed(results, "exited with status 3")
+
+
+def test_it_hides_the_callers_environment(request_for, monkeypatch):
+    monkeypatch.setenv("ARTWEB_TEST_SECRET", "hunter2")
+    monkeypatch.setenv("DATABASE_URL", "postgres://u:hunter2@db/x")
+    probe = """
+import art, os
+
+async def rollout(model, scenario):
+    leaked = [k for k, v in os.environ.items() if "hunter2" in v]
+    return art.Trajectory(reward=1.0, metadata={"leaked": leaked, "keys": sorted(os.environ)})
+"""
+    results = run_rollouts(request_for(probe))
+    for t in results[0].trajectories:
+        assert t["error"] is None
+        assert t["metadata"]["leaked"] == []
+        assert "DATABASE_URL" not in t["metadata"]["keys"] and "OPENAI_BASE_URL" in t["metadata"]["keys"]
+        # Its own working directory, not the caller's.
+    assert os.environ["ARTWEB_TEST_SECRET"] == "hunter2"
+
+
+def test_it_reports_a_syntax_error_on_every_rollout(request_for):
+    results = run_rollouts(request_for("import art\n\nasync def rollout(model, scenario)\n    pass\n"))
+    errors = [t["error"] for g in results for t in g.trajectories]
+    assert len(errors) == 4
+    assert all("SyntaxError" in e and "line 3" in e for e in errors)
+
+
+def test_it_reports_an_exception_with_the_users_traceback_and_logs(request_for):
+    results = run_rollouts(request_for(script('print("about to fail")\nraise ValueError("bad scenario")')))
+    failed = results[0].trajectories[0]
+    assert failed["error"].startswith("ValueError: bad scenario")
+    assert 'File "rollout.py", line 7, in rollout' in failed["error"]
+    assert "_artweb_guest" not in failed["error"]
+    assert failed["logs"] == ["about to fail"]
+
+
+def test_it_rejects_non_finite_and_non_numeric_rewards(request_for):
+    reward = "def reward(trajectory, scenario):\n    return [float('nan'), 'high'][scenario.i]\n"
+    results = run_rollouts(request_for(script("pass"), reward=reward))
+    assert "finite number" in results[0].trajectories[0]["error"]
+    assert "got str: 'high'" in results[1].trajectories[0]["error"]
+
+
+def test_it_scores_groups_with_score_group(request_for):
+    score = "async def score_group(group, scenario):\n    return [i / 2 for i, _ in enumerate(group)]\n"
+    results = run_rollouts(request_for(script("pass"), reward=score, scenarios=[{"i": 1}]))
+    assert results[0].rewards == [0.0, 0.5]
+
+
+def test_it_raises_cancelled_when_told_to_stop(request_for):
+    started = time.monotonic()
+    with pytest.raises(Cancelled):
+        run_rollouts(request_for(script("await asyncio.sleep(60)")), should_stop=lambda: time.monotonic() - started > 1)
+    assert time.monotonic() - started < 10
+
+
+def test_it_gives_up_past_max_exceptions(request_for):
+    with pytest.raises(TooManyErrors) as info:
+        run_rollouts(request_for(script('raise RuntimeError("nope")'), max_exceptions=1))
+    assert "RuntimeError: nope" in str(info.value)
+
+
+def test_it_enforces_the_batch_timeout(request_for):
+    blocking = script("import time\nwhile True:\n    try:\n        time.sleep(10)\n    except BaseException:\n        pass")
+    started = time.monotonic()
+    results = run_rollouts(request_for(blocking, limits=SandboxLimits(rollout_timeout_s=1, batch_timeout_s=6)))
+    assert time.monotonic() - started < 20
+    assert all("6 s limit" in t["error"] for t in results[0].trajectories)

@@ -1,0 +1,162 @@
+"""The runtime against the session's real vLLM server (CPU build, default model)."""
+
+import json
+import time
+
+import httpx
+import pytest
+
+from rollouts.runtime.ruler import Judge, ruler_score_group
+from rollouts.runtime.sandbox import dry_run, run_rollouts
+
+from .conftest import EXAMPLES
+
+pytestmark = pytest.mark.vllm
+
+# The rollout from ART's documentation, as a person would paste it (only `score` is theirs to write).
+ART_DOC_ROLLOUT = '''
+import art, weave
+
+
+def score(text, scenario):
+    return float(scenario.word in (text or "").lower())
+
+
+@weave.op
+async def rollout(model: art.Model, scenario) -> art.Trajectory:
+    client = model.openai_client()
+    traj = art.Trajectory(messages_and_choices=[], reward=0.0)
+
+    messages = [{"role": "user", "content": scenario.prompt}]
+    completion = await client.chat.completions.create(
+        model=model.name, messages=messages,
+    )
+    choice = completion.choices[0]
+    traj.messages_and_choices.append(choice)
+
+    traj.reward = score(choice.message.content, scenario)  # your reward fn
+    return traj
+'''
+
+
+def assert_trainable(message: dict):
+    assert message["role"] == "assistant"
+    assert message["token_ids"] and all(isinstance(t, int) for t in message["token_ids"])
+    assert len(message["logprobs"]) == len(message["token_ids"])
+    assert all(lp <= 0 for lp in message["logprobs"])
+    assert message["finish_reason"] in ("stop", "length", "tool_calls")
+
+
+def test_it_records_token_ids_and_logprobs_of_the_example_task(vllm_server, request_for):
+    scenario = json.loads((EXAMPLES / "scenarios.jsonl").read_text().splitlines()[0])
+    request = request_for((EXAMPLES / "rollout.py").read_text(), reward=(EXAMPLES / "reward.py").read_text(),
+                          scenarios=[scenario], group_size=2, base_url=vllm_server.base_url,
+                          model_name=vllm_server.ensure_base(), sampling={"max_tokens": 24, "temperature": 1.0})
+    [group] = run_rollouts(request)
+    for t in group.trajectories:
+        assert t["error"] is None, t["error"]
+        assert [m["role"] for m in t["messages"]] == ["system", "user", "assistant"]
+        assistant = t["messages"][-1]
+        assert_trainable(assistant)
+        assert t["completion_tokens"] == len(assistant["token_ids"]) <= 24
+        assert t["prompt_tokens"] > 10
+        assert 0.0 <= t["reward"] <= 1.0 and "words" in t["metrics"]
+        json.dumps(t)  # what the database stores
+
+
+def test_it_runs_the_art_documentation_rollout_unchanged(vllm_server, request_for):
+    request = request_for(ART_DOC_ROLLOUT, scenarios=[{"prompt": "Say hello.", "word": "hello"}], group_size=2,
+                          base_url=vllm_server.base_url, model_name=vllm_server.ensure_base(),
+                          sampling={"max_tokens": 16})
+    [group] = run_rollouts(request)
+    for t in group.trajectories:
+        assert t["error"] is None, t["error"]
+        assert t["reward"] in (0.0, 1.0)
+        assert_trainable(t["messages"][0])
+
+
+def test_it_records_every_turn_of_a_tool_calling_rollout(vllm_server, request_for):
+    request = request_for((EXAMPLES / "tool_rollout.py").read_text(),
+                          scenarios=[{"country": "France", "capital": "Paris"}], group_size=1,
+                          base_url=vllm_server.base_url, model_name=vllm_server.ensure_base(),
+                          sampling={"max_tokens": 40, "temperature": 0.0}, rollout_timeout_s=120)
+    [group] = run_rollouts(request)
+    [t] = group.trajectories
+    assert t["error"] is None, t["error"]
+    roles = [m["role"] for m in t["messages"]]
+    assert roles[:3] == ["system", "user", "assistant"] and "tool" in roles and roles[-1] == "assistant"
+    call = t["messages"][2]["tool_calls"][0]
+    assert call["function"]["name"] == "lookup_capital"
+    assert isinstance(json.loads(call["function"]["arguments"]), dict)
+    assert t["tools"][0]["function"]["name"] == "lookup_capital"
+    for message in t["messages"]:
+        if message["role"] == "assistant":
+            assert_trainable(message)
+    assert t["metrics"]["tool_calls"] >= 1
+
+
+def test_a_dry_run_returns_output_within_its_time_bound(vllm_server):
+    started = time.monotonic()
+    result = dry_run(script=(EXAMPLES / "rollout.py").read_text(), reward=(EXAMPLES / "reward.py").read_text(),
+                     scenarios=[json.loads(line) for line in (EXAMPLES / "scenarios.jsonl").read_text().splitlines()],
+                     base_url=vllm_server.base_url, model_name=vllm_server.ensure_base(),
+                     sampling={"max_tokens": 16}, timeout_s=120)
+    assert time.monotonic() - started < 130
+    assert len(result["trajectories"]) == 3 and result["errors"] == []
+    assert all(r is not None for r in result["rewards"])
+
+
+def test_a_dry_run_of_a_broken_script_returns_its_errors(vllm_server):
+    started = time.monotonic()
+    result = dry_run(script="import art\nasync def rollout(model, scenario):\n    while True:\n        pass\n",
+                     reward=None, scenarios=[{"x": 1}], base_url=vllm_server.base_url,
+                     model_name=vllm_server.base_model_name, timeout_s=15)
+    assert time.monotonic() - started < 25
+    assert len(result["errors"]) == 1 and "Timed out" in result["errors"][0]
+
+
+def test_ruler_scores_a_group_with_the_base_model_as_judge(vllm_server):
+    def trajectory(answer, reward):
+        return {"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": answer}],
+                "reward": reward, "metrics": {}, "metadata": {}, "error": None}
+
+    group = [trajectory("4", 1.0), trajectory("I like turtles.", 0.0)]
+    judge = Judge(base_url=vllm_server.base_url, model=vllm_server.ensure_base(), max_tokens=200)
+    ruler_score_group(group, judge)
+    for t, independent in zip(group, (1.0, 0.0)):
+        assert 0.0 <= t["reward"] <= 1.0
+        assert t["metrics"]["independent_reward"] == independent
+        assert t["metrics"]["ruler_score"] == t["reward"]
+
+
+def _greedy(server, model: str) -> str:
+    response = httpx.post(f"{server.base_url}/chat/completions", timeout=300, json={
+        "model": model, "messages": [{"role": "user", "content": "Name three fruits."}],
+        "max_tokens": 12, "temperature": 0.0})
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def test_it_serves_a_steps_adapter_and_gives_the_base_back(vllm_server, tmp_path):
+    from tests.rollouts.runtime.adapters import make_adapter
+
+    base_answer = _greedy(vllm_server, vllm_server.ensure_base())
+    adapter = make_adapter(tmp_path / "step1", seed=1, std=0.05)
+    name = vllm_server.ensure_adapter("run-1@1", str(adapter))
+    assert name == "run-1@1" and vllm_server.loaded_adapter_paths() == {str(adapter)}
+    assert _greedy(vllm_server, name) != base_answer
+    vllm_server.retire_adapters(keep=set())
+    assert vllm_server.loaded_adapter_paths() == set()
+    assert _greedy(vllm_server, vllm_server.ensure_base()) == base_answer
+
+
+def test_it_restarts_a_dead_server(vllm_server):
+    import os
+    import signal
+
+    os.killpg(vllm_server._proc.pid, signal.SIGKILL)
+    vllm_server._proc.wait(timeout=30)
+    assert not vllm_server.is_alive()
+    vllm_server.ensure_running()
+    assert vllm_server.is_alive()
+    assert _greedy(vllm_server, vllm_server.ensure_base())
