@@ -3,13 +3,17 @@
 import os
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
 
 app = Celery("artweb")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.task_queues = (Queue("default"), Queue("gpu"))
+# Each queue gets its own exchange and key: with a shared one, a message would reach both queues.
+app.conf.task_queues = (
+    Queue("default", Exchange("default"), routing_key="default"),
+    Queue("gpu", Exchange("gpu"), routing_key="gpu"),
+)
 # Work that needs the inference server or the trainer goes to the GPU workers.
 app.conf.task_routes = {
     "training.tasks.run_step_task": {"queue": "gpu"},
