@@ -67,6 +67,9 @@ def error_body(exc, data) -> dict:
         return {"message": f"The request body could not be read ({_text(data)}). Send a JSON object with "
                            "'Content-Type: application/json', or a multipart form for file uploads.",
                 "field_errors": {}}
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        return {"message": f"{_text(data)} Send JSON ('Content-Type: application/json'); uploads also take "
+                           "'multipart/form-data' with a 'file' field.", "field_errors": {}}
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         return {"message": f"{_text(data)} Send 'Authorization: Token <key>' (create a key with "
                            "POST /api/v1/tokens/ or on the API tokens page).",

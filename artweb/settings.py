@@ -90,7 +90,11 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": env.str("ARTWEB_CHANNEL_PREFIX", default="artweb")},
+        # channels_redis blocks on BZPOPMIN for 5 s; redis-py's own 5 s socket timeout would cut it off.
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+            "prefix": env.str("ARTWEB_CHANNEL_PREFIX", default="artweb"),
+        },
     }
 }
 

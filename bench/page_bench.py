@@ -34,8 +34,9 @@ GROUP_SIZE = 10  # 2,000 × 5 × 10 = 100,000 trajectories
 
 
 def ensure_database() -> None:
-    import psycopg
     from urllib.parse import urlparse
+
+    import psycopg
 
     url = urlparse(BENCH_DB)
     name = url.path.lstrip("/")
@@ -57,7 +58,12 @@ def build_run():
     from django.contrib.auth import get_user_model
 
     from rollouts.models import (
-        RolloutScript, RolloutScriptVersion, Scenario, ScenarioSet, Trajectory, TrajectoryGroup,
+        RolloutScript,
+        RolloutScriptVersion,
+        Scenario,
+        ScenarioSet,
+        Trajectory,
+        TrajectoryGroup,
     )
     from training.models import BaseModel, Checkpoint, Run, RunEvent, RunLog, Step
 

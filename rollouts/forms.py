@@ -6,6 +6,8 @@ shown inline under the field they name.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from django import forms
 
 MAX_CODE_BYTES = 1024 * 1024
@@ -44,13 +46,13 @@ class CodeAssetForm(_CodeInput):
     name = forms.CharField(max_length=200)
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
 
-    field_order = ["name", "description", "file", "content"]
+    field_order = ("name", "description", "file", "content")
 
 
 class CodeVersionForm(_CodeInput):
     note = forms.CharField(max_length=500, required=False, help_text="What changed (optional).")
 
-    field_order = ["file", "content", "note"]
+    field_order = ("file", "content", "note")
 
 
 class ScenarioSetForm(forms.Form):
@@ -83,7 +85,7 @@ class DryRunForm(forms.Form):
     scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set", empty_label=None,
                                           help_text="The first few scenarios of the set are tried.")
 
-    ERROR_ALIASES = {"scenarios": "scenario_set"}
+    ERROR_ALIASES: ClassVar[dict[str, str]] = {"scenarios": "scenario_set"}
 
     def __init__(self, *args, script_versions, reward_versions, base_models, scenario_sets, **kwargs):
         super().__init__(*args, **kwargs)

@@ -6,8 +6,8 @@ one set of views serves both, told apart by the ASSETS entry the URL names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required

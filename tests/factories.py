@@ -172,4 +172,4 @@ class CheckpointFactory(factory.django.DjangoModelFactory):
 
     run = factory.SubFactory(RunFactory)
     step = factory.Sequence(lambda n: n + 1)
-    path = factory.LazyAttribute(lambda o: f"/tmp/artweb-test-checkpoints/{o.run_id}/{o.step}")
+    path = factory.LazyAttribute(lambda o: f"/nonexistent/checkpoints/run-{o.run.id}/step-{o.step}")

@@ -7,8 +7,9 @@ default, bounds and description without touching this file.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, fields as dataclass_fields
-from typing import get_args, get_origin
+from dataclasses import MISSING
+from dataclasses import fields as dataclass_fields
+from typing import ClassVar, get_origin
 
 from django import forms
 
@@ -168,7 +169,7 @@ class RunLaunchForm(forms.Form):
     scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set", empty_label=None)
 
     # Service error keys → form field names.
-    ERROR_ALIASES = {"script": "script_version", "reward function": "reward_version", "base model": "base_model",
+    ERROR_ALIASES: ClassVar[dict[str, str]] = {"script": "script_version", "reward function": "reward_version", "base model": "base_model",
                      "scenario set": "scenario_set", "config": "train"}
 
     def __init__(self, *args, base_models, script_versions, reward_versions, scenario_sets, **kwargs):

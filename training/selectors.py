@@ -123,11 +123,12 @@ def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
     rows = list(Step.objects.filter(run=run).order_by("step").annotate(**annotations)
                 .values_list("step", *COLUMN_SERIES, *annotations))
     names = list(COLUMN_SERIES) + extra
-    table = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64).reshape(len(rows), -1)
-    steps = table[:, 0].astype(np.int64) if rows else np.zeros(0, dtype=np.int64)
+    table = np.array([[np.nan if v is None else v for v in r] for r in rows],
+                     dtype=np.float64).reshape(len(rows), 1 + len(names))
+    steps = table[:, 0].astype(np.int64)
     series, full = {}, {}
     for i, name in enumerate(names, start=1):
-        y = table[:, i] if rows else np.zeros(0)
+        y = table[:, i]
         keep = ~np.isnan(y)
         full[name] = (steps[keep], y[keep])
         x, yd = _downsample(steps[keep], y[keep], max_points)

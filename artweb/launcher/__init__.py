@@ -37,7 +37,6 @@ from artweb.launcher.embedded import (
     LaunchError,
     ServiceState,
     free_port,
-    pid_alive,
     port_is_free,
     start_services,
     stop_services,
@@ -273,7 +272,7 @@ def stop_leftovers(data_dir: Path) -> int:
     for cls in (EmbeddedRedis, EmbeddedPostgres):
         service = cls(data_dir / "services")
         state = ServiceState.read(service.state_file)
-        if state and pid_alive(state.pid):
+        if state and service.is_server(state.pid):
             print(f"artweb: stopping embedded {service.name} (pid {state.pid})", flush=True)
             service.stop()
     return 0

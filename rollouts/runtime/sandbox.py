@@ -91,7 +91,7 @@ def failed_record(error: str, duration_ms: int = 0) -> dict:
             "error": error, "duration_ms": duration_ms, "prompt_tokens": 0, "completion_tokens": 0}
 
 
-def _exceptions_budget(max_exceptions: int | float, total: int) -> float:
+def _exceptions_budget(max_exceptions: float, total: int) -> float:
     if isinstance(max_exceptions, float) and max_exceptions < 1:
         return max_exceptions * total
     return float(max_exceptions)
@@ -126,22 +126,29 @@ def run_rollouts(
     n_sandboxes = max(1, min(request.sandboxes or 4, n_groups))
     records: list[list[dict | None]] = [[None] * request.group_size for _ in range(n_groups)]
     budget = _exceptions_budget(request.max_exceptions, total)
-    errors = 0
+    failures: list[str] = []
+
+    def collect(box: _Sandbox) -> None:
+        for group, index, record in box.take():
+            records[group][index] = record
+            if record["error"] is not None:
+                failures.append(record["error"])
+            if on_trajectory is not None:
+                on_trajectory(group, index, record)
 
     workroot = Path(tempfile.mkdtemp(prefix="artweb-sandbox-"))
     sandboxes: list[_Sandbox] = []
+    selector = selectors.DefaultSelector()
     try:
         for k in range(n_sandboxes):
-            groups = list(range(k, n_groups, n_sandboxes))
-            sandboxes.append(_Sandbox.start(
-                request, groups, reward_kind, workroot / f"sandbox-{k}",
-                concurrency=math.ceil(concurrency / n_sandboxes), cpu_seconds=limits.cpu_seconds or
-                int(batch_timeout) + 10,
-            ))
-        deadline = time.monotonic() + batch_timeout
-        selector = selectors.DefaultSelector()
-        for box in sandboxes:
+            box = _Sandbox.start(
+                request, list(range(k, n_groups, n_sandboxes)), reward_kind, workroot / f"sandbox-{k}",
+                concurrency=math.ceil(concurrency / n_sandboxes),
+                cpu_seconds=limits.cpu_seconds or int(batch_timeout) + 10,
+            )
+            sandboxes.append(box)
             selector.register(box.read_fd, selectors.EVENT_READ, box)
+        deadline = time.monotonic() + batch_timeout
         while any(not box.finished for box in sandboxes):
             if should_stop():
                 raise Cancelled("the rollouts were cancelled")
@@ -152,24 +159,22 @@ def run_rollouts(
                 break
             for key, _ in selector.select(timeout=0.2):
                 key.data.read()
+                if key.data.eof:  # a closed pipe stays readable: stop watching it
+                    selector.unregister(key.fd)
             for box in sandboxes:
                 box.check_exit()
-            for box in sandboxes:
-                for group, index, record in box.take():
-                    records[group][index] = record
-                    errors += record["error"] is not None
-                    if on_trajectory is not None:
-                        on_trajectory(group, index, record)
-            if errors > budget:
-                results = _results(request, records, "Not run: the batch stopped after too many failures.")
-                first = next(t["error"] for g in results for t in g.trajectories if t["error"])
-                raise TooManyErrors(f"{errors} of {total} rollouts failed (max_exceptions="
-                                    f"{request.max_exceptions}). The first error:\n{first}", results)
+                collect(box)
+            if len(failures) > budget:
+                raise TooManyErrors(
+                    f"{len(failures)} of {total} rollouts failed (max_exceptions={request.max_exceptions}). "
+                    f"The first error:\n{failures[0]}",
+                    _results(request, records, "Not run: the batch stopped after too many failures."),
+                )
         for box in sandboxes:
-            for group, index, record in box.take():
-                records[group][index] = record
+            collect(box)
         return _results(request, records, None, sandboxes)
     finally:
+        selector.close()
         for box in sandboxes:
             box.cleanup()
         shutil.rmtree(workroot, ignore_errors=True)
@@ -249,7 +254,7 @@ def _sandbox_user(name: str | None, python: str) -> pwd.struct_passwd | None:
     if key not in _usable_users:
         try:
             probe = subprocess.run([python, "-I", "-c", "import openai, httpx"], user=user.pw_uid, group=user.pw_gid,
-                                   extra_groups=[], cwd="/", capture_output=True, timeout=120)
+                                   extra_groups=[], cwd="/", capture_output=True, timeout=120, check=False)
             _usable_users[key] = probe.returncode == 0
         except (OSError, subprocess.SubprocessError):
             _usable_users[key] = False
@@ -298,11 +303,11 @@ class _Sandbox:
         self._buffer = b""
         self._ready: list[tuple[int, int, dict]] = []
         self._done = False
-        self._eof = False
+        self.eof = False
 
     @classmethod
     def start(cls, request: RolloutRequest, groups: list[int], reward_kind: str | None, workdir: Path, *,
-              concurrency: int, cpu_seconds: int) -> "_Sandbox":
+              concurrency: int, cpu_seconds: int) -> _Sandbox:
         limits = request.limits
         workdir.mkdir(parents=True)
         (workdir / "rollout.py").write_text(request.script, encoding="utf-8")
@@ -340,7 +345,7 @@ class _Sandbox:
             "ARTWEB_SAMPLING": json.dumps(request.sampling),
             "ARTWEB_STEP": str(request.step),
         }
-        log = open(workdir / "sandbox.log", "wb")
+        log = open(workdir / "sandbox.log", "wb")  # noqa: SIM115 - handed to the child, closed below
         try:
             proc = subprocess.Popen(
                 # -I: ignore PYTHON* variables and user site-packages; -u: unbuffered; -X utf8: UTF-8 I/O.
@@ -349,7 +354,10 @@ class _Sandbox:
                 pass_fds=(write_fd,), start_new_session=True,
                 user=user.pw_uid if user else None, group=user.pw_gid if user else None,
                 extra_groups=[] if user else None,
-                preexec_fn=_limiter(limits, cpu_seconds, _tasks_of(uid) + limits.max_processes),
+                # Only setrlimit calls run between fork and exec: no locks or imports that a thread
+                # of the caller could hold at fork time.
+                preexec_fn=_limiter(  # noqa: PLW1509
+                    limits, cpu_seconds, _tasks_of(uid) + limits.max_processes),
             )
         finally:
             os.close(write_fd)
@@ -364,7 +372,7 @@ class _Sandbox:
             except BlockingIOError:
                 return
             if not chunk:
-                self._eof = True
+                self.eof = True
                 return
             self._buffer += chunk
             *lines, self._buffer = self._buffer.split(b"\n")

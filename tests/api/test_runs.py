@@ -287,3 +287,9 @@ def test_the_fast_metrics_selector_answers_like_run_metrics(alice):
     for kwargs in ({}, {"since_step": 1}, {"max_points": 4}, {"since_step": 3}):
         assert run_metrics_series(run=run, series=names, **kwargs) == run_metrics(run=run, series=names, **kwargs)
     assert run_metrics_series(run=run) == run_metrics(run=run)
+
+
+def test_it_names_the_accepted_content_types_and_methods(alice_api):
+    body = assert_error(alice_api.post("/api/v1/runs/create/", "name=x", content_type="text/plain"), 415)
+    assert "application/json" in body["message"]
+    assert_error(alice_api.get("/api/v1/runs/create/"), 405, contains="not allowed")

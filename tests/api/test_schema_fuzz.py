@@ -2,21 +2,30 @@
 generated input, valid or not, the answer is never a server error.
 
 The Django app runs in-process over WSGI in the test's thread, so requests share the test's database
-connection and transaction (and nothing is left behind). Examples per operation are bounded so the
-run takes about a minute.
+connection and transaction (and nothing is left behind). One Hypothesis test draws an operation, valid
+or invalid input for it, and half the time the ids of rows that exist (alice's run, trajectory,
+checkpoint, script...), so the handlers' real paths run, not only their 404s. EXAMPLES bounds the run
+(about a minute on two idle cores).
 """
 
 import pytest
 import schemathesis
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from tests.api.conftest import token_client  # noqa: F401  (fixtures below need the factories it imports)
-from tests.factories import CheckpointFactory, RunFactory, StepFactory, TrajectoryFactory
+from tests.factories import (
+    CheckpointFactory,
+    RewardFunctionVersionFactory,
+    RunFactory,
+    StepFactory,
+    TrajectoryFactory,
+)
 
-MAX_EXAMPLES = 10
+EXAMPLES = 300
 
 
 def _schema():
@@ -29,33 +38,40 @@ def _schema():
     return loaded.exclude(path_regex=r"^/api/v1/tokens/(revoke/)?$")
 
 
-schema = _schema()
+OPERATIONS = sorted((result.ok() for result in _schema().get_all_operations()), key=lambda op: op.label)
 
 
 @pytest.fixture
-def fuzz_token(db, alice, api_settings):
+def fuzz(db, alice, api_settings):
     from rest_framework.authtoken.models import Token
 
     api_settings.REST_FRAMEWORK = {**api_settings.REST_FRAMEWORK,
                                    "DEFAULT_THROTTLE_RATES": {s: "100000/min" for s in
                                                               ("writes", "uploads", "runs", "tokens")}}
-    # Some rows for ids the generator may hit (most ids it picks are 404s, which is a fine answer).
     run = RunFactory(owner=alice)
     StepFactory(run=run)
-    TrajectoryFactory(group__run=run)
-    CheckpointFactory(run=run, path="/nonexistent/checkpoint")
+    trajectory = TrajectoryFactory(group__run=run)
+    checkpoint = CheckpointFactory(run=run, path="/nonexistent/checkpoint")
+    reward = RewardFunctionVersionFactory(asset__owner=alice)
+    ids = {"run_id": run.id, "trajectory_id": trajectory.id, "group_id": trajectory.group_id,
+           "checkpoint_id": checkpoint.id, "script_id": run.script_version.asset_id, "reward_id": reward.asset_id,
+           "scenario_set_id": run.scenario_set_id, "number": 1}
     # Django closes "old" connections at the end of each request; in-process that would be the test's
     # own connection in the middle of its transaction.
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
-    yield Token.objects.create(user=alice).key
+    yield {"headers": {"Authorization": f"Token {Token.objects.create(user=alice).key}"}, "ids": ids}
     request_started.connect(close_old_connections)
     request_finished.connect(close_old_connections)
 
 
-@pytest.mark.timeout(600)
-@schema.parametrize()
-@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
-def test_no_input_makes_the_api_fail(case, fuzz_token):
-    case.call_and_validate(headers={"Authorization": f"Token {fuzz_token}"}, checks=[not_a_server_error])
+@pytest.mark.timeout(900)
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_no_input_makes_the_api_fail(data, fuzz):
+    operation = data.draw(st.sampled_from(OPERATIONS), label="operation")
+    mode = data.draw(st.sampled_from([GenerationMode.POSITIVE, GenerationMode.NEGATIVE]), label="mode")
+    known = {p.name: fuzz["ids"][p.name] for p in operation.path_parameters if p.name in fuzz["ids"]}
+    pinned = known if data.draw(st.booleans(), label="existing ids") else None
+    case = data.draw(operation.as_strategy(generation_mode=mode, path_parameters=pinned), label="case")
+    case.call_and_validate(headers=fuzz["headers"], checks=[not_a_server_error])

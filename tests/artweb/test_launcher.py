@@ -1,10 +1,13 @@
 """The embedded services: a real PostgreSQL and a real Redis under a temporary data dir."""
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -36,14 +39,17 @@ def dead_pid() -> int:
 
 
 @pytest.fixture
-def services_dir(tmp_path):
-    yield tmp_path
+def services_dir():
+    # Not under tmp_path: as root, PostgreSQL runs as another user that must traverse the path, and a
+    # concurrent pytest session resets the pytest-of-<user> directory to mode 0700.
+    path = Path(tempfile.mkdtemp(prefix="artweb-launcher-test-"))
+    yield path
     # Never leave a server behind, whatever the test did.
     for cls in (EmbeddedPostgres, EmbeddedRedis):
-        service = cls(tmp_path / "services")
-        state = ServiceState.read(service.state_file)
-        if state and pid_alive(state.pid):
+        service = cls(path / "services")
+        if (state := ServiceState.read(service.state_file)) and service.is_server(state.pid):
             service.stop()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_it_starts_reuses_and_stops_the_embedded_services(services_dir):
@@ -133,8 +139,8 @@ def test_services_mode_stops_everything_on_ctrl_c(services_dir):
         assert all(s and pid_alive(s.pid) for s in states)
 
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-        assert wait_until(lambda: not any(pid_alive(s.pid) for s in states), timeout=10)
+        assert proc.wait(timeout=120) == 0
+        assert wait_until(lambda: not any(pid_alive(s.pid) for s in states), timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -43,9 +43,11 @@ class AsgiServer:
         }
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self.log = None
 
-    def start(self, timeout: float = 60.0) -> "AsgiServer":
-        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+    def start(self, timeout: float = 60.0) -> AsgiServer:
+        self.log = open(self.log_path, "wb") if self.log_path else None  # noqa: SIM115 - open while it runs
+        log = self.log or subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "tests.browser.asgi:application", "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning", "--ws", "websockets"],
@@ -72,6 +74,8 @@ class AsgiServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.log:
+            self.log.close()
 
 
 def database_url(settings_dict: dict) -> str:

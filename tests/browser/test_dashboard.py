@@ -6,6 +6,7 @@ writes the row, so the message leaves on commit). Screenshots go to tests/artifa
 """
 
 import importlib.util
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,7 +33,7 @@ needs_validation = pytest.mark.skipif(importlib.util.find_spec("rollouts.runtime
                                       reason="rollouts.runtime.validation is not in this checkout yet")
 
 BROKEN_SCRIPT = "import art\n\n\nasync def rollout(model, scenario)\n    return None\n"
-SCENARIOS = "\n".join('{"prompt": "Say w%d", "answer": "w%d"%s}' % (i, i, ', "split": "validation"' if i < 2 else "")
+SCENARIOS = "\n".join(json.dumps({"prompt": f"Say w{i}", "answer": f"w{i}", **({"split": "validation"} if i < 2 else {})})
                       for i in range(8))
 
 
@@ -189,7 +190,7 @@ def test_it_opens_a_trajectory_in_the_inspector(signed_in, user):
                                       {"role": "user", "content": f"Say the word w{g}"},
                                       {"role": "assistant", "content": None, "token_ids": [5, 6],
                                        "tool_calls": [{"id": "c1", "type": "function", "function": {
-                                           "name": "dictionary", "arguments": '{"word": "w%d"}' % g}}]},
+                                           "name": "dictionary", "arguments": json.dumps({"word": f"w{g}"})}}]},
                                       {"role": "tool", "tool_call_id": "c1", "content": "a word"},
                                       {"role": "assistant", "content": f"w{g} (step {step}, #{i})", "token_ids": [7]},
                                   ], search_text=f"w{g} step {step} #{i}")

@@ -1,6 +1,7 @@
 """Forms show service errors inline, under the field they concern; actions call the services."""
 
 import importlib.util
+import json
 
 import pytest
 from django.urls import reverse
@@ -129,7 +130,7 @@ def test_it_uploads_scenarios_and_shows_bad_lines_inline(as_user, alice):
     errors = _errors(response, "file")
     assert any(e.startswith("line 2: not valid JSON") for e in errors)
     assert any(e.startswith("line 3: each line must be a JSON object") for e in errors)
-    good = "\n".join('{"prompt": "p%d", "split": "%s"}' % (i, "validation" if i == 0 else "train") for i in range(5))
+    good = "\n".join(json.dumps({"prompt": f"p{i}", "split": "validation" if i == 0 else "train"}) for i in range(5))
     response = client.post(reverse("scenario-set-new"), {"name": "s", "content": good, "validation_fraction": 0.2})
     scenario_set = ScenarioSet.objects.get(name="s")
     assert response["Location"] == reverse("scenario-set-detail", args=[scenario_set.id])

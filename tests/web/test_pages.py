@@ -16,7 +16,7 @@ from tests.factories import (
 
 
 def _owned_urls(objs, dry_run=None) -> list[str]:
-    run, traj, checkpoint = objs["run"], objs["traj"], objs["checkpoint"]
+    run, traj = objs["run"], objs["traj"]
     urls = [
         reverse("run-detail", args=[run.id]),
         reverse("run-trajectories", args=[run.id]),
@@ -150,6 +150,16 @@ def test_it_embeds_downsampled_chart_data_in_the_run_page(as_user, alice, django
     assert data["ws_path"] == f"/ws/runs/{run.id}/"
     assert b'id="run-data"' in response.content
     assert len(response.content) < 500_000
+
+
+def test_it_renders_a_run_without_steps_or_trajectories(as_user, alice):
+    run = RunFactory(owner=alice)
+    client = as_user(alice)
+    response = client.get(reverse("run-detail", args=[run.id]))
+    assert response.status_code == 200
+    assert response.context["page_data"]["series"]["reward_mean"] == {"x": [], "y": []}
+    assert response.context["page_data"]["last_step"] is None
+    assert b"No trajectories yet" in client.get(reverse("run-trajectories", args=[run.id])).content
 
 
 def test_it_shows_a_trajectory_as_a_transcript(as_user, alice, world):

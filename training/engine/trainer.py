@@ -25,6 +25,7 @@ from training.engine.backends import LOADERS, LoadedModel
 from training.engine.batching import MicroBatch, collate, plan_micro_batches
 from training.engine.checkpoint import read_checkpoint, restore_rng, write_checkpoint
 from training.engine.config import ConfigError, TrainConfig
+from training.engine.logprobs import token_logprobs
 from training.engine.losses import aggregate, kl_k3, policy_loss
 from training.engine.tokenize import TokenizedSequence, tokenize_trajectory
 
@@ -254,14 +255,7 @@ class GRPOTrainer:
         mask = None if mb.unpadded else mb.attention_mask
         out = causal_lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mask, use_cache=False)
         hidden = out.last_hidden_state[:, :-1][mb.target_mask]  # [N, H]
-        logits = causal_lm.get_output_embeddings()(hidden).float()  # [N, V]
-        logz = torch.logsumexp(logits, dim=-1)  # [N]
-        logprobs = logits.gather(1, mb.targets.unsqueeze(1)).squeeze(1) - logz  # [N]
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                # H = logZ - Σ p·logit, p = softmax(logits)
-                entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+        logprobs, entropy = token_logprobs(hidden, causal_lm.get_output_embeddings(), mb.targets, with_entropy)
         return logprobs, entropy
 
     def _clip_and_step(self, stepped: bool) -> float:

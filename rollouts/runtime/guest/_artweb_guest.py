@@ -34,9 +34,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.append(str(HERE.parent / "guest_fallbacks"))
 
-from artweb_sdk import Scenario, TrainableModel, Trajectory, TrajectoryGroup  # noqa: E402
-from artweb_sdk.model import Endpoint, Usage, current_usage  # noqa: E402
-from artweb_sdk.trajectory import check_reward  # noqa: E402
+from artweb_sdk import Scenario, TrainableModel, Trajectory, TrajectoryGroup
+from artweb_sdk.model import Endpoint, Usage, current_usage
+from artweb_sdk.trajectory import check_reward
 
 MAX_LOG_LINES = 500
 MAX_LOG_LINE_CHARS = 4000
@@ -170,7 +170,7 @@ def load_module(path: Path, name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module
-    exec(code, module.__dict__)
+    exec(code, module.__dict__)  # noqa: S102 - running the person's code is what this process is for
     return module
 
 
@@ -236,7 +236,8 @@ class Batch:
             script = load_module(workdir / "rollout.py", "rollout_script")
             self.rollout = getattr(script, "rollout", None)
             if not callable(self.rollout):
-                raise AttributeError("the rollout script defines no function named `rollout(model, scenario)`")
+                raise AttributeError(  # noqa: TRY004 - a missing name, as Python reports it
+                    "the rollout script defines no function named `rollout(model, scenario)`")
             if self.reward_kind:
                 module = load_module(workdir / "reward.py", "reward_function")
                 name = "score_group" if self.reward_kind == "group" else "reward"
@@ -308,7 +309,7 @@ class Batch:
             if deadline.expired():
                 return trajectory, f"Timed out: the {stage} did not finish within {self.timeout_s:g} s (wall clock)."
             return trajectory, _stage_error(stage, exc, self.user_files)
-        except BaseException as exc:  # noqa: BLE001 - anything the person's code raises is their rollout's error
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             return trajectory, _stage_error(stage, exc, self.user_files)

@@ -69,3 +69,29 @@ def test_token_and_sequence_aggregation():
     first = aggregate(per_token[:2], seq_ids[:2], counts, "sequence", 3, 2)
     second = aggregate(per_token[2:], torch.tensor([0]), torch.tensor([1]), "sequence", 3, 2)
     assert (first + second).item() == pytest.approx(5.0)
+
+
+def test_chunked_token_logprobs_match_the_direct_computation():
+    from training.engine import logprobs as lp_module
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False, dtype=torch.float64).requires_grad_(False)
+    hidden = torch.randn(7, 8, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (7,))
+    weights = torch.randn(7, dtype=torch.float64)
+
+    log_p = torch.log_softmax(hidden @ head.weight.T, dim=-1)
+    expected_lp = log_p.gather(1, targets[:, None]).squeeze(1)
+    expected_ent = -(log_p.exp() * log_p).sum(-1)
+    (expected_lp * weights).sum().backward()
+    expected_grad, hidden.grad = hidden.grad.clone(), None
+
+    old_chunk, lp_module.CHUNK_ELEMENTS = lp_module.CHUNK_ELEMENTS, 3 * 50  # 3 rows a chunk: 3 chunks
+    try:
+        got_lp, got_ent = lp_module.token_logprobs(hidden, head, targets, with_entropy=True)
+        (got_lp * weights).sum().backward()
+    finally:
+        lp_module.CHUNK_ELEMENTS = old_chunk
+    torch.testing.assert_close(got_lp.double(), expected_lp, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_ent.double(), expected_ent, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(hidden.grad, expected_grad, rtol=1e-5, atol=1e-6)

@@ -94,7 +94,7 @@ def test_micro_batching_accumulates_to_the_full_batch_update(tiny_model_dir, gro
     many = trained(tiny_model_dir, TrainConfig(**FAST, loss_aggregation="sequence", micro_batch_tokens=16))
     m_many = many.train_step(groups)
     assert m_one["micro_batches"] == 1 and m_many["micro_batches"] == 5
-    assert m_many["loss"] == pytest.approx(m_one["loss"], rel=1e-5)
+    assert m_many["loss"] == pytest.approx(m_one["loss"], rel=1e-4)
     assert m_many["grad_norm"] == pytest.approx(m_one["grad_norm"], rel=1e-4)
     # Adam's first step is close to lr·sign(grad), so weights whose gradient is ~0 amplify float
     # rounding differences of the summation order; 1e-5 is 0.1% of the lr-sized step.

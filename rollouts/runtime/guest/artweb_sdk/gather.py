@@ -17,7 +17,7 @@ async def gather_trajectory_groups(
     groups: Iterable[TrajectoryGroup],
     pbar_desc: str | None = None,
     pbar_total_completion_tokens: bool = False,
-    max_exceptions: int | float = 0,
+    max_exceptions: float = 0,
     max_metrics: int | None = None,
     after_each: Any = None,
 ) -> list[TrajectoryGroup]:

@@ -75,7 +75,7 @@ class Endpoint:
     timeout_s: float = 600.0
 
     @classmethod
-    def from_env(cls) -> "Endpoint":
+    def from_env(cls) -> Endpoint:
         return cls(
             base_url=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
             api_key=os.environ.get("OPENAI_API_KEY", "artweb"),

@@ -6,7 +6,11 @@ from typing import Any
 
 
 class Scenario(dict):
-    """A dict whose keys are also attributes, nested objects included."""
+    """A dict whose keys are also attributes, nested objects included.
+
+    A key named like a dict method (items, keys, get …) is reached by item access only: libraries
+    that receive the scenario as a dict rely on those methods.
+    """
 
     def __init__(self, data: dict | None = None, **kwargs: Any) -> None:
         super().__init__({k: _wrap(v) for k, v in {**(data or {}), **kwargs}.items()})

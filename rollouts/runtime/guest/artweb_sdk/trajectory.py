@@ -44,7 +44,7 @@ class Trajectory:
     def log(self, message: str) -> None:
         self.logs.append(str(message))
 
-    def finish(self) -> "Trajectory":
+    def finish(self) -> Trajectory:
         return self
 
     def messages(self) -> list[dict]:
@@ -91,7 +91,7 @@ class TrajectoryGroup:
     def __await__(self):
         return self._gather().__await__()
 
-    async def _gather(self) -> "TrajectoryGroup":
+    async def _gather(self) -> TrajectoryGroup:
         pending, self._pending = self._pending, []
         for outcome in await asyncio.gather(*pending, return_exceptions=True):
             if isinstance(outcome, BaseException):

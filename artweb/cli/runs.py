@@ -1,15 +1,4 @@
-"""`artweb`: the command line for the REST API.
-
-The server and token come from --url/--token or ARTWEB_URL/ARTWEB_TOKEN. Examples:
-
-    artweb token create --username alice            # prints a key: export ARTWEB_TOKEN=...
-    artweb upload script rollout.py --name my-agent
-    artweb upload reward reward.py --name exact-match
-    artweb upload scenarios questions.jsonl --name questions
-    artweb runs start --config run.yaml --watch
-    artweb runs export 12 --out run12.jsonl
-    artweb checkpoints download 40 --out adapter.tar.gz
-"""
+"""Commands for runs: list, show, start from a run file, watch live, control, events, export."""
 
 from __future__ import annotations
 
@@ -18,173 +7,18 @@ import sys
 from pathlib import Path
 
 import click
-import httpx
-from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from artweb.client import ApiError, Client
-
-console = Console()
-err_console = Console(stderr=True)
+from artweb.cli.base import cli, client_from, console, print_json
+from artweb.client import Client
 
 FINAL = ("completed", "failed", "cancelled")
-# Config-file keys that name things; every other top-level key is a RunConfig setting.
+# Run-file keys that name things; every other top-level key is a RunConfig setting.
 REFERENCE_KEYS = {"name", "base_model", "model", "script", "script_version", "reward", "reward_version",
                   "scenario_set", "scenarios", "tags", "config"}
 WATCH_SERIES = ["reward_mean", "reward_std", "val_reward", "loss", "kl", "grad_norm", "duration_s"]
-
-
-def main() -> None:
-    try:
-        cli(standalone_mode=True)
-    except ApiError as exc:
-        err_console.print(f"[red]Error ({exc.status}):[/red] {exc.message}")
-        for field, messages in exc.field_errors.items():
-            err_console.print(f"  {field}: {'; '.join(messages)}")
-        sys.exit(1)
-    except httpx.TransportError as exc:
-        err_console.print(f"[red]Cannot reach the server:[/red] {exc}. Check --url / ARTWEB_URL.")
-        sys.exit(2)
-
-
-@click.group()
-@click.option("--url", envvar="ARTWEB_URL", default="http://127.0.0.1:8000", show_default=True,
-              help="Server address (env ARTWEB_URL).")
-@click.option("--token", envvar="ARTWEB_TOKEN", default=None, help="API token (env ARTWEB_TOKEN).")
-@click.pass_context
-def cli(ctx, url, token):
-    """Drive artweb from the terminal: uploads, runs, metrics, trajectories, checkpoints."""
-    ctx.obj = {"url": url, "token": token}
-
-
-def _client(ctx) -> Client:
-    if not ctx.obj["token"]:
-        raise click.UsageError("No API token: pass --token or set ARTWEB_TOKEN (get one with 'artweb token create').")
-    return Client(ctx.obj["url"], ctx.obj["token"])
-
-
-def _print_json(data) -> None:
-    console.print_json(json.dumps(data))
-
-
-# --- tokens ------------------------------------------------------------------------------------------
-
-
-@cli.group()
-def token():
-    """Create or revoke your API token."""
-
-
-@token.command("create")
-@click.option("--username", prompt=True)
-@click.option("--password", prompt=True, hide_input=True, envvar="ARTWEB_PASSWORD")
-@click.pass_context
-def token_create(ctx, username, password):
-    """Create (or replace) your token with your username and password; prints the key."""
-    click.echo(Client.token_create(ctx.obj["url"], username, password))
-
-
-@token.command("revoke")
-@click.pass_context
-def token_revoke(ctx):
-    """Revoke the token in use."""
-    with _client(ctx) as api:
-        click.echo("revoked" if api.token_revoke() else "there was no token")
-
-
-# --- base models -------------------------------------------------------------------------------------
-
-
-@cli.group()
-def models():
-    """Base models."""
-
-
-@models.command("list")
-@click.pass_context
-def models_list(ctx):
-    with _client(ctx) as api:
-        table = Table("id", "name", "source", "max length", "shared")
-        for m in api.base_models():
-            table.add_row(str(m["id"]), m["name"], m["source"], str(m["max_length"]), "yes" if m["shared"] else "")
-        console.print(table)
-
-
-@models.command("register")
-@click.argument("name")
-@click.argument("source")
-@click.pass_context
-def models_register(ctx, name, source):
-    """Register a base model by Hugging Face id."""
-    with _client(ctx) as api:
-        m = api.base_model_register(name=name, source=source)
-        click.echo(f"base model {m['id']}: {m['name']} ({m['source']})")
-
-
-# --- uploads -----------------------------------------------------------------------------------------
-
-
-@cli.group()
-def upload():
-    """Upload a rollout script, a reward function or a scenario file."""
-
-
-def _read(path: str) -> bytes:
-    return Path(path).read_bytes()
-
-
-@upload.command("script")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--name", required=True, help="Script name; uploading to an existing name adds a version.")
-@click.option("--note", default="", help="Note for a new version.")
-@click.pass_context
-def upload_script(ctx, file, name, note):
-    with _client(ctx) as api:
-        v = api.script_upload(name, _read(file), note=note)
-        click.echo(f"rollout script {v['asset_id']} {v['name']!r} version {v['number']} ({v['sha256'][:12]})")
-
-
-@upload.command("reward")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--name", required=True, help="Reward name; uploading to an existing name adds a version.")
-@click.option("--note", default="", help="Note for a new version.")
-@click.pass_context
-def upload_reward(ctx, file, name, note):
-    with _client(ctx) as api:
-        v = api.reward_upload(name, _read(file), note=note)
-        click.echo(f"reward function {v['asset_id']} {v['name']!r} version {v['number']} ({v['kind']})")
-
-
-@upload.command("scenarios")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--name", required=True)
-@click.option("--validation-fraction", default=0.2, show_default=True, type=click.FloatRange(0.0, 0.99),
-              help="Share of lines without a \"split\" key held out for validation.")
-@click.pass_context
-def upload_scenarios(ctx, file, name, validation_fraction):
-    with _client(ctx) as api:
-        s = api.scenarios_upload(name, _read(file), validation_fraction=validation_fraction)
-        click.echo(f"scenario set {s['id']} {s['name']!r}: {s['train_count']} train, "
-                   f"{s['validation_count']} validation")
-
-
-@cli.command("validate")
-@click.argument("kind", type=click.Choice(["script", "reward"]))
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.pass_context
-def validate(ctx, kind, file):
-    """Check a script or reward function without saving it."""
-    with _client(ctx) as api:
-        text = Path(file).read_text(encoding="utf-8")
-        result = api.script_validate(text) if kind == "script" else api.reward_validate(text)
-        if result["valid"]:
-            click.echo("valid" + (f" ({result['kind']})" if result.get("kind") else ""))
-            return
-        for issue in result["issues"]:
-            click.echo(f"{file}:{issue['line'] or '-'}: {issue['message']}")
-        sys.exit(1)
 
 
 # --- runs --------------------------------------------------------------------------------------------
@@ -213,10 +47,11 @@ def _runs_table(rows) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def runs_list(ctx, status, tag, q, limit, as_json):
-    with _client(ctx) as api:
+    """Your runs, newest first."""
+    with client_from(ctx) as api:
         page = api.runs(status=status, tag=tag, q=q, limit=limit)
     if as_json:
-        _print_json(page["results"])
+        print_json(page["results"])
     else:
         console.print(_runs_table(page["results"]))
         if page["count"] > len(page["results"]):
@@ -228,10 +63,11 @@ def runs_list(ctx, status, tag, q, limit, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def runs_show(ctx, run_id, as_json):
-    with _client(ctx) as api:
+    """One run: status, progress, what it trains with, its config."""
+    with client_from(ctx) as api:
         run = api.run(run_id)
     if as_json:
-        _print_json(run)
+        print_json(run)
         return
     table = Table(show_header=False)
     for key in ("id", "name", "status", "owner", "tags", "steps_done", "num_steps", "latest_reward",
@@ -288,7 +124,7 @@ def runs_start(ctx, config_path, name, watch):
     payload = load_run_file(config_path)
     if name:
         payload["name"] = name
-    with _client(ctx) as api:
+    with client_from(ctx) as api:
         run = api.run_create(**payload)
         click.echo(f"run {run['id']} {run['name']!r} {run['status']} ({run['num_steps']} steps)")
         if watch:
@@ -302,7 +138,7 @@ def runs_start(ctx, config_path, name, watch):
 @click.pass_context
 def runs_watch(ctx, run_id, interval, timeout):
     """Live metrics and progress until the run ends (exit 0 when it completed)."""
-    with _client(ctx) as api:
+    with client_from(ctx) as api:
         sys.exit(_watch(api, run_id, interval=interval, timeout=timeout))
 
 
@@ -357,21 +193,28 @@ def _watch(api: Client, run_id: int, *, interval: float, timeout: float | None =
     return 0 if status == "completed" else 1
 
 
+ACTIONS = {
+    "cancel": "Cancel a run (at once if nothing is executing, else at the worker's next check).",
+    "pause": "Pause a run (at once if queued, else after the current step).",
+    "resume": "Resume a paused run.",
+    "retry": "Requeue a failed or cancelled run; it continues from its last checkpoint.",
+}
+
+
 def _action(name: str, method: str):
-    @runs.command(name)
+    @runs.command(name, help=ACTIONS[name])
     @click.argument("run_id", type=int)
     @click.pass_context
     def command(ctx, run_id):
-        with _client(ctx) as api:
+        with client_from(ctx) as api:
             run = getattr(api, method)(run_id)
         note = " (stopping at the next check)" if run.get("cancel_requested") and run["status"] not in FINAL else ""
         click.echo(f"run {run['id']} {run['status']}{note}")
 
-    command.__doc__ = f"{name.capitalize()} a run."
     return command
 
 
-for _name in ("cancel", "pause", "resume", "retry"):
+for _name in ACTIONS:
     _action(_name, f"run_{_name}")
 
 
@@ -380,7 +223,7 @@ for _name in ("cancel", "pause", "resume", "retry"):
 @click.pass_context
 def runs_events(ctx, run_id):
     """The run's timeline."""
-    with _client(ctx) as api:
+    with client_from(ctx) as api:
         after = 0
         while True:
             page = api.events(run_id, after=after, limit=1000)
@@ -403,66 +246,9 @@ def runs_events(ctx, run_id):
 @click.pass_context
 def runs_export(ctx, run_id, out, step, split, min_reward, max_reward, q, has_error):
     """Save the run's trajectories as JSON Lines."""
-    with _client(ctx) as api:
+    with client_from(ctx) as api:
         size = api.trajectories_export(run_id, out, step=step, split=split, min_reward=min_reward,
                                        max_reward=max_reward, q=q, has_error=has_error)
     with open(out, "rb") as fh:
         lines = sum(1 for _ in fh)
     click.echo(f"{lines} trajectories ({size} bytes) written to {out}")
-
-
-# --- checkpoints -------------------------------------------------------------------------------------
-
-
-@cli.group()
-def checkpoints():
-    """List, download, promote and delete checkpoints."""
-
-
-@checkpoints.command("list")
-@click.argument("run_id", type=int)
-@click.pass_context
-def checkpoints_list(ctx, run_id):
-    with _client(ctx) as api:
-        table = Table("id", "step", "state", "size", "val reward", "promoted")
-        for c in api.checkpoints(run_id):
-            val = "" if c["val_reward"] is None else f"{c['val_reward']:.3f}"
-            table.add_row(str(c["id"]), str(c["step"]), c["state"], f"{c['size_bytes'] / 1e6:.1f} MB", val,
-                          "yes" if c["promoted"] else "")
-        console.print(table)
-
-
-@checkpoints.command("download")
-@click.argument("checkpoint_id", type=int)
-@click.option("--out", required=True, type=click.Path(dir_okay=False, writable=True))
-@click.pass_context
-def checkpoints_download(ctx, checkpoint_id, out):
-    """Save the checkpoint's adapter as a .tar.gz."""
-    with _client(ctx) as api, Progress(TextColumn("download"), BarColumn(), MofNCompleteColumn(),
-                                       console=err_console, transient=True) as bar:
-        task = bar.add_task("download", total=None)
-        size = api.checkpoint_download(checkpoint_id, out,
-                                       progress=lambda done, total: bar.update(task, completed=done, total=total))
-    click.echo(f"{size} bytes written to {out}")
-
-
-@checkpoints.command("promote")
-@click.argument("checkpoint_id", type=int)
-@click.pass_context
-def checkpoints_promote(ctx, checkpoint_id):
-    with _client(ctx) as api:
-        c = api.checkpoint_promote(checkpoint_id)
-    click.echo(f"checkpoint {c['id']} (step {c['step']}) promoted")
-
-
-@checkpoints.command("delete")
-@click.argument("checkpoint_id", type=int)
-@click.pass_context
-def checkpoints_delete(ctx, checkpoint_id):
-    with _client(ctx) as api:
-        c = api.checkpoint_delete(checkpoint_id)
-    click.echo(f"checkpoint {c['id']} (step {c['step']}) {c['state']}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,3 @@
+from artweb.cli import main
+
+main()

@@ -1,0 +1,165 @@
+"""Rollout throughput on the inference server: direct requests vs. the SDK in the sandbox, base model
+vs. a step's adapter, at several concurrency levels.
+
+    python bench/rollout_bench.py                      # starts vLLM for the default model
+    python bench/rollout_bench.py --adapter-mode lora  # the same with vLLM's runtime LoRA instead
+    python bench/rollout_bench.py --base-url http://127.0.0.1:8000/v1 --model NAME   # a running server
+
+Every rollout is one chat completion of exactly --tokens tokens (ignore_eos), so tokens/s compare
+like for like. Targets: sandbox ≥ 80% of direct; adapter ≥ 70% of base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
+
+SCRIPT = """
+import art
+
+async def rollout(model: art.Model, scenario) -> art.Trajectory:
+    client = model.openai_client()
+    messages = [{"role": "user", "content": scenario.prompt}]
+    completion = await client.chat.completions.create(model=model.name, messages=messages)
+    return art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=0.0)
+"""
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Tell a short story about a robot called Unit {i}." for i in range(n)]
+
+
+async def direct(base_url: str, model: str, n: int, concurrency: int, sampling: dict) -> int:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="artweb", max_retries=0, timeout=1800)
+    gate = asyncio.Semaphore(concurrency)
+    extra = {k: v for k, v in sampling.items() if k not in ("max_tokens", "temperature")}
+
+    async def one(prompt: str) -> int:
+        async with gate:
+            completion = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=sampling["max_tokens"],
+                temperature=sampling["temperature"], logprobs=True, extra_body={"return_token_ids": True, **extra})
+            return completion.usage.completion_tokens
+
+    try:
+        return sum(await asyncio.gather(*(one(p) for p in prompts(n))))
+    finally:
+        await client.close()
+
+
+def sandboxed(base_url: str, model: str, n: int, concurrency: int, sampling: dict) -> int:
+    # Groups of 4, as a run would send them; one sandbox process per 4 groups at most.
+    group = 4 if n % 4 == 0 else 1
+    request = RolloutRequest(
+        script=SCRIPT, reward=None, scenarios=[{"prompt": p} for p in prompts(n // group)], group_size=group,
+        base_url=base_url, model_name=model, sampling=sampling, concurrency=concurrency, max_exceptions=0,
+        limits=SandboxLimits(rollout_timeout_s=1800),
+    )
+    results = run_rollouts(request)
+    return sum(t["completion_tokens"] for g in results for t in g.trajectories)
+
+
+def measure(kind: str, base_url: str, model: str, n: int, concurrency: int, sampling: dict) -> tuple[int, float]:
+    started = time.perf_counter()
+    if kind == "direct":
+        tokens = asyncio.run(direct(base_url, model, n, concurrency, sampling))
+    else:
+        tokens = sandboxed(base_url, model, n, concurrency, sampling)
+    return tokens, time.perf_counter() - started
+
+
+def make_adapter(base_dir: str, out_dir: Path, rank: int = 8) -> Path:
+    """A random rank-8 LoRA on every linear layer, as the trainer would save after a step."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(
+        r=rank, lora_alpha=2 * rank, task_type="CAUSAL_LM",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 1e-3)
+    peft_model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-url", help="use a running server instead of starting one")
+    parser.add_argument("--model", help="model name on --base-url")
+    parser.add_argument("--adapter-mode", default="auto", choices=["auto", "merged", "lora"])
+    parser.add_argument("--concurrency", default="4,8,16")
+    parser.add_argument("--rollouts", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--no-adapter", action="store_true", help="measure the base model only")
+    parser.add_argument("--data-dir", default=os.environ.get("ARTWEB_DATA_DIR", str(REPO / "data")))
+    args = parser.parse_args()
+    sampling = {"max_tokens": args.tokens, "temperature": 1.0, "ignore_eos": True}
+    levels = [int(c) for c in args.concurrency.split(",")]
+
+    server = None
+    base_url, base_name = args.base_url, args.model
+    if base_url is None:
+        from rollouts.runtime.vllm_server import VLLMServer
+        from training.engine.default_model import ensure_default_model
+
+        model_dir = str(ensure_default_model(Path(args.data_dir)).path)
+        server = VLLMServer(model_dir, max_model_len=2048, kv_cache_gb=2, adapter_mode=args.adapter_mode,
+                            max_lora_rank=8, log_dir=tempfile.mkdtemp(prefix="artweb-bench-"))
+        print(f"starting vLLM ({server.adapter_mode} mode requested), log in {server.log_dir}", flush=True)
+        started = time.perf_counter()
+        server.start()
+        print(f"vLLM up in {time.perf_counter() - started:.0f} s, {server.adapter_mode} mode", flush=True)
+        base_url, base_name = server.base_url, server.ensure_base()
+    try:
+        policies = [("base", base_name)]
+        if server is not None and not args.no_adapter:
+            policies.append(("adapter", None))
+        rows = []
+        for policy, name in policies:
+            if policy == "adapter":
+                adapter = make_adapter(server.model_path, Path(tempfile.mkdtemp(prefix="artweb-bench-adapter-")))
+                started = time.perf_counter()
+                name = server.ensure_adapter("bench@1", str(adapter))
+                print(f"adapter loaded in {time.perf_counter() - started:.1f} s ({server.adapter_mode})", flush=True)
+            measure("direct", base_url, name, 2, 2, {**sampling, "max_tokens": 4})  # warm-up
+            for concurrency in levels:
+                for kind in ("direct", "sandbox"):
+                    tokens, seconds = measure(kind, base_url, name, args.rollouts, concurrency, sampling)
+                    rows.append((policy, kind, concurrency, tokens, seconds))
+                    print(f"{policy:8} {kind:8} c={concurrency:<3} {tokens:6d} tok {seconds:7.2f} s "
+                          f"{tokens / seconds:8.1f} tok/s {args.rollouts / seconds:6.2f} rollouts/s", flush=True)
+        print("\nsummary (tokens/s)")
+        by_key = {(p, k, c): t / s for p, k, c, t, s in rows}
+        for concurrency in levels:
+            line = f"c={concurrency:<3}"
+            for policy, _ in policies:
+                d, s = by_key[(policy, "direct", concurrency)], by_key[(policy, "sandbox", concurrency)]
+                line += f"  {policy}: direct {d:6.1f} sandbox {s:6.1f} ({s / d:4.0%})"
+            if len(policies) == 2:
+                line += (f"  adapter/base: direct {by_key[('adapter', 'direct', concurrency)] / by_key[('base', 'direct', concurrency)]:4.0%}"
+                         f" sandbox {by_key[('adapter', 'sandbox', concurrency)] / by_key[('base', 'sandbox', concurrency)]:4.0%}")
+            print(line)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Log-probabilities of chosen tokens from hidden states, without keeping [N, vocab] logits alive.
+
+For N trained tokens and a vocabulary V, the logits are N×V floats: 6 GB in fp32 for 30k tokens of a
+49k vocabulary, and autograd would keep them (and the softmax) until the backward pass. Here the output
+projection runs chunk by chunk in both passes and the backward recomputes each chunk's logits, so memory
+holds one chunk at a time; the extra matmul is cheap next to the elementwise work it saves.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Elements of one fp32 logits chunk (2**28 = 1 GiB); rows per chunk = this // vocabulary size.
+CHUNK_ELEMENTS = 1 << 28
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """(hidden [N, H], weight [V, H] frozen, targets [N]) → (log p(target) [N], entropy [N]).
+
+    Gradient flows to hidden only; entropy is a metric and carries none.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_rows, with_entropy):
+        n = hidden.shape[0]
+        logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        for start in range(0, n, chunk_rows):
+            end = min(start + chunk_rows, n)
+            log_p = torch.log_softmax((hidden[start:end] @ weight.T).float(), dim=-1)  # [c, V]
+            logprobs[start:end] = log_p.gather(1, targets[start:end, None]).squeeze(1)
+            if with_entropy:
+                entropy[start:end] = -(log_p.exp() * log_p).sum(dim=-1)  # H = -Σ p log p
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.chunk_rows = chunk_rows
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        hidden, weight, targets = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden)
+        for start in range(0, hidden.shape[0], ctx.chunk_rows):
+            end = min(start + ctx.chunk_rows, hidden.shape[0])
+            g = grad_logprobs[start:end, None].float()  # [c, 1]
+            probs = torch.softmax((hidden[start:end] @ weight.T).float(), dim=-1)  # [c, V]
+            # d log p(t) / d logits = onehot(t) - softmax(logits)
+            grad_logits = probs.mul_(-g).scatter_add_(1, targets[start:end, None], g)
+            grad_hidden[start:end] = grad_logits.to(weight.dtype) @ weight
+        return grad_hidden, None, None, None, None
+
+
+def token_logprobs(hidden: torch.Tensor, output_layer: torch.nn.Module, targets: torch.Tensor,
+                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(targets) [N] (fp32, differentiable w.r.t. hidden [N, H]) and entropy [N] or None.
+
+    Uses the chunked path for a plain frozen linear output layer (the usual, possibly tied, lm_head);
+    anything else (a bias, a trainable or wrapped head) takes the direct path through the module.
+    """
+    weight = getattr(output_layer, "weight", None)
+    plain = (type(output_layer) is torch.nn.Linear and output_layer.bias is None and weight is not None
+             and not weight.requires_grad and weight.device == hidden.device)
+    if not plain:
+        log_p = torch.log_softmax(output_layer(hidden).float(), dim=-1)  # [N, V]
+        lp = log_p.gather(1, targets[:, None]).squeeze(1)
+        ent = -(log_p.detach().exp() * log_p.detach()).sum(dim=-1) if with_entropy else None
+        return lp, ent
+    chunk_rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
+    lp, ent = _TokenLogprobs.apply(hidden.to(weight.dtype), weight, targets, chunk_rows, with_entropy)
+    return lp, ent if with_entropy else None
