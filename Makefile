@@ -9,7 +9,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 # Tests use the PostgreSQL and Redis already running on this machine unless told otherwise.
 TEST_DATABASE_URL ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/artweb)
-TEST_REDIS_URL ?= $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
+# A Redis database of their own, so a running `make run` never takes the tests' tasks.
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 PYTEST_ARGS ?=
 
 .PHONY: run test install browser-deps lint stop-services
@@ -40,7 +41,7 @@ browser-deps:
 
 test: install browser-deps
 	@# Exit status 5 means pytest collected nothing: a broken test tree, never a pass.
-	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' $(PY) -m pytest $(PYTEST_ARGS); \
+	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' DB_CONN_MAX_AGE=0 $(PY) -m pytest $(PYTEST_ARGS); \
 	rc=$$?; if [ $$rc = 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 lint: install

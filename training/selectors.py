@@ -165,9 +165,10 @@ def checkpoint_get(*, user, checkpoint_id: int) -> Checkpoint:
 # A series value picked out of a Step by PostgreSQL, with run_metrics' rule: the metrics key if present
 # and not null (kept only when it is a number), else the timings key (when it is a number).
 _SERIES_SQL = (
-    "CASE WHEN coalesce(jsonb_typeof(metrics -> %s), 'null') <> 'null' THEN"
-    " (CASE WHEN jsonb_typeof(metrics -> %s) = 'number' THEN (metrics ->> %s)::float8 END)"
-    " WHEN jsonb_typeof(timings -> %s) = 'number' THEN (timings ->> %s)::float8 END"
+    "CASE coalesce(jsonb_typeof(metrics -> %s), 'null')"
+    " WHEN 'number' THEN (metrics ->> %s)::float8"
+    " WHEN 'null' THEN (CASE jsonb_typeof(timings -> %s) WHEN 'number' THEN (timings ->> %s)::float8 END)"
+    " END"
 )
 
 
@@ -183,7 +184,7 @@ def run_metrics_series(*, run: Run, series: list[str] | None = None, since_step:
     if since_step is not None:
         qs = qs.filter(step__gt=since_step)
     # Columns come as they are; a JSON-held series is an annotation named s<i>.
-    exprs = {f"s{i}": RawSQL(_SERIES_SQL, (name,) * 5) for i, name in enumerate(names) if name not in COLUMN_SERIES}
+    exprs = {f"s{i}": RawSQL(_SERIES_SQL, (name,) * 4) for i, name in enumerate(names) if name not in COLUMN_SERIES}
     fields = [name if name in COLUMN_SERIES else f"s{i}" for i, name in enumerate(names)]
     rows = list(qs.annotate(**exprs).values_list("step", *fields))
     out: dict[str, dict] = {}

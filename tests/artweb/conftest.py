@@ -22,6 +22,6 @@ def run_python():
         base.pop("DJANGO_SETTINGS_MODULE", None)
         args = ["-c", code_or_args] if isinstance(code_or_args, str) else list(code_or_args)
         return subprocess.run([sys.executable, *args], check=False, cwd=BASE_DIR, env={**base, **env},
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=300)
 
     return run
