@@ -213,6 +213,7 @@ class VLLMServer:
             self._proc = subprocess.Popen(
                 self.command(), env=self.environment(), stdin=subprocess.DEVNULL,
                 stdout=self._log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_exit_with_parent,
             )
             self.adapters = {}
             self._loaded = None
@@ -338,6 +339,15 @@ class VLLMServer:
         response = self._http.post(f"{self.root_url}{route}", json=body)
         if response.status_code != 200:
             raise VLLMError(f"vLLM {route} failed ({response.status_code}): {response.text[:1000]}")
+
+
+def _exit_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the process that started the server dies, so a
+    worker killed outright (SIGKILL, a task time limit) never leaves a server holding its port."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _safe(name: str) -> str:
