@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI files served locally: the docs page works offline
     "rollouts",
     "training",
 ]
@@ -153,11 +154,21 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "artweb.api_errors.exception_handler",
+    "DEFAULT_THROTTLE_RATES": {
+        "writes": env.str("ARTWEB_THROTTLE_WRITES", default="120/min"),
+        "uploads": env.str("ARTWEB_THROTTLE_UPLOADS", default="30/min"),
+        "runs": env.str("ARTWEB_THROTTLE_RUNS", default="30/min"),
+        "tokens": env.str("ARTWEB_THROTTLE_TOKENS", default="10/min"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "artweb API",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     # Two models have a "status" choice set; named here, the schema gets stable enum names (and
     # `check --deploy` no warning).
     "ENUM_NAME_OVERRIDES": {
