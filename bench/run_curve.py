@@ -65,6 +65,7 @@ def main() -> int:
     db_name = settings.DATABASES["default"]["NAME"]
     work = Path(tempfile.mkdtemp(prefix="artweb-curve-"))
     env = stack.stack_env(db_name=db_name, data_dir=work / "data", ARTWEB_VLLM_PORT=str(stack.free_port()),
+                          ARTWEB_VLLM_ENFORCE_EAGER=os.environ.get("ARTWEB_VLLM_ENFORCE_EAGER", "0"),
                           ARTWEB_HEARTBEAT_SECONDS="15")
     worker = stack.start_gpu_worker(env, work / "logs")
     started = time.time()

@@ -34,6 +34,8 @@ def stack_env(*, db_name: str, data_dir: Path, **extra: str) -> dict[str, str]:
         REDIS_URL=settings.REDIS_URL,
         ARTWEB_DATA_DIR=str(data_dir),
         ARTWEB_HEARTBEAT_SECONDS="2",
+        ARTWEB_VLLM_ENFORCE_EAGER="1",  # no graph compilation: the server starts in well under a minute
+        ARTWEB_VLLM_KV_CACHE_GB="1",
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)

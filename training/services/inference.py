@@ -47,6 +47,9 @@ def inference_server(base_model):
                 port=conf["VLLM_PORT"],
                 max_model_len=base_model.max_length,
                 extra_args=conf["VLLM_EXTRA_ARGS"].split() if conf["VLLM_EXTRA_ARGS"] else [],
+                enforce_eager=conf["VLLM_ENFORCE_EAGER"],
+                kv_cache_gb=conf["VLLM_KV_CACHE_GB"],
+                adapter_mode=conf["VLLM_ADAPTER_MODE"],
                 log_dir=str(Path(settings.DATA_DIR) / "logs"),
             )
             _server_model = path
