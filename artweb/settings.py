@@ -185,7 +185,7 @@ ARTWEB = {
     "VLLM_EXTRA_ARGS": env.str("ARTWEB_VLLM_EXTRA_ARGS", default=""),
     # Eager mode skips graph compilation: minutes faster to start on CPU, slower to generate.
     "VLLM_ENFORCE_EAGER": env.bool("ARTWEB_VLLM_ENFORCE_EAGER", default=False),
-    "VLLM_KV_CACHE_GB": env.float("ARTWEB_VLLM_KV_CACHE_GB", default=2.0),
+    "VLLM_KV_CACHE_GB": env.int("ARTWEB_VLLM_KV_CACHE_GB", default=2),
     # "auto": merged weights on the CPU build, runtime LoRA on GPU (see rollouts.runtime.vllm_server).
     "VLLM_ADAPTER_MODE": env.str("ARTWEB_VLLM_ADAPTER_MODE", default="auto"),
     "TRAINER_BACKEND": env.str("ARTWEB_TRAINER_BACKEND", default="peft"),

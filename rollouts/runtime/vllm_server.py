@@ -16,6 +16,7 @@ so a request never silently gets another policy.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -341,13 +342,15 @@ class VLLMServer:
             raise VLLMError(f"vLLM {route} failed ({response.status_code}): {response.text[:1000]}")
 
 
-def _exit_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the process that started the server dies, so a
-    worker killed outright (SIGKILL, a task time limit) never leaves a server holding its port."""
-    import ctypes
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may import between fork and exec
+_PR_SET_PDEATHSIG = 1
 
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+def _exit_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the thread that started the server ends (start()
+    runs on the worker's long-lived task thread), so a worker killed outright (SIGKILL, a task time
+    limit) never leaves a server holding its port."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _safe(name: str) -> str:

@@ -121,7 +121,7 @@ def dry_run_execute(*, dry_run_id: int) -> None:
         result = dry_run(
             script=obj.script_version.content,
             reward=obj.reward_version.content if obj.reward_version else None,
-            scenarios=obj.scenarios, base_url=server.base_url, model_name=server.base_model_name,
+            scenarios=obj.scenarios, base_url=server.base_url, model_name=server.ensure_base(),
         )
         DryRun.objects.filter(id=dry_run_id).update(status=DryRun.Status.DONE, result=result,
                                                     finished_at=timezone.now())
