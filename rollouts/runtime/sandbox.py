@@ -67,6 +67,12 @@ class RolloutRequest:
     sandboxes: int | None = None  # processes to spread the groups over; None: up to 4
     python: str | None = None  # interpreter for the sandbox (needs openai and httpx); None: this one
     step: int = 0  # exposed to scripts as model.get_step()
+    env: dict[str, str] = field(default_factory=dict)  # observability settings; only PASSED_ENV keys pass
+
+
+# What a run's observability settings may put in the sandbox's environment (Weave tracing); nothing else
+# from the caller's environment ever reaches user code.
+PASSED_ENV = ("WEAVE_PROJECT", "WANDB_API_KEY", "WANDB_BASE_URL", "WF_TRACE_SERVER_URL", "WANDB_MODE", "WANDB_DIR")
 
 
 @dataclass
@@ -344,7 +350,13 @@ class _Sandbox:
             "OPENAI_API_KEY": request.api_key,
             "ARTWEB_SAMPLING": json.dumps(request.sampling),
             "ARTWEB_STEP": str(request.step),
+            # W&B and Weave would otherwise send crash reports to an outside service.
+            "WANDB_ERROR_REPORTING": "false",
         }
+        env.update({k: str(v) for k, v in request.env.items() if k in PASSED_ENV})
+        if "WEAVE_PROJECT" not in env:
+            # A script calling weave.init() gets a disabled client at once instead of a network error.
+            env["WEAVE_DISABLED"] = "true"
         log = open(workdir / "sandbox.log", "wb")  # noqa: SIM115 - handed to the child, closed below
         try:
             proc = subprocess.Popen(

@@ -73,7 +73,8 @@ def trainer_for(run, *, checkpoint_dir: str | None):
     if _trainer is not None and _trainer_key == key:
         return _trainer
     trainer_close()
-    cfg = TrainConfig.from_dict(run.config.get("train", {}))
+    # The backend belongs to the worker's hardware (unsloth on GPU hosts, peft on CPU), not to the run.
+    cfg = TrainConfig.from_dict({**run.config.get("train", {}), "backend": settings.ARTWEB["TRAINER_BACKEND"]})
     trainer = make_trainer(cfg, base_model_path=base_model_path(run.base_model), device=settings.ARTWEB["DEVICE"])
     trainer.load(checkpoint_dir)
     _trainer, _trainer_key = trainer, key

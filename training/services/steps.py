@@ -123,6 +123,7 @@ def _sample_scenarios(run: Run, cfg: RunConfig, step: int, split: str, count: in
 def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: str, server, hb: Heartbeat,
               group_size: int):
     from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
+    from training.exports.weave import export_rollout_env
 
     request = RolloutRequest(
         script=run.script_version.content,
@@ -135,6 +136,8 @@ def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: s
         concurrency=cfg.concurrency,
         max_exceptions=cfg.max_exceptions,
         limits=SandboxLimits(rollout_timeout_s=cfg.rollout_timeout_s),
+        step=run.steps_done,
+        env=export_rollout_env(run=run),
     )
     return run_rollouts(request, should_stop=hb.should_stop)
 

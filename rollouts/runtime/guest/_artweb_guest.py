@@ -371,10 +371,44 @@ def main() -> None:
     sys.stdout = _RoutedStream(sys.__stdout__)
     sys.stderr = _RoutedStream(sys.__stderr__)
     limit_processes(int(spec["max_processes"]))
+    weave = _weave_start()
     batch = Batch(spec, pipe)
     batch.load(spec_path.parent)
     asyncio.run(batch.run())
+    _weave_finish(weave)
     pipe.send({"kind": "done"})
+
+
+def _weave_start():
+    """With the run's Weave project configured, trace @weave.op calls into it; a Weave that cannot
+    start (no server, bad key) is switched off with one line in the log and never fails a rollout."""
+    project = os.environ.get("WEAVE_PROJECT")
+    if not project:
+        return None
+    try:
+        import weave
+
+        return weave.init(project)
+    except Exception as exc:  # noqa: BLE001 - tracing is optional
+        os.environ["WEAVE_DISABLED"] = "true"
+        print(f"Weave tracing is off for this batch: {type(exc).__name__}: {exc}", file=sys.__stderr__)
+        return None
+
+
+def _weave_finish(client) -> None:
+    if client is None:
+        return
+    done = threading.Event()
+
+    def flush():
+        try:
+            client.finish()
+        except Exception:  # noqa: BLE001 - traces are best effort
+            pass
+        done.set()
+
+    threading.Thread(target=flush, daemon=True).start()
+    done.wait(10.0)  # flushing traces must not hold the batch's results back for long
 
 
 if __name__ == "__main__":
