@@ -44,6 +44,12 @@ SCHEMA = {
 }
 
 
+def group_schema(n: int) -> dict:
+    """SCHEMA with exactly n scores: with guided decoding, even a small judge cannot give a wrong count."""
+    scores = {**SCHEMA["properties"]["scores"], "minItems": n, "maxItems": n}
+    return {**SCHEMA, "properties": {"scores": scores}}
+
+
 class RulerError(RuntimeError):
     pass
 
@@ -126,7 +132,8 @@ def ruler_score_group(trajectories: list[dict], judge: Judge, *, rubric: str = D
     structured = True
     last_error: Exception | None = None
     for attempt in range(judge.max_attempts):
-        kwargs = {"response_format": {"type": "json_schema", "json_schema": {"name": "ruler_scores", "schema": SCHEMA}}}
+        kwargs = {"response_format": {"type": "json_schema",
+                                      "json_schema": {"name": "ruler_scores", "schema": group_schema(len(scored))}}}
         try:
             completion = client.chat.completions.create(
                 model=judge.model, messages=messages, max_tokens=judge.max_tokens,

@@ -20,6 +20,7 @@ def run_python():
     def run(code_or_args, **env):
         base = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARS}
         base.pop("DJANGO_SETTINGS_MODULE", None)
+        base.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # a test harness setting, never part of a deployment
         args = ["-c", code_or_args] if isinstance(code_or_args, str) else list(code_or_args)
         return subprocess.run([sys.executable, *args], check=False, cwd=BASE_DIR, env={**base, **env},
                               capture_output=True, text=True, timeout=300)

@@ -39,7 +39,7 @@ def test_it_reads_database_and_redis_urls(settings_from):
     s = settings_from(DATABASE_URL="postgres://art:pw@db.internal:5433/prod", REDIS_URL="redis://cache:6380/2")
     assert s["db"] == ["prod", "db.internal", 5433, "art", "pw"]
     assert s["redis"] == s["cache"] == s["broker"] == "redis://cache:6380/2"
-    assert s["channels"] == ["redis://cache:6380/2"]
+    assert [h["address"] for h in s["channels"]] == ["redis://cache:6380/2"]
 
 
 def test_it_defaults_to_local_services_in_development(settings_from):

@@ -44,7 +44,7 @@ def asgi_server(django_db_setup, channel_prefix):
     server.stop()  # before the test database is dropped: the server holds connections to it
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # the sync API holds an event loop on this thread until it stops
 def browser(asgi_server):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")

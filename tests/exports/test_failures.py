@@ -51,6 +51,7 @@ def test_the_hooks_never_raise_and_return_at_once_when_the_broker_is_down(run_wi
     app.conf.broker_url = f"redis://127.0.0.1:{free_port()}/0"
     app.pool.force_close_all()
     app._pool = None
+    app.amqp._producer_pool = None  # built on the pool just closed; dropped so the next send builds anew
     try:
         started = time.perf_counter()
         hooks.step_committed(run_id=run_with_steps.id, step=2)
@@ -58,7 +59,9 @@ def test_the_hooks_never_raise_and_return_at_once_when_the_broker_is_down(run_wi
         assert time.perf_counter() - started < 5.0
     finally:
         app.conf.broker_url = old
+        app.pool.force_close_all()
         app._pool = None
+        app.amqp._producer_pool = None
 
 
 def test_the_fan_out_sends_one_task_per_enabled_target(run_with_steps, monkeypatch):
