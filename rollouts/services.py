@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 
 from artweb.errors import ApplicationError
 from rollouts.models import (
+    DryRun,
     RewardFunction,
     RewardFunctionVersion,
     RolloutScript,
@@ -220,10 +221,8 @@ MAX_DRY_RUN_SCENARIOS = 4
 @transaction.atomic
 def dry_run_create(*, owner, script_version: RolloutScriptVersion, base_model,
                    reward_version: RewardFunctionVersion | None = None,
-                   scenario_set: ScenarioSet | None = None, scenarios: list[dict] | None = None) -> "DryRun":
+                   scenario_set: ScenarioSet | None = None, scenarios: list[dict] | None = None) -> DryRun:
     """Queue a dry run of a script on up to MAX_DRY_RUN_SCENARIOS scenarios (given, or the first of a set)."""
-    from rollouts.models import DryRun
-
     if scenarios is None:
         if scenario_set is None:
             raise ApplicationError("Pick a scenario set or give scenarios to try the script on.",
