@@ -107,6 +107,10 @@ class Heartbeat:
     def should_stop(self) -> bool:
         return self.cancel or self.lost
 
+    def stop_reason(self) -> str:
+        # A lost lease means another worker holds the run now: stop quietly, never cancel it.
+        return "cancel" if self.cancel else "lease lost"
+
 
 def _sample_scenarios(run: Run, cfg: RunConfig, step: int, split: str, count: int) -> list[Scenario]:
     ids = list(Scenario.objects.filter(scenario_set=run.scenario_set, split=split).order_by("index")
@@ -277,7 +281,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         results = _rollouts(run, cfg, scenarios, policy, server, hb, cfg.group_size)
     except Exception as exc:
         if type(exc).__name__ == "Cancelled":
-            raise StepAborted("cancel") from exc
+            raise StepAborted(hb.stop_reason()) from exc
         raise
     timings["rollouts"] = time.perf_counter() - t
     check()
@@ -307,7 +311,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         train_metrics = trainer.train_step([r.trajectories for r in results], should_stop=hb.should_stop)
     except TrainCancelled as exc:
         inference.trainer_close()  # its state may be mid-accumulation: reload from the checkpoint next time
-        raise StepAborted("cancel") from exc
+        raise StepAborted(hb.stop_reason()) from exc
     timings["train"] = time.perf_counter() - t
     advantages = train_metrics.pop("advantages", None) or []
     _store_advantages(groups, advantages)
