@@ -23,10 +23,21 @@ class LoadedModel:
     tokenizer: Any
 
 
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX or AVX512-BF16).
+
+    On such a CPU a bf16 matmul runs ~6x faster than fp32 (measured on 2 cores: ~1,000 vs ~170 GFLOPS);
+    without them bf16 is emulated and slower than fp32.
+    """
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
 def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """The base weights' dtype; "auto" is bf16 on CUDA and fp32 on CPU (faster there without bf16 units)."""
+    """The base weights' dtype. "auto": bf16 on CUDA and on CPUs with bf16 units, fp32 on other CPUs."""
     if name == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+        fast = str(device).startswith("cuda") or cpu_has_fast_bf16()
+        return torch.bfloat16 if fast else torch.float32
     return getattr(torch, name)
 
 
@@ -41,8 +52,8 @@ def load_peft(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedMode
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(base_model_path)
-    base = AutoModelForCausalLM.from_pretrained(
-        base_model_path, dtype=resolve_dtype(cfg.dtype, device), attn_implementation="sdpa")
+    dtype = resolve_dtype(cfg.dtype, device)
+    base = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype, attn_implementation="sdpa")
     base.to(device)
     base.config.use_cache = False
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=_alpha(cfg), lora_dropout=cfg.lora_dropout,

@@ -8,7 +8,8 @@ import torch
 
 from training.engine import Cancelled, ConfigError, TrainConfig, make_trainer
 
-FAST = dict(learning_rate=1e-2, max_grad_norm=1.0, weight_decay=0.0)
+# fp32: these tests compare updates for exact equivalence; bf16 rounding depends on batch shapes.
+FAST = dict(learning_rate=1e-2, max_grad_norm=1.0, weight_decay=0.0, dtype="float32")
 
 
 @pytest.fixture
@@ -145,3 +146,28 @@ def test_resuming_with_another_lora_shape_is_refused(tiny_model_dir, groups, tmp
     with pytest.raises(ConfigError) as err:
         trained(tiny_model_dir, TrainConfig(**FAST, lora_rank=4), checkpoint=str(tmp_path / "ck"))
     assert err.value.field == "lora_rank"
+
+
+def test_a_bf16_base_trains_an_fp32_adapter_like_the_fp32_update(tiny_model_dir, groups):
+    full = trained(tiny_model_dir, TrainConfig(**FAST))
+    m_full = full.train_step(groups)
+    half = trained(tiny_model_dir, TrainConfig(**{**FAST, "dtype": "bfloat16"}))
+    before = adapter_weights(half)
+    m_half = half.train_step(groups)
+    base = half.model.get_base_model()
+    assert base.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in half.model.parameters() if p.requires_grad)
+    # bf16 keeps ~3 significant digits: the same update, within that precision.
+    assert m_half["loss"] == pytest.approx(m_full["loss"], rel=0.05, abs=2e-3)
+    assert m_half["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=0.05)
+    after = adapter_weights(half)
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_auto_dtype_is_bf16_exactly_where_the_cpu_multiplies_bf16_in_hardware():
+    from training.engine.backends import cpu_has_fast_bf16, resolve_dtype
+
+    expected = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    assert resolve_dtype("auto", "cpu") == expected
+    assert resolve_dtype("auto", "cuda:0") == torch.bfloat16
+    assert resolve_dtype("float32", "cuda:0") == torch.float32

@@ -1,0 +1,200 @@
+"""Hugging Face TRL's GRPOTrainer on the example task: the other side of `bench.trl_compare`.
+
+Runs in a process of its own, so its peak memory is its own. Two modes:
+
+    python -m bench.trl_grpo train --steps 10 --out DIR      # GRPO steps with TRL's own generation
+    python -m bench.trl_grpo update --batch FILE --out DIR   # TRL's loss + optimizer step on a given batch
+
+Settings follow artweb's defaults one for one (see `grpo_config`): CISPO with its ratio capped at 5 (artweb's
+ε_high = 4 around 1), rewards scaled by the group's standard deviation, no KL term, AdamW with
+β2 = 0.99 and weight decay 0.1, gradient norm clipped at 0.1, a constant learning rate, LoRA on all
+attention and MLP projections. Each step sees the scenarios an artweb run with the same seed samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.task import load_reward, load_scenarios, messages_for, train_schedule  # noqa: E402
+
+GENERATION_MODES = ("transformers", "continuous-batching")
+
+
+def grpo_config(args, out_dir: Path):
+    import torch
+    from trl import GRPOConfig
+
+    from training.engine.backends import resolve_dtype
+
+    half = resolve_dtype("auto", "cpu") != torch.float32
+    return GRPOConfig(
+        output_dir=str(out_dir), max_steps=args.steps, seed=args.seed, use_cpu=True, bf16=half,
+        model_init_kwargs={"dtype": resolve_dtype("auto", "cpu")},
+        per_device_train_batch_size=args.group_size * args.scenarios_per_step, gradient_accumulation_steps=1,
+        num_generations=args.group_size, max_completion_length=args.max_tokens, shuffle_dataset=False,
+        temperature=1.0, top_p=1.0, learning_rate=args.learning_rate, lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8,
+        max_grad_norm=0.1, beta=0.0, loss_type="cispo", epsilon_high=5.0, scale_rewards="group",
+        num_iterations=1, use_transformers_continuous_batching=args.generation == "continuous-batching",
+        logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, log_completions=False,
+        dataloader_num_workers=0,
+    )
+
+
+def lora_config(rank: int):
+    from peft import LoraConfig
+
+    from training.engine.config import DEFAULT_LORA_TARGETS
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(DEFAULT_LORA_TARGETS),
+                      bias="none", task_type="CAUSAL_LM")
+
+
+def make_dataset(args):
+    """One row per scenario, in the order artweb's steps sample them; TRL repeats each row group_size times."""
+    from datasets import Dataset
+
+    schedule = train_schedule(load_scenarios()["train"], args.steps, args.scenarios_per_step, args.seed)
+    return Dataset.from_list([{"prompt": messages_for(s), "scenario": json.dumps(s)}
+                              for step in schedule for s in step])
+
+
+def make_reward_func():
+    score = load_reward()
+
+    def example_reward(prompts, completions, scenario, **_):
+        return [score(json.loads(s), c[-1]["content"] if isinstance(c, list) else c)
+                for s, c in zip(scenario, completions)]
+
+    return example_reward
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def train(args) -> dict:
+    import torch
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    torch.manual_seed(args.seed)
+    steps: list[dict] = []
+
+    class Timed(GRPOTrainer):
+        """Times generation + scoring apart from the rest of each step."""
+
+        def _generate_and_score_completions(self, inputs):
+            t = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            steps.append({"generate_seconds": time.perf_counter() - t,
+                          "completion_tokens": int(out["completion_mask"].sum())})
+            return out
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, _args, state, control, **kw):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, _args, state, control, **kw):
+            steps[-1]["seconds"] = time.perf_counter() - self.t
+            steps[-1]["step"] = state.global_step
+
+        def on_log(self, _args, state, control, logs=None, **kw):
+            if logs and "reward" in logs and steps:
+                steps[-1]["reward_mean"] = logs["reward"]
+
+    trainer = Timed(model=str(args.model_dir), reward_funcs=[make_reward_func()],
+                    args=grpo_config(args, args.out / "trl-out"), train_dataset=make_dataset(args),
+                    peft_config=lora_config(args.lora_rank), callbacks=[Clock()])
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    adapter = args.out / "trl-adapter"
+    trainer.model.save_pretrained(str(adapter))
+    return {"steps": steps, "wall_seconds": wall, "peak_rss_gb": peak_rss_gb(), "adapter": str(adapter),
+            "generation": args.generation, "torch_threads": torch.get_num_threads()}
+
+
+def update(args) -> dict:
+    """TRL's compute_loss + backward + clipped AdamW step on the batch in args.batch, timed."""
+    import torch
+    from trl import GRPOTrainer
+
+    batch = json.loads(Path(args.batch).read_text())
+    trainer = GRPOTrainer(model=str(args.model_dir), reward_funcs=[make_reward_func()],
+                          args=grpo_config(args, args.out / "trl-update"), train_dataset=make_dataset(args),
+                          peft_config=lora_config(args.lora_rank))
+    trainer.create_optimizer_and_scheduler(num_training_steps=args.repeats + 1)
+    trainer.current_gradient_accumulation_steps = 1
+    model = trainer.model
+    model.train()
+    inputs = _tensors(batch, trainer.processing_class.pad_token_id)
+    params = [p for p in model.parameters() if p.requires_grad]
+    times = []
+    for _ in range(args.repeats + 1):
+        t = time.perf_counter()
+        with trainer.compute_loss_context_manager():
+            loss = trainer.compute_loss(model, inputs)
+        trainer.accelerator.backward(loss)
+        torch.nn.utils.clip_grad_norm_(params, 0.1)
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+    trained = int(inputs["completion_mask"].sum())
+    median = statistics.median(times[1:])
+    return {"update_seconds": times[1:], "median_seconds": median, "tokens_trained": trained,
+            "trained_tokens_per_second": trained / median, "peak_rss_gb": peak_rss_gb()}
+
+
+def _tensors(batch: dict, pad_id: int) -> dict:
+    """Left-padded prompts, right-padded completions, the way TRL lays out a generation batch."""
+    import torch
+
+    prompts, completions = batch["prompt_ids"], batch["completion_ids"]
+    p_len, c_len = max(map(len, prompts)), max(map(len, completions))
+    prompt_ids = torch.tensor([[pad_id] * (p_len - len(p)) + p for p in prompts])
+    prompt_mask = torch.tensor([[0] * (p_len - len(p)) + [1] * len(p) for p in prompts])
+    completion_ids = torch.tensor([c + [pad_id] * (c_len - len(c)) for c in completions])
+    completion_mask = torch.tensor([[1] * len(c) + [0] * (c_len - len(c)) for c in completions])
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+            "completion_mask": completion_mask, "advantages": torch.tensor(batch["advantages"]),
+            "num_items_in_batch": completion_mask.sum()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=["train", "update"])
+    p.add_argument("--model-dir", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--group-size", type=int, default=6)
+    p.add_argument("--scenarios-per-step", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--learning-rate", type=float, default=2e-4)
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--generation", choices=GENERATION_MODES, default="transformers")
+    p.add_argument("--batch", type=Path, help="update mode: JSON with prompt_ids, completion_ids, advantages")
+    p.add_argument("--repeats", type=int, default=3, help="update mode: timed updates after one warm-up")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    result = train(args) if args.mode == "train" else update(args)
+    (args.out / f"trl-{args.mode}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "steps"}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
