@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,9 +23,12 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
 django.setup()
 
+import psutil  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
+from django.db.models import Sum  # noqa: E402
 
+from rollouts.models import Trajectory  # noqa: E402
 from rollouts.services import reward_create, scenario_set_create, script_create  # noqa: E402
 from tests.e2e import stack  # noqa: E402
 from training.engine.default_model import ensure_default_model  # noqa: E402
@@ -35,25 +39,54 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "rollouts" / "examples"
 PHASES = ("rollouts", "persist", "trainer_load", "train", "checkpoint", "adapter_load", "validation", "step")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--group-size", type=int, default=6)
-    parser.add_argument("--scenarios-per-step", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--learning-rate", type=float, default=2e-4)
-    parser.add_argument("--val-every", type=int, default=5)
-    parser.add_argument("--timeout", type=float, default=1800)
-    args = parser.parse_args()
+class PeakMemory:
+    """Samples the resident memory of a process and all its descendants once a second; keeps the peak."""
 
+    def __init__(self, pid: int):
+        self.pid, self.peak_gb, self.peak_by_name = pid, 0.0, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self):
+        while not self._stop.wait(1.0):
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root, *root.children(recursive=True)]
+                rss = {}
+                for p in procs:
+                    try:
+                        rss[p.pid] = (p.name(), p.memory_info().rss / 2**30)
+                    except psutil.Error:
+                        continue
+            except psutil.Error:
+                continue
+            total = sum(gb for _, gb in rss.values())
+            if total > self.peak_gb:
+                self.peak_gb = total
+                self.peak_by_name = {}
+                for name, gb in rss.values():
+                    self.peak_by_name[name] = self.peak_by_name.get(name, 0.0) + gb
+
+
+def run_artweb(*, steps: int, group_size: int, scenarios_per_step: int, max_tokens: int, learning_rate: float,
+               val_every: int, val_scenarios: int = 8, timeout: float = 1800, seed: int = 0) -> dict:
+    """One run of the example task on a fresh worker; its steps, phase timings and peak memory."""
     model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
     user, _ = get_user_model().objects.get_or_create(username="bench")
     tag = time.strftime("%Y%m%d-%H%M%S")
     model = base_model_register(name="SmolLM2-135M-Instruct", source=str(model_dir), local_path=str(model_dir),
                                 supports_tools=True)
-    config = {"num_steps": args.steps, "group_size": args.group_size, "scenarios_per_step": args.scenarios_per_step,
-              "max_tokens": args.max_tokens, "val_every": args.val_every, "val_scenarios": 8,
-              "train": {"learning_rate": args.learning_rate}}
+    config = {"num_steps": steps, "group_size": group_size, "scenarios_per_step": scenarios_per_step,
+              "max_tokens": max_tokens, "val_every": val_every, "val_scenarios": val_scenarios, "seed": seed,
+              "train": {"learning_rate": learning_rate}}
     run = run_create(
         owner=user, name=f"curve-{tag}", base_model=model,
         script_version=script_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "rollout.py").read_text()),
@@ -70,34 +103,68 @@ def main() -> int:
     worker = stack.start_gpu_worker(env, work / "logs")
     started = time.time()
     try:
-        stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=args.timeout,
-                       interval=5, procs=[worker], what="the run")
+        with PeakMemory(worker.popen.pid) as memory:
+            stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=timeout,
+                           interval=2, procs=[worker], what="the run")
     finally:
         worker.kill()
     run.refresh_from_db()
-    wall = time.time() - started
-    steps = list(Step.objects.filter(run=run).order_by("step"))
-    print(f"run {run.id} {run.status} after {wall:.0f}s wall ({len(steps)} steps); config {config}")
+    rows = []
+    for s in Step.objects.filter(run=run).order_by("step"):
+        completion = Trajectory.objects.filter(group__run=run, group__step=s.step, group__split="train").aggregate(
+            n=Sum("completion_tokens"))["n"] or 0
+        rows.append({"step": s.step, "reward_mean": s.reward_mean, "val_reward": s.val_reward,
+                     "seconds": s.timings.get("step", s.duration_s), "timings": s.timings,
+                     "completion_tokens": completion, "tokens_trained": s.metrics.get("tokens_trained", 0)})
+    last = run.checkpoints.order_by("-step").first()
+    return {"run_id": run.id, "status": run.status, "error": run.error, "config": config, "steps": rows,
+            "wall_seconds": time.time() - started, "peak_rss_gb": memory.peak_gb,
+            "peak_rss_by_process_gb": memory.peak_by_name, "adapter": last.path if last else None,
+            "worker_log": str(worker.log)}
+
+
+def print_curve(result: dict) -> None:
+    steps = result["steps"]
+    print(f"run {result['run_id']} {result['status']} after {result['wall_seconds']:.0f}s wall ({len(steps)} steps); "
+          f"config {result['config']}")
     print("\nstep  reward_mean  val_reward  step_s")
     for s in steps:
-        print(f"{s.step:4d}  {s.reward_mean if s.reward_mean is not None else float('nan'):11.3f}  "
-              f"{'' if s.val_reward is None else f'{s.val_reward:10.3f}':>10}  {s.duration_s:6.1f}")
-    if steps:
-        first = statistics.fmean(s.reward_mean for s in steps[:3] if s.reward_mean is not None)
-        last = statistics.fmean(s.reward_mean for s in steps[-3:] if s.reward_mean is not None)
-        print(f"\nmean reward, first 3 steps: {first:.3f}; last 3 steps: {last:.3f}")
-        print("\nphase         median_s  share_of_step")
-        step_med = statistics.median(s.timings.get("step", 0.0) for s in steps)
-        for phase in PHASES:
-            values = [s.timings[phase] for s in steps if phase in s.timings]
-            if values:
-                med = statistics.median(values)
-                print(f"{phase:13s} {med:8.2f}  {med / step_med:6.1%}")
-        other = [s.timings["step"] - s.timings.get("rollouts", 0) - s.timings.get("train", 0)
-                 - s.timings.get("validation", 0) for s in steps]
-        print(f"outside rollouts+training (median): {statistics.median(other):.2f}s "
-              f"= {statistics.median(other) / step_med:.1%} of a step")
-    return 0 if run.status == Run.Status.COMPLETED else 1
+        val = "" if s["val_reward"] is None else f"{s['val_reward']:10.3f}"
+        reward = s["reward_mean"] if s["reward_mean"] is not None else float("nan")
+        print(f"{s['step']:4d}  {reward:11.3f}  {val:>10}  {s['seconds']:6.1f}")
+    if not steps:
+        return
+    rewards = [s["reward_mean"] for s in steps if s["reward_mean"] is not None]
+    print(f"\nmean reward, first 3 steps: {statistics.fmean(rewards[:3]):.3f}; "
+          f"last 3 steps: {statistics.fmean(rewards[-3:]):.3f}")
+    print("\nphase         median_s  share_of_step")
+    step_med = statistics.median(s["timings"].get("step", 0.0) for s in steps)
+    for phase in PHASES:
+        values = [s["timings"][phase] for s in steps if phase in s["timings"]]
+        if values:
+            med = statistics.median(values)
+            print(f"{phase:13s} {med:8.2f}  {med / step_med:6.1%}")
+    other = [s["timings"]["step"] - s["timings"].get("rollouts", 0) - s["timings"].get("train", 0)
+             - s["timings"].get("validation", 0) for s in steps]
+    print(f"outside rollouts+training (median): {statistics.median(other):.2f}s "
+          f"= {statistics.median(other) / step_med:.1%} of a step")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--group-size", type=int, default=6)
+    parser.add_argument("--scenarios-per-step", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--val-every", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    result = run_artweb(steps=args.steps, group_size=args.group_size, scenarios_per_step=args.scenarios_per_step,
+                        max_tokens=args.max_tokens, learning_rate=args.learning_rate, val_every=args.val_every,
+                        timeout=args.timeout)
+    print_curve(result)
+    return 0 if result["status"] == Run.Status.COMPLETED else 1
 
 
 if __name__ == "__main__":

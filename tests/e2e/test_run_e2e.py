@@ -3,6 +3,7 @@ CPU server with the default model, the sandboxed example task, the PEFT trainer,
 connected to the ASGI server."""
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,69 @@ def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, 
     assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
     assert run.groups.filter(split="train").count() == 3 * SMALL["scenarios_per_step"]
     assert RunEvent.objects.filter(run=run, kind="requeued").count() == 1
+
+
+def test_pause_resume_lease_loss_and_cancel_with_a_live_worker(example_run_inputs, stack_env, procs, tmp_path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from training.services import run_cancel, run_pause, run_resume
+    from training.services.steps import runs_requeue_stale
+
+    run = run_create(name="lifecycle", config={**SMALL, "num_steps": 8, "val_every": 0}, **example_run_inputs)
+    procs.append(stack.start_gpu_worker(stack_env, tmp_path / "logs"))
+    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=0.5, procs=procs,
+                   what="step 1")
+
+    # Pause: the step in progress finishes and is recorded; no further step starts.
+    run_pause(run=Run.objects.get(id=run.id))
+    stack.wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.PAUSED, timeout=300, interval=0.5,
+                   procs=procs, what="the run to pause")
+    paused_at = Run.objects.get(id=run.id).steps_done
+    assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == list(range(1, paused_at + 1))
+    assert not run.groups.filter(step__gt=paused_at).exists()
+
+    # Resume: the same worker continues from the checkpoint of the last recorded step.
+    run_resume(run=Run.objects.get(id=run.id))
+    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == paused_at + 1, timeout=300, interval=0.2,
+                   procs=procs, what="a step after resuming")
+    resumed_step = Step.objects.get(run=run, step=paused_at + 1)
+    assert resumed_step.metrics["tokens_trained"] > 0
+
+    # Another worker takes the lease mid-step (as after a network partition): this worker notices at its
+    # next heartbeat, drops the step and leaves the run alone: still running, the other worker's.
+    time.sleep(1.0)  # the next step was queued as the last one committed; its rollouts take several seconds
+    done = Run.objects.get(id=run.id).steps_done
+    Run.objects.filter(id=run.id).update(worker="elsewhere:1", heartbeat_at=timezone.now())
+    worker_log = procs[-1].log
+    stack.wait_for(lambda: f"step {done + 1} stopped: lease lost" in worker_log.read_text(), timeout=60,
+                   interval=0.2, procs=procs, what="the worker to notice the lost lease")
+    run.refresh_from_db()
+    assert (run.status, run.worker, run.steps_done) == (Run.Status.RUNNING, "elsewhere:1", done)
+    assert not run.groups.filter(step__gt=done).exists()
+    assert not run.events.filter(kind="status", message__startswith="Cancelled").exists()
+    # The other worker dies in turn; the stale-lease sweep hands the run back and it goes on.
+    Run.objects.filter(id=run.id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert runs_requeue_stale() == [run.id]
+    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == done + 1, timeout=300, interval=0.2,
+                   procs=procs, what="the step after the lease came back")
+
+    # Cancel while the next step's rollouts are in flight: it stops within that rollout batch, and the
+    # interrupted step leaves no row, no groups, no checkpoint.
+    time.sleep(1.0)  # the next step was queued as the last one committed; its rollouts take several seconds
+    done = Run.objects.get(id=run.id).steps_done
+    requested = time.monotonic()
+    run_cancel(run=Run.objects.get(id=run.id))
+    stack.wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED, timeout=120, interval=0.2,
+                   procs=procs, what="the run to cancel")
+    latency = time.monotonic() - requested
+    run.refresh_from_db()
+    assert run.steps_done == done and Step.objects.filter(run=run).count() == done
+    assert not run.groups.filter(step__gt=done).exists()
+    assert not Checkpoint.objects.filter(run=run, step__gt=done).exists()
+    # A whole step takes ~25 s here; stopping inside the rollout batch takes a heartbeat poll (≤ 2 s) and
+    # the sandbox's exit.
+    assert latency < 15, f"cancel took {latency:.1f}s"
+    assert run.events.filter(kind="status", message__startswith=f"Cancelled after {done} steps").exists()
+    assert procs[-1].popen.poll() is None  # the worker lives on for the next run

@@ -249,6 +249,7 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
                                message="Inference server ready; training.")
             _execute(run, cfg, next_step, server, hb)
     except StepAborted as exc:
+        logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
         _finish_if_requested(Run.objects.get(id=run_id), me, reason=exc.reason)
         return
     except Exception as exc:  # noqa: BLE001 - the run records why it failed; the worker lives on

