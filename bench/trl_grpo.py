@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
 
 from bench.task import load_reward, load_scenarios, messages_for, train_schedule  # noqa: E402
 
-GENERATION_MODES = ("transformers", "continuous-batching")
+GENERATION_MODES = ("transformers", "continuous-batching", "vllm-colocate")
 
 
 def grpo_config(args, out_dir: Path):
@@ -47,6 +47,7 @@ def grpo_config(args, out_dir: Path):
         warmup_steps=0, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8,
         max_grad_norm=0.1, beta=0.0, loss_type="cispo", epsilon_high=5.0, scale_rewards="group",
         num_iterations=1, use_transformers_continuous_batching=args.generation == "continuous-batching",
+        use_vllm=args.generation == "vllm-colocate", vllm_mode="colocate",
         logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, log_completions=False,
         dataloader_num_workers=0,
     )
