@@ -13,7 +13,9 @@ TEST_DATABASE_URL ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/art
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 PYTEST_ARGS ?=
 
-.PHONY: run test install browser-deps lint stop-services
+BENCH_STEPS ?= 10
+
+.PHONY: run test install browser-deps lint stop-services bench
 
 install: $(STAMP)
 
@@ -46,3 +48,10 @@ test: install browser-deps
 
 lint: install
 	$(PY) -m ruff check artweb training rollouts tests
+
+bench: install
+	@# The head-to-head benchmark against TRL (bench/trl_compare.py); writes bench/results/trl_compare.md.
+	$(PY) -m pip install -q -e '.[cpu,dev,bench]'
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='redis://127.0.0.1:6379/8' $(PY) manage.py migrate -v0
+	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='redis://127.0.0.1:6379/8' $(PY) -m bench.trl_compare --steps $(BENCH_STEPS)

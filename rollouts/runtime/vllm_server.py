@@ -182,6 +182,10 @@ class VLLMServer:
             VLLM_NO_USAGE_STATS="1",
             HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1" if Path(self.model_path).exists() else "0"),
         )
+        # vLLM's ahead-of-time compile cache fails to load in this build ("'function' object has no attribute
+        # 'finalize_loading'") and every start recompiled (~2-3 min on 2 cores); its regular compile cache
+        # loads, and a restart then takes ~1 min.
+        env.setdefault("VLLM_USE_AOT_COMPILE", "0")
         if (os.cpu_count() or 1) <= 4:
             # vLLM's CPU build keeps a core back for its API server and scheduler; on a 2-core machine
             # that halves generation while those two sit mostly idle. (The GPU build ignores this.)
