@@ -55,11 +55,12 @@ def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, 
     run = run_create(name="fault", config={**SMALL, "val_every": 0}, **example_run_inputs)
     first = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="worker-a")
     procs.append(first)
-    # Kill it in the middle of step 2: after step 1 is recorded and step 2's rollouts have begun.
+    # Kill it in the middle of step 2: after step 1 is recorded and the worker has claimed step 2.
     stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
                    what="step 1")
-    stack.wait_for(lambda: run.groups.filter(step=2).exists() or run.logs.filter(step=2).exists()
-                   or Run.objects.get(id=run.id).steps_done == 1, timeout=60, interval=0.2, what="step 2 started")
+    stack.wait_for(lambda: Run.objects.filter(id=run.id, steps_done=1).exclude(worker="").exists(), timeout=60,
+                   interval=0.1, what="step 2 started")
+    time.sleep(1.0)
     first.kill(signal.SIGKILL)
     first.extra["must_live"] = False
     assert Run.objects.get(id=run.id).status == Run.Status.RUNNING

@@ -438,17 +438,28 @@ def _after_step(run_id: int, me: str) -> None:
 
 
 def runs_requeue_stale() -> list[int]:
-    """Requeue active runs whose worker stopped heartbeating (killed, lost its host)."""
+    """Requeue active runs that nobody is working on.
+
+    Two cases: the run's worker stopped heartbeating (killed, lost its host), or no worker holds the run
+    and none has for stale_after() (a worker died between releasing one step and claiming the next, and
+    the next step's message waits unacknowledged until the broker's visibility timeout). A duplicate step
+    message is harmless: the step task is idempotent.
+    """
     from training.tasks import run_step_task
 
-    cutoff = timezone.now() - stale_after()
+    now = timezone.now()
+    cutoff = now - stale_after()
     requeued = []
-    for run in Run.objects.filter(status__in=(S.STARTING, S.RUNNING), heartbeat_at__lt=cutoff).exclude(worker=""):
+    for run in Run.objects.filter(status__in=(S.STARTING, S.RUNNING), heartbeat_at__lt=cutoff):
         with transaction.atomic():
-            if Run.objects.filter(id=run.id, worker=run.worker, heartbeat_at__lt=cutoff).update(worker="") != 1:
+            if Run.objects.filter(id=run.id, worker=run.worker, heartbeat_at__lt=cutoff).update(
+                    worker="", heartbeat_at=now) != 1:
                 continue
-            run_event(run=run, kind="requeued",
-                      message=f"Worker {run.worker} stopped heartbeating; requeued from step {run.steps_done}.",
+            if run.worker:
+                message = f"Worker {run.worker} stopped heartbeating; requeued from step {run.steps_done}."
+            else:
+                message = f"No worker took step {run.steps_done + 1}; queued it again."
+            run_event(run=run, kind="requeued", message=message,
                       data={"worker": run.worker, "steps_done": run.steps_done})
             transaction.on_commit(
                 lambda rid=run.id, nxt=run.steps_done + 1: run_step_task.apply_async(args=[rid], kwargs={"step": nxt}))
