@@ -180,7 +180,8 @@ def report(args, artweb: dict, trl: dict, heldout: dict, updates: dict, command:
               "| | artweb engine | TRL loss + optimizer step |", "|---|---:|---:|",
               f"| time per update (s) | {updates['engine']['median_seconds']:.2f} | {updates['trl']['median_seconds']:.2f} |",
               f"| trained tokens/s | {updates['engine']['trained_tokens_per_second']:.0f} | "
-              f"{updates['trl']['trained_tokens_per_second']:.0f} |", ""]
+              f"{updates['trl']['trained_tokens_per_second']:.0f} |", "",
+              "The engine's update on an H200 GPU (0.5B-1.5B models): `bench/results/engine_h200.md`.", ""]
     return "\n".join(lines)
 
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import torch
 
-# Elements of one fp32 logits chunk (2**28 = 1 GiB); rows per chunk = this // vocabulary size.
+# Elements of one fp32 logits chunk; rows per chunk = this // vocabulary size. On a GPU large chunks
+# (2**28 = 1 GiB) keep kernel launches few; on a CPU small ones (2**24 = 64 MiB) stay in cache: measured on
+# 2 cores, 32 x 128 sampled tokens: 225 trained tokens/s with 2**28, 307 with 2**24, and 2 GB less memory.
 CHUNK_ELEMENTS = 1 << 28
+CHUNK_ELEMENTS_CPU = 1 << 24
 
 
 class _TokenLogprobs(torch.autograd.Function):
@@ -65,6 +68,7 @@ def token_logprobs(hidden: torch.Tensor, output_layer: torch.nn.Module, targets:
         lp = log_p.gather(1, targets[:, None]).squeeze(1)
         ent = -(log_p.detach().exp() * log_p.detach()).sum(dim=-1) if with_entropy else None
         return lp, ent
-    chunk_rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
+    budget = CHUNK_ELEMENTS if hidden.is_cuda else CHUNK_ELEMENTS_CPU
+    chunk_rows = max(1, budget // weight.shape[0])
     lp, ent = _TokenLogprobs.apply(hidden.to(weight.dtype), weight, targets, chunk_rows, with_entropy)
     return lp, ent if with_entropy else None

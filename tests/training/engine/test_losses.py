@@ -86,12 +86,12 @@ def test_chunked_token_logprobs_match_the_direct_computation():
     (expected_lp * weights).sum().backward()
     expected_grad, hidden.grad = hidden.grad.clone(), None
 
-    old_chunk, lp_module.CHUNK_ELEMENTS = lp_module.CHUNK_ELEMENTS, 3 * 50  # 3 rows a chunk: 3 chunks
+    old_chunk, lp_module.CHUNK_ELEMENTS_CPU = lp_module.CHUNK_ELEMENTS_CPU, 3 * 50  # 3 rows a chunk: 3 chunks
     try:
         got_lp, got_ent = lp_module.token_logprobs(hidden, head, targets, with_entropy=True)
         (got_lp * weights).sum().backward()
     finally:
-        lp_module.CHUNK_ELEMENTS = old_chunk
+        lp_module.CHUNK_ELEMENTS_CPU = old_chunk
     torch.testing.assert_close(got_lp.double(), expected_lp, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got_ent.double(), expected_ent, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(hidden.grad, expected_grad, rtol=1e-5, atol=1e-6)
