@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from training.engine import TrainConfig, make_trainer  # noqa: E402
+from training.engine import TrainConfig, make_trainer
 
 # Architectures of public models, for benchmarking at their size without their weights.
 SHAPES = {

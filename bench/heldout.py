@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.task import load_reward, load_scenarios, messages_for  # noqa: E402
+from bench.task import load_reward, load_scenarios, messages_for
 
 
 def evaluate(model, tokenizer, scenarios: list[dict], samples: int, max_tokens: int, seed: int) -> dict:

@@ -23,17 +23,17 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
 django.setup()
 
-import psutil  # noqa: E402
-from django.conf import settings  # noqa: E402
-from django.contrib.auth import get_user_model  # noqa: E402
-from django.db.models import Sum  # noqa: E402
+import psutil
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db.models import Sum
 
-from rollouts.models import Trajectory  # noqa: E402
-from rollouts.services import reward_create, scenario_set_create, script_create  # noqa: E402
-from tests.e2e import stack  # noqa: E402
-from training.engine.default_model import ensure_default_model  # noqa: E402
-from training.models import Run, Step  # noqa: E402
-from training.services import base_model_register, run_create  # noqa: E402
+from rollouts.models import Trajectory
+from rollouts.services import reward_create, scenario_set_create, script_create
+from tests.e2e import stack
+from training.engine.default_model import ensure_default_model
+from training.models import Run, Step
+from training.services import base_model_register, run_create
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "rollouts" / "examples"
 PHASES = ("rollouts", "persist", "trainer_load", "train", "checkpoint", "adapter_load", "validation", "step")

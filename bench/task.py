@@ -10,10 +10,11 @@ from __future__ import annotations
 import ast
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "rollouts" / "examples"
 

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.task import load_reward, load_scenarios, messages_for, train_schedule  # noqa: E402
+from bench.task import load_reward, load_scenarios, messages_for, train_schedule
 
 GENERATION_MODES = ("transformers", "continuous-batching", "vllm-colocate")
 
