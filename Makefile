@@ -53,5 +53,6 @@ bench: install
 	@# The head-to-head benchmark against TRL (bench/trl_compare.py); writes bench/results/trl_compare.md.
 	$(PY) -m pip install -q -e '.[cpu,dev,bench]'
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) -m bench.db
 	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='redis://127.0.0.1:6379/8' $(PY) manage.py migrate -v0
 	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='redis://127.0.0.1:6379/8' $(PY) -m bench.trl_compare --steps $(BENCH_STEPS)

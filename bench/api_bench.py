@@ -34,13 +34,9 @@ TARGET_MS = 100.0
 
 
 def ensure_database() -> None:
-    import psycopg
+    from bench.db import ensure_database as create_if_missing
 
-    url = urlparse(BENCH_DB)
-    name = url.path.lstrip("/")
-    with psycopg.connect(url._replace(path="/postgres").geturl(), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
+    create_if_missing(BENCH_DB)
 
 
 def fill(refill: bool):

@@ -34,16 +34,9 @@ GROUP_SIZE = 10  # 2,000 × 5 × 10 = 100,000 trajectories
 
 
 def ensure_database() -> None:
-    from urllib.parse import urlparse
+    from bench.db import ensure_database as create_if_missing
 
-    import psycopg
-
-    url = urlparse(BENCH_DB)
-    name = url.path.lstrip("/")
-    admin = url._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
+    create_if_missing(BENCH_DB)
 
 
 def pct(values: list[float], q: float) -> float:
