@@ -10,6 +10,7 @@ each phase of a step (median over steps). Uses the database and Redis the settin
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import sys
@@ -76,14 +77,25 @@ class PeakMemory:
                     self.peak_by_name[name] = self.peak_by_name.get(name, 0.0) + gb
 
 
+def _register_model(model_dir: Path):
+    """The default model as a base model; another checkout's copy registered under the plain name gets a
+    name of its own here (names are unique and tied to one source)."""
+    from training.models import BaseModel
+
+    name = "SmolLM2-135M-Instruct"
+    taken = BaseModel.objects.filter(name=name).exclude(source=str(model_dir)).exists()
+    if taken:
+        name = f"{name} ({hashlib.sha256(str(model_dir).encode()).hexdigest()[:8]})"
+    return base_model_register(name=name, source=str(model_dir), local_path=str(model_dir), supports_tools=True)
+
+
 def run_artweb(*, steps: int, group_size: int, scenarios_per_step: int, max_tokens: int, learning_rate: float,
                val_every: int, val_scenarios: int = 8, timeout: float = 1800, seed: int = 0) -> dict:
     """One run of the example task on a fresh worker; its steps, phase timings and peak memory."""
     model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
     user, _ = get_user_model().objects.get_or_create(username="bench")
     tag = time.strftime("%Y%m%d-%H%M%S")
-    model = base_model_register(name="SmolLM2-135M-Instruct", source=str(model_dir), local_path=str(model_dir),
-                                supports_tools=True)
+    model = _register_model(model_dir)
     config = {"num_steps": steps, "group_size": group_size, "scenarios_per_step": scenarios_per_step,
               "max_tokens": max_tokens, "val_every": val_every, "val_scenarios": val_scenarios, "seed": seed,
               "train": {"learning_rate": learning_rate}}

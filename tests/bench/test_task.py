@@ -35,3 +35,18 @@ def test_the_prompt_and_reward_are_the_shipped_ones():
     assert score(ocean, "") == 0.0
     # Past the word limit the brevity half decays: 25 words against a limit of 10 keeps a quarter of it.
     assert score(ocean, " ".join(["blue"] + ["word"] * 24)) == pytest.approx(0.5 + 0.5 * 0.25)
+
+
+@pytest.mark.django_db
+def test_a_second_checkout_registers_its_own_copy_of_the_default_model(tmp_path):
+    from bench.run_curve import _register_model
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d in (first, second):
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+    a = _register_model(first)
+    assert a.name == "SmolLM2-135M-Instruct"
+    assert _register_model(first).id == a.id  # the same checkout again: the same row
+    b = _register_model(second)
+    assert b.id != a.id and b.name.startswith("SmolLM2-135M-Instruct (") and b.source == str(second)
