@@ -55,6 +55,7 @@ class GRPOTrainer:
         self.cfg = cfg
         self.base_model_path = str(base_model_path)
         self.device = str(device)
+        self._base_dtype = resolve_dtype(cfg.dtype, self.device)  # what the loaders give the base weights
         self.step = 0
         self._loaded: LoadedModel | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -284,10 +285,6 @@ class GRPOTrainer:
 
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
         return stack
-
-    @property
-    def _base_dtype(self) -> torch.dtype:
-        return resolve_dtype(self.cfg.dtype, self.device)
 
     def _clip_and_step(self, stepped: bool) -> float:
         """Clip the global grad norm, step AdamW (only when something was trained) and the scheduler.
