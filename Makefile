@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 
 BENCH_STEPS ?= 10
 
-.PHONY: run test install browser-deps lint stop-services bench
+.PHONY: run test install browser-deps sandbox-deps lint stop-services bench
 
 install: $(STAMP)
 
@@ -28,11 +28,19 @@ $(STAMP):
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-run: install
+run: install sandbox-deps
 	$(PY) -m artweb.launcher run
 
 stop-services:
 	$(PY) -m artweb.launcher stop
+
+# bubblewrap: the jail around user code (README, "What isolates user code").
+sandbox-deps:
+	@if ! command -v bwrap >/dev/null; then \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends bubblewrap; \
+	fi
 
 browser-deps:
 	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
@@ -41,7 +49,7 @@ browser-deps:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver; \
 	fi
 
-test: install browser-deps
+test: install browser-deps sandbox-deps
 	@# Exit status 5 means pytest collected nothing: a broken test tree, never a pass.
 	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' DB_CONN_MAX_AGE=0 $(PY) -m pytest $(PYTEST_ARGS); \
 	rc=$$?; if [ $$rc = 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
@@ -49,7 +57,7 @@ test: install browser-deps
 lint: install
 	$(PY) -m ruff check artweb training rollouts tests
 
-bench: install
+bench: install sandbox-deps
 	@# The head-to-head benchmark against TRL (bench/trl_compare.py); writes bench/results/trl_compare.md.
 	$(PY) -m pip install -q -e '.[cpu,dev,bench]'
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec

@@ -26,6 +26,18 @@ class PayloadTooLarge(exceptions.APIException):
     default_code = "payload_too_large"
 
 
+class SignInLockedOut(exceptions.APIException):
+    """Too many failed sign-ins for this username from this address (django-axes); see artweb.auth."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_detail = "Too many failed sign-ins; try again later."
+    default_code = "locked_out"
+
+    def __init__(self, detail=None, *, wait: int | None = None):
+        super().__init__(detail)
+        self.wait = wait  # seconds; DRF sends it as Retry-After
+
+
 class ErrorSerializer(serializers.Serializer):
     """The body of every 4xx answer (used in the OpenAPI schema)."""
 

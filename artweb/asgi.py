@@ -1,4 +1,5 @@
-"""ASGI entry: Django for HTTP, Channels consumers for WebSockets (session-authenticated)."""
+"""ASGI entry: Django for HTTP (behind the request-size limit), Channels consumers for WebSockets
+(session-authenticated)."""
 
 import os
 
@@ -11,11 +12,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app regi
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from artweb.request_size import RequestSizeLimit  # noqa: E402
 from artweb.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": RequestSizeLimit(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

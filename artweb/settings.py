@@ -5,6 +5,7 @@ development. With DEBUG off, SECRET_KEY must be set: start-up stops with a messa
 """
 
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -37,6 +38,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "channels",
     "rest_framework",
     "rest_framework.authtoken",
@@ -57,6 +59,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: it turns a sign-in refused for too many failures into the lockout page (artweb.auth).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "artweb.urls"
@@ -99,7 +103,9 @@ CHANNEL_LAYERS = {
     }
 }
 
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+# JSON, never pickle: whoever can write to Redis must not get to run code in the web process.
+CACHES = {"default": {"BACKEND": "artweb.cache.JsonRedisCache", "LOCATION": REDIS_URL,
+                      "OPTIONS": {"serializer": "artweb.cache.JsonSerializer"}}}
 
 # Celery: two queues. "gpu" workers run with concurrency 1 and prefetch 1 (one run step at a time).
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
@@ -126,6 +132,12 @@ STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("ARTWEB_STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
 STATICFILES_DIRS = [("frontend", BASE_DIR / "frontend")]
 MEDIA_ROOT = DATA_DIR / "uploads"
+# Uploads are user code and data: readable by the server's own user only (the launcher's umask agrees).
+FILE_UPLOAD_PERMISSIONS = 0o600
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
+# Bodies over this are refused by artweb.asgi before Django reads them (413). Above the largest upload
+# (a 20 MiB scenario file, 30 MiB as a JSON body); DATA_UPLOAD_MAX_MEMORY_SIZE still limits form fields.
+ARTWEB_MAX_REQUEST_MB = env.int("ARTWEB_MAX_REQUEST_MB", default=32)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     # Production serves the collectstatic output, compressed and with hashed names (cache forever);
@@ -144,6 +156,19 @@ warnings.filterwarnings("ignore", message="StreamingHttpResponse must consume sy
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
+
+# Failed sign-ins (the login form, the admin, HTTP Basic on the token endpoint) lock that username from
+# that address out for a while (django-axes). Its backend needs the request: sign tests in with
+# force_login, or client.login(request=HttpRequest(), ...).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env.int("ARTWEB_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("ARTWEB_LOGIN_COOLOFF_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "artweb.auth.lockout_response"
+# REMOTE_ADDR only: uvicorn --proxy-headers already sets it from a trusted proxy's X-Forwarded-For, and
+# reading that header here would let a client pick a fresh address for every guess.
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -191,6 +216,14 @@ ARTWEB = {
     "TRAINER_BACKEND": env.str("ARTWEB_TRAINER_BACKEND", default="peft"),
     "DEVICE": env.str("ARTWEB_DEVICE", default="cpu"),
     "HEARTBEAT_SECONDS": env.int("ARTWEB_HEARTBEAT_SECONDS", default=15),
+    # How user code is isolated (rollouts.runtime.jail): "jail" (bubblewrap + cgroups; the worker must run
+    # as root) or "insecure-no-jail", a development opt-out that leaves the worker ownable by any script
+    # and marks every run that uses it with a warning event.
+    "SANDBOX": env.str("ARTWEB_SANDBOX", default="jail"),
+    # The uid user code runs as outside its namespace: unused by anyone else, neither root nor the worker's.
+    "SANDBOX_UID": env.int("ARTWEB_SANDBOX_UID", default=64000),
+    # A delegated cgroup v2 directory for the batches' limits; empty: the host's hierarchy (root only).
+    "SANDBOX_CGROUP": env.str("ARTWEB_SANDBOX_CGROUP", default=""),
 }
 
 if not DEBUG:
@@ -215,7 +248,9 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {"wandb": {"level": "WARNING"}, "weave": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
+    # axes: failures and lockouts are warnings; its INFO lines repeat every successful sign-in.
+    "loggers": {"wandb": {"level": "WARNING"}, "weave": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
+                "axes": {"level": "WARNING"}},
 }
 # Worker output goes through LOGGING (JSON in production, run/step ids) instead of Celery's own format.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

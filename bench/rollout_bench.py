@@ -3,7 +3,7 @@ vs. a step's adapter, at several concurrency levels.
 
     python bench/rollout_bench.py                      # starts vLLM for the default model
     python bench/rollout_bench.py --adapter-mode lora  # the same with vLLM's runtime LoRA instead
-    python bench/rollout_bench.py --base-url http://127.0.0.1:8000/v1 --model NAME   # a running server
+    python bench/rollout_bench.py --base-url http://127.0.0.1:8000/v1 --model NAME --api-key KEY  # a running server
 
 Every rollout is one chat completion of exactly --tokens tokens (ignore_eos), so tokens/s compare
 like for like. Targets: sandbox ≥ 80% of direct; adapter ≥ 70% of base.
@@ -39,10 +39,10 @@ def prompts(n: int) -> list[str]:
     return [f"Tell a short story about a robot called Unit {i}." for i in range(n)]
 
 
-async def direct(base_url: str, model: str, n: int, concurrency: int, sampling: dict) -> int:
+async def direct(base_url: str, api_key: str, model: str, n: int, concurrency: int, sampling: dict) -> int:
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=base_url, api_key="artweb", max_retries=0, timeout=1800)
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=1800)
     gate = asyncio.Semaphore(concurrency)
     extra = {k: v for k, v in sampling.items() if k not in ("max_tokens", "temperature")}
 
@@ -59,24 +59,26 @@ async def direct(base_url: str, model: str, n: int, concurrency: int, sampling: 
         await client.close()
 
 
-def sandboxed(base_url: str, model: str, n: int, concurrency: int, sampling: dict) -> int:
+def sandboxed(base_url: str, api_key: str, model: str, n: int, concurrency: int, sampling: dict) -> int:
     # Groups of 4, as a run would send them; one sandbox process per 4 groups at most.
     group = 4 if n % 4 == 0 else 1
     request = RolloutRequest(
         script=SCRIPT, reward=None, scenarios=[{"prompt": p} for p in prompts(n // group)], group_size=group,
-        base_url=base_url, model_name=model, sampling=sampling, concurrency=concurrency, max_exceptions=0,
+        base_url=base_url, api_key=api_key, model_name=model, sampling=sampling, concurrency=concurrency,
+        max_exceptions=0,
         limits=SandboxLimits(rollout_timeout_s=1800),
     )
     results = run_rollouts(request)
     return sum(t["completion_tokens"] for g in results for t in g.trajectories)
 
 
-def measure(kind: str, base_url: str, model: str, n: int, concurrency: int, sampling: dict) -> tuple[int, float]:
+def measure(kind: str, base_url: str, api_key: str, model: str, n: int, concurrency: int,
+            sampling: dict) -> tuple[int, float]:
     started = time.perf_counter()
     if kind == "direct":
-        tokens = asyncio.run(direct(base_url, model, n, concurrency, sampling))
+        tokens = asyncio.run(direct(base_url, api_key, model, n, concurrency, sampling))
     else:
-        tokens = sandboxed(base_url, model, n, concurrency, sampling)
+        tokens = sandboxed(base_url, api_key, model, n, concurrency, sampling)
     return tokens, time.perf_counter() - started
 
 
@@ -103,6 +105,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", help="use a running server instead of starting one")
     parser.add_argument("--model", help="model name on --base-url")
+    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY", "EMPTY"),
+                        help="the key of the server on --base-url (default: $VLLM_API_KEY)")
     parser.add_argument("--adapter-mode", default="auto", choices=["auto", "merged", "lora"])
     parser.add_argument("--concurrency", default="4,8,16")
     parser.add_argument("--rollouts", type=int, default=16)
@@ -114,7 +118,7 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
 
     server = None
-    base_url, base_name = args.base_url, args.model
+    base_url, base_name, api_key = args.base_url, args.model, args.api_key
     if base_url is None:
         from rollouts.runtime.vllm_server import VLLMServer
         from training.engine.default_model import ensure_default_model
@@ -126,7 +130,7 @@ def main() -> None:
         started = time.perf_counter()
         server.start()
         print(f"vLLM up in {time.perf_counter() - started:.0f} s, {server.adapter_mode} mode", flush=True)
-        base_url, base_name = server.base_url, server.ensure_base()
+        base_url, base_name, api_key = server.base_url, server.ensure_base(), server.api_key
     try:
         policies = [("base", base_name)]
         if server is not None and not args.no_adapter:
@@ -138,10 +142,10 @@ def main() -> None:
                 started = time.perf_counter()
                 name = server.ensure_adapter("bench@1", str(adapter))
                 print(f"adapter loaded in {time.perf_counter() - started:.1f} s ({server.adapter_mode})", flush=True)
-            measure("direct", base_url, name, 2, 2, {**sampling, "max_tokens": 4})  # warm-up
+            measure("direct", base_url, api_key, name, 2, 2, {**sampling, "max_tokens": 4})  # warm-up
             for concurrency in levels:
                 for kind in ("direct", "sandbox"):
-                    tokens, seconds = measure(kind, base_url, name, args.rollouts, concurrency, sampling)
+                    tokens, seconds = measure(kind, base_url, api_key, name, args.rollouts, concurrency, sampling)
                     rows.append((policy, kind, concurrency, tokens, seconds))
                     print(f"{policy:8} {kind:8} c={concurrency:<3} {tokens:6d} tok {seconds:7.2f} s "
                           f"{tokens / seconds:8.1f} tok/s {args.rollouts / seconds:6.2f} rollouts/s", flush=True)

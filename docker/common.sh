@@ -2,6 +2,12 @@
 # the same ARTWEB_DATA_DIR contents (a shared volume): uploads, model weights, checkpoints.
 set -euo pipefail
 cd /app
+# Uploads, checkpoints and logs are this user's alone: files 0600, folders 0700. The data dir itself too
+# (not recursively: a 0700 top folder already closes everything below it, and the weights are large).
+umask 077
+if [ -d "${ARTWEB_DATA_DIR:-/data}" ] && [ -O "${ARTWEB_DATA_DIR:-/data}" ]; then
+    chmod 700 "${ARTWEB_DATA_DIR:-/data}"
+fi
 
 # Workers start once the web role has migrated the database (it may still be starting).
 wait_for_migrations() {

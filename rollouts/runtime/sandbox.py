@@ -1,16 +1,18 @@
 """Run a person's rollout script and reward function on a batch of scenarios, never in this process.
 
 Each batch is spread over a few sandbox processes (a group always stays within one); each process
-runs its rollouts concurrently on asyncio (rollouts mostly wait on the inference server). A sandbox
-process gets:
-
-- a clean environment: the inference endpoint and nothing else (no secrets, database URL, settings);
-- its own temporary working directory, and when artweb runs as root, the `nobody` user;
-- resource limits: address space (memory), CPU seconds, processes (fork bombs), file size;
-- a wall-clock limit per rollout (enforced inside the process) and one for the whole batch (here).
+runs its rollouts concurrently on asyncio (rollouts mostly wait on the inference server). The batch
+runs in a jail (rollouts.runtime.jail): its own user, pid, mount, ipc, uts and network namespaces, an
+unprivileged uid, a read-only view of the interpreter, the SDK and its own files, a private /tmp, and
+cgroup limits on memory, processes and CPU for the whole batch. Its only way out is one unix socket
+to the worker's inference proxy (rollouts.runtime.proxy), which passes the OpenAI inference routes for
+the batch's own model name and nothing else; the guest relays 127.0.0.1 inside the jail to it, so
+OPENAI_BASE_URL works for any client.
 
 Results come back as one JSON line per finished trajectory on a pipe, so a process that dies (os._exit,
-a segfault, a limit) loses only its unfinished rollouts, which are recorded as errors saying why.
+a segfault, a limit) loses only its unfinished rollouts, which are recorded as errors saying why. Every
+line is checked (rollouts.runtime.records) before it is believed; a sandbox that breaks the protocol
+(garbage, a flood, a record for a rollout it does not own) is killed and its unfinished rollouts fail.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import json
 import logging
 import math
 import os
-import pwd
 import resource
 import selectors
 import shutil
@@ -27,28 +28,37 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollouts.runtime import Cancelled, TooManyErrors
+from rollouts.runtime.jail import Jail, JailConfig, JailLimits, guest_python_args
+from rollouts.runtime.proxy import InferenceProxy, Upstream
+from rollouts.runtime.records import MAX_LINE_BYTES, RecordError, check_trajectory, parse_line
 from rollouts.runtime.validation import validate_reward
 
 logger = logging.getLogger(__name__)
 
-GUEST = Path(__file__).resolve().parent / "guest" / "_artweb_guest.py"
+RUNTIME = Path(__file__).resolve().parent
+GUEST_DIR = RUNTIME / "guest"
+FALLBACKS_DIR = RUNTIME / "guest_fallbacks"
+GUEST = GUEST_DIR / "_artweb_guest.py"
+READ_CHUNK = 1 << 20  # bytes read from one sandbox per turn of the loop, so a flood cannot hold it
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     rollout_timeout_s: float = 120.0  # wall clock per rollout, reward included
     batch_timeout_s: float | None = None  # wall clock for the whole batch; None: from the rollout limit
-    memory_mb: int = 2048  # address space per sandbox process (RLIMIT_AS)
+    memory_mb: int = 2048  # every process of the batch together (cgroup); also each one's address space
     cpu_seconds: int | None = None  # CPU time per sandbox process; None: the batch timeout
-    max_processes: int = 64  # processes and threads the sandbox may add (RLIMIT_NPROC)
-    file_mb: int = 512  # largest file the sandbox may write (RLIMIT_FSIZE)
-    user: str | None = "nobody"  # run as this user when artweb runs as root; None keeps the uid
+    cpus: float | None = None  # cores the batch may keep busy at once; None: one per sandbox process
+    max_processes: int = 64  # processes the script may start, the whole batch together
+    file_mb: int = 64  # largest file the sandbox may write, its output log included
+    scratch_mb: int = 256  # the private /tmp
 
 
 @dataclass
@@ -57,9 +67,9 @@ class RolloutRequest:
     reward: str | None  # the reward function's source; None: the script sets trajectory.reward
     scenarios: list[dict]  # one group per scenario
     group_size: int
-    base_url: str  # OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1
-    model_name: str  # the served model or adapter name, e.g. "run-12@3"
-    api_key: str = "artweb"
+    base_url: str  # the inference server's OpenAI-compatible endpoint, e.g. http://127.0.0.1:8100/v1
+    model_name: str  # the served model or adapter name, e.g. "run-12@3": the only one the batch may call
+    api_key: str | None = None  # the inference server's key; held by the proxy, never seen by user code
     sampling: dict = field(default_factory=dict)  # defaults for every chat completion request
     concurrency: int = 16  # rollouts in flight across the batch
     max_exceptions: int | float = 1.0  # failed rollouts tolerated: a count, or a fraction when < 1
@@ -68,6 +78,9 @@ class RolloutRequest:
     python: str | None = None  # interpreter for the sandbox (needs openai and httpx); None: this one
     step: int = 0  # exposed to scripts as model.get_step()
     env: dict[str, str] = field(default_factory=dict)  # observability settings; only PASSED_ENV keys pass
+    jail: JailConfig = field(default_factory=JailConfig)
+    vocab_size: int | None = None  # token ids in records must be below this (the model's embedding rows)
+    extra_models: dict[str, Upstream] = field(default_factory=dict)  # more names the batch may call (a judge)
 
 
 # What a run's observability settings may put in the sandbox's environment (Weave tracing); nothing else
@@ -113,16 +126,30 @@ def default_sandboxes() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
+_proxy_lock = threading.Lock()
+_proxy: InferenceProxy | None = None
+
+
+def inference_proxy() -> InferenceProxy:
+    """This process's proxy between jails and inference servers (one thread, started on first use)."""
+    global _proxy
+    with _proxy_lock:
+        if _proxy is None:
+            _proxy = InferenceProxy()
+        return _proxy
+
+
 def run_rollouts(
     request: RolloutRequest,
     should_stop: Callable[[], bool] = lambda: False,
     on_trajectory: Callable[[int, int, dict], None] | None = None,
 ) -> list[GroupResult]:
-    """Run group_size rollouts per scenario in sandbox processes; one GroupResult per scenario, in order.
+    """Run group_size rollouts per scenario in jailed sandbox processes; one GroupResult per scenario.
 
     should_stop is polled a few times a second; when it returns True the sandboxes are killed and
     Cancelled is raised. on_trajectory(group, index, record) is called as each trajectory arrives.
-    Raises TooManyErrors as soon as more rollouts failed than max_exceptions allows.
+    Raises TooManyErrors as soon as more rollouts failed than max_exceptions allows, and JailUnavailable
+    (before any user code runs) when the jail cannot be built here.
     """
     if request.group_size < 1:
         raise ValueError("group_size must be at least 1")
@@ -152,16 +179,29 @@ def run_rollouts(
             if on_trajectory is not None:
                 on_trajectory(group, index, record)
 
-    workroot = Path(tempfile.mkdtemp(prefix="artweb-sandbox-"))
+    workroot = Path(tempfile.mkdtemp(prefix="artweb-batch-"))
+    socket_path = workroot / "sock" / "inference.sock"
+    proxy = inference_proxy()
+    jail: Jail | None = None
     sandboxes: list[_Sandbox] = []
     selector = selectors.DefaultSelector()
     try:
+        layout = _BatchFiles(workroot, n_sandboxes)
         for k in range(n_sandboxes):
-            box = _Sandbox.start(
-                request, list(range(k, n_groups, n_sandboxes)), reward_kind, workroot / f"sandbox-{k}",
-                concurrency=math.ceil(concurrency / n_sandboxes),
-                cpu_seconds=limits.cpu_seconds or int(batch_timeout) + 10,
-            )
+            layout.write(k, request, list(range(k, n_groups, n_sandboxes)), reward_kind,
+                         concurrency=math.ceil(concurrency / n_sandboxes))
+        if request.jail.jailed:
+            jail = Jail(config=request.jail, root=workroot, socket_dir=socket_path.parent,
+                        guest_dir=GUEST_DIR, fallbacks_dir=FALLBACKS_DIR, python=request.python or sys.executable,
+                        limits=JailLimits(memory_mb=limits.memory_mb,
+                                          processes=limits.max_processes + 32 * n_sandboxes,
+                                          cpus=limits.cpus or float(n_sandboxes), scratch_mb=limits.scratch_mb))
+            layout.hand_over(jail.uid)
+        proxy.open(socket_path, {request.model_name: Upstream(request.base_url, request.api_key),
+                                 **request.extra_models})
+        cpu_seconds = limits.cpu_seconds or int(batch_timeout) + 10
+        for k in range(n_sandboxes):
+            box = _Sandbox.start(request, layout, k, jail, cpu_seconds=cpu_seconds)
             sandboxes.append(box)
             selector.register(box.read_fd, selectors.EVENT_READ, box)
         deadline = time.monotonic() + batch_timeout
@@ -188,12 +228,28 @@ def run_rollouts(
                 )
         for box in sandboxes:
             collect(box)
+        if jail is not None and (kills := jail.cgroup.oom_kills()):
+            _note_memory(records, kills, limits.memory_mb)
         return _results(request, records, None, sandboxes)
     finally:
         selector.close()
         for box in sandboxes:
             box.cleanup()
+        if jail is not None:
+            jail.close()
+        proxy.close(socket_path)
         shutil.rmtree(workroot, ignore_errors=True)
+
+
+def _note_memory(records: list[list[dict | None]], kills: int, memory_mb: int) -> None:
+    """Say on each failed rollout that the kernel killed processes for memory: a forked child that died
+    for it shows up in user code only as some later error."""
+    note = (f"\n\nDuring this batch the kernel killed {kills} process(es) that went past the batch's memory "
+            f"limit of {memory_mb} MB (all its processes together).")
+    for group in records:
+        for record in group:
+            if record is not None and record["error"] is not None and note not in record["error"]:
+                record["error"] += note
 
 
 def _results(request, records, missing: str | None, sandboxes=()) -> list[GroupResult]:
@@ -215,12 +271,14 @@ def dry_run(
     scenarios: list[dict],
     base_url: str,
     model_name: str,
-    api_key: str = "artweb",
+    api_key: str | None = None,
     sampling: dict | None = None,
     max_scenarios: int = 3,
     group_size: int = 1,
     timeout_s: float = 90.0,
     python: str | None = None,
+    jail: JailConfig | None = None,
+    vocab_size: int | None = None,
 ) -> dict:
     """Try a script on a few scenarios; returns within about timeout_s, with output or errors.
 
@@ -234,6 +292,7 @@ def dry_run(
         script=script, reward=reward, scenarios=chosen, group_size=group_size, base_url=base_url,
         model_name=model_name, api_key=api_key, sampling={"max_tokens": 256, **(sampling or {})},
         concurrency=16, max_exceptions=len(chosen) * group_size, limits=limits, sandboxes=1, python=python,
+        jail=jail or JailConfig(), vocab_size=vocab_size,
     )
     results = run_rollouts(request)
     trajectories = [
@@ -248,58 +307,62 @@ def dry_run(
     }
 
 
+# --- the batch's files ---------------------------------------------------------------------------------
+
+
+class _BatchFiles:
+    """workroot/
+         shared/          the jail's files: sandbox-<k>/ (script, reward, batch.json) and etc/
+         sock/            the proxy's socket, the jail's only way out
+         logs/            each sandbox process's output, outside every jail
+    """
+
+    def __init__(self, workroot: Path, n: int) -> None:
+        self.root = workroot
+        self.shared = workroot / "shared"
+        self.logs = workroot / "logs"
+        for d in (self.shared, self.logs, workroot / "sock"):
+            d.mkdir(mode=0o700)
+        self.n = n
+
+    def box(self, k: int) -> Path:
+        return self.shared / f"sandbox-{k}"
+
+    def write(self, k: int, request: RolloutRequest, groups: list[int], reward_kind: str | None, *,
+              concurrency: int) -> None:
+        d = self.box(k)
+        d.mkdir(mode=0o700)
+        (d / "rollout.py").write_text(request.script, encoding="utf-8")
+        if request.reward is not None:
+            (d / "reward.py").write_text(request.reward, encoding="utf-8")
+        spec = {
+            "groups": [{"index": g, "scenario": request.scenarios[g]} for g in groups],
+            "group_size": request.group_size,
+            "model_name": request.model_name,
+            "reward_kind": reward_kind,
+            "concurrency": concurrency,
+            "rollout_timeout_s": request.limits.rollout_timeout_s,
+            "max_processes": request.limits.max_processes,
+        }
+        (d / "batch.json").write_text(json.dumps(spec))
+
+    def hand_over(self, uid: int) -> None:
+        """The jail's files to the sandbox uid (bwrap runs as it); the logs stay the worker's."""
+        self.root.chmod(0o711)  # bwrap must pass through; nobody may list it
+        for path in (self.shared, *self.shared.rglob("*"), self.root / "sock"):
+            os.chown(path, uid, uid)
+
+
 # --- one sandbox process -----------------------------------------------------------------------------
 
 
-_usable_users: dict[tuple[str, str], bool] = {}
+def _unjailed_limits(limits: SandboxLimits, cpu_seconds: int) -> Callable[[], None]:
+    """The development opt-out's only protection: rlimits on the one process (not its children)."""
 
-
-def _sandbox_user(name: str | None, python: str) -> pwd.struct_passwd | None:
-    """The user to run sandboxes as: `name` when we are root and it can run the interpreter.
-
-    A virtualenv under a private home directory (mode 0700) cannot be executed by another user; then
-    the sandbox keeps our uid, and a warning says so once.
-    """
-    if name is None or os.geteuid() != 0:
-        return None
-    try:
-        user = pwd.getpwnam(name)
-    except KeyError:
-        return None
-    key = (name, python)
-    if key not in _usable_users:
-        try:
-            probe = subprocess.run([python, "-I", "-c", "import openai, httpx"], user=user.pw_uid, group=user.pw_gid,
-                                   extra_groups=[], cwd="/", capture_output=True, timeout=120, check=False)
-            _usable_users[key] = probe.returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            _usable_users[key] = False
-        if not _usable_users[key]:
-            logger.warning("sandboxes run as %s: user %r cannot run %s (install the environment where "
-                           "that user can read it)", pwd.getpwuid(os.getuid()).pw_name, name, python)
-    return user if _usable_users[key] else None
-
-
-def _tasks_of(uid: int) -> int:
-    """Processes and threads uid runs now: RLIMIT_NPROC counts them all, so the budget goes on top."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid == uid:
-                count += len(os.listdir(f"/proc/{entry.name}/task"))
-        except OSError:
-            continue
-    return count
-
-
-def _limiter(limits: SandboxLimits, cpu_seconds: int, nproc: int) -> Callable[[], None]:
-    def apply() -> None:  # runs in the child between fork and exec, already as the sandbox user
+    def apply() -> None:  # between fork and exec: setrlimit calls only
         mem = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_mb << 20, limits.file_mb << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -307,58 +370,45 @@ def _limiter(limits: SandboxLimits, cpu_seconds: int, nproc: int) -> Callable[[]
 
 
 class _Sandbox:
-    def __init__(self, groups: list[int], proc: subprocess.Popen, read_fd: int, workdir: Path, limits, cpu_seconds):
+    def __init__(self, groups: list[int], group_size: int, proc: subprocess.Popen, read_fd: int, log_path: Path,
+                 limits: SandboxLimits, cpu_seconds: int, jail: Jail | None, vocab_size: int | None) -> None:
         self.groups = groups
+        self.group_size = group_size
         self.proc = proc
         self.read_fd = read_fd
-        self.workdir = workdir
+        self.log_path = log_path
         self.limits = limits
         self.cpu_seconds = cpu_seconds
+        self.jail = jail
+        self.vocab_size = vocab_size
         self.finished = False
         self.exit_reason: str | None = None
         self._buffer = b""
         self._ready: list[tuple[int, int, dict]] = []
+        self._seen: set[tuple[int, int]] = set()
         self._done = False
         self.eof = False
 
     @classmethod
-    def start(cls, request: RolloutRequest, groups: list[int], reward_kind: str | None, workdir: Path, *,
-              concurrency: int, cpu_seconds: int) -> _Sandbox:
+    def start(cls, request: RolloutRequest, layout: _BatchFiles, k: int, jail: Jail | None, *,
+              cpu_seconds: int) -> _Sandbox:
         limits = request.limits
-        workdir.mkdir(parents=True)
-        (workdir / "rollout.py").write_text(request.script, encoding="utf-8")
-        if request.reward is not None:
-            (workdir / "reward.py").write_text(request.reward, encoding="utf-8")
-        read_fd, write_fd = os.pipe()
-        spec = {
-            "groups": [{"index": g, "scenario": request.scenarios[g]} for g in groups],
-            "group_size": request.group_size,
-            "model_name": request.model_name,
-            "reward_kind": reward_kind,
-            "concurrency": concurrency,
-            "rollout_timeout_s": limits.rollout_timeout_s,
-            "result_fd": write_fd,
-            "max_processes": limits.max_processes,
-        }
-        (workdir / "batch.json").write_text(json.dumps(spec))
+        groups = list(range(k, len(request.scenarios), layout.n))
         python = request.python or sys.executable
-        user = _sandbox_user(limits.user, python)
-        uid = user.pw_uid if user else os.getuid()
-        if user:
-            workdir.parent.chmod(0o755)
-            for path in (workdir, *workdir.iterdir()):
-                os.chown(path, user.pw_uid, user.pw_gid)
+        read_fd, write_fd = os.pipe()
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(workdir),
-            "TMPDIR": str(workdir),
             "LANG": "C.UTF-8",
             # Each thread may otherwise reserve its own 64 MB malloc arena against the address-space limit.
             "MALLOC_ARENA_MAX": "2",
             "OMP_NUM_THREADS": "1",
-            "OPENAI_BASE_URL": request.base_url,
-            "OPENAI_API_KEY": request.api_key,
+            "USER": "sandbox",
+            # The guest relays OPENAI_BASE_URL (127.0.0.1 in the jail) to this socket; the key is a dummy:
+            # the proxy holds the real one.
+            "ARTWEB_PROXY_SOCKET": "/run/artweb/inference.sock" if jail else str(layout.root / "sock" / "inference.sock"),
+            "OPENAI_API_KEY": "artweb",
             "ARTWEB_SAMPLING": json.dumps(request.sampling),
+            "ARTWEB_RESULT_FD": str(write_fd),
             "ARTWEB_STEP": str(request.step),
             # W&B and Weave would otherwise send crash reports to an outside service.
             "WANDB_ERROR_REPORTING": "false",
@@ -367,47 +417,90 @@ class _Sandbox:
         if "WEAVE_PROJECT" not in env:
             # A script calling weave.init() gets a disabled client at once instead of a network error.
             env["WEAVE_DISABLED"] = "true"
-        log = open(workdir / "sandbox.log", "wb")  # noqa: SIM115 - handed to the child, closed below
+        if jail is not None:
+            env.update(HOME="/tmp", TMPDIR="/tmp")
+            argv = jail.command(layout.box(k), [python, *guest_python_args()])
+            preexec = jail.preexec(cpu_seconds=cpu_seconds, file_mb=limits.file_mb)
+            cwd = "/"
+        else:
+            box = layout.box(k)
+            env.update(HOME=str(box), TMPDIR=str(box))
+            argv = [python, "-I", "-u", "-X", "utf8", str(GUEST), str(box / "batch.json")]
+            preexec = _unjailed_limits(limits, cpu_seconds)
+            cwd = str(box)
+        log_path = layout.logs / f"sandbox-{k}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
         try:
             proc = subprocess.Popen(
-                # -I: ignore PYTHON* variables and user site-packages; -u: unbuffered; -X utf8: UTF-8 I/O.
-                [python, "-I", "-u", "-X", "utf8", str(GUEST), str(workdir / "batch.json")],
-                cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,), start_new_session=True,
-                user=user.pw_uid if user else None, group=user.pw_gid if user else None,
-                extra_groups=[] if user else None,
-                # Only setrlimit calls run between fork and exec: no locks or imports that a thread
-                # of the caller could hold at fork time.
-                preexec_fn=_limiter(  # noqa: PLW1509
-                    limits, cpu_seconds, _tasks_of(uid) + limits.max_processes),
+                preexec_fn=preexec,  # noqa: PLW1509
             )
         finally:
             os.close(write_fd)
             log.close()
         os.set_blocking(read_fd, False)
-        return cls(groups, proc, read_fd, workdir, limits, cpu_seconds)
+        return cls(groups, request.group_size, proc, read_fd, log_path, limits, cpu_seconds, jail,
+                   request.vocab_size)
+
+    # --- reading what the sandbox says (all of it is the user's word) --------------------------------
 
     def read(self) -> None:
-        while True:
+        """Take what is waiting on the pipe, at most READ_CHUNK bytes: the caller's loop keeps its deadline."""
+        if self.finished and self.exit_reason is not None:
+            return
+        try:
+            chunk = os.read(self.read_fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.eof = True
+            return
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        if len(self._buffer) > MAX_LINE_BYTES:
+            self._violation(f"it sent a record larger than {MAX_LINE_BYTES >> 20} MB")
+            return
+        for line in lines:
             try:
-                chunk = os.read(self.read_fd, 1 << 16)
-            except BlockingIOError:
+                self._accept(parse_line(line))
+            except RecordError as exc:
+                self._violation(str(exc))
                 return
-            if not chunk:
-                self.eof = True
-                return
-            self._buffer += chunk
-            *lines, self._buffer = self._buffer.split(b"\n")
-            for line in lines:
-                message = json.loads(line)
-                if message["kind"] == "trajectory":
-                    self._ready.append((message["group"], message["index"], message["trajectory"]))
-                elif message["kind"] == "done":
-                    self._done = True
+
+    def _accept(self, message: dict) -> None:
+        if self._done:
+            raise RecordError("it kept writing after it said it was done")
+        if message["kind"] == "done":
+            self._done = True
+            return
+        group, index = message.get("group"), message.get("index")
+        if group not in self.groups or isinstance(group, bool):
+            raise RecordError(f"it sent a trajectory for group {group!r:.40}, which is not one of its groups")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < self.group_size:
+            raise RecordError(f"it sent a trajectory with index {index!r:.40} outside its group")
+        if (group, index) in self._seen:
+            raise RecordError(f"it sent trajectory {index} of group {group} twice")
+        self._seen.add((group, index))
+        try:
+            record = check_trajectory(message.get("trajectory"), vocab_size=self.vocab_size)
+        except RecordError as exc:
+            record = failed_record(f"The sandbox sent an invalid trajectory: {exc}.")
+        self._ready.append((group, index, record))
+
+    def _violation(self, why: str) -> None:
+        self.kill(f"The sandbox running this rollout broke artweb's result protocol ({why}) and was stopped; "
+                  "its unfinished rollouts have no result. Write trajectories only by returning them from "
+                  "rollout().")
+        self._buffer = b""
 
     def take(self) -> list[tuple[int, int, dict]]:
         ready, self._ready = self._ready, []
         return ready
+
+    # --- ending ------------------------------------------------------------------------------------
 
     def check_exit(self) -> None:
         if self.finished:
@@ -420,7 +513,16 @@ class _Sandbox:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        self.read()
+        # What is still in the pipe, a bounded amount at a time.
+        for _ in range(64):
+            if self.eof or self.finished:
+                break
+            before = len(self._buffer), len(self._ready)
+            self.read()
+            if (len(self._buffer), len(self._ready)) == before and not self.eof:
+                break
+        if self.finished:  # a protocol violation while draining
+            return
         self.finished = True
         if not self._done:
             self.exit_reason = self._describe_exit(self.proc.returncode)
@@ -429,15 +531,21 @@ class _Sandbox:
     def kill(self, reason: str) -> None:
         if not self.finished:
             self._kill_group()
-            self.read()
             self.finished = True
             self.exit_reason = reason
 
     def _describe_exit(self, code: int | None) -> str:
-        if code is not None and code < 0:
+        if self.jail is not None and code is not None and code > 128 and code - 128 in signal.valid_signals():
+            code = 128 - code  # bwrap exits with 128 + N when the jailed process died of signal N
+        if self.jail is not None and self.jail.cgroup.oom_kills() > 0:
+            why = (f"the batch reached its memory limit of {self.limits.memory_mb} MB (all its processes together) "
+                   "and the kernel killed a process")
+        elif code is not None and code < 0:
             sig = signal.Signals(-code)
             if sig == signal.SIGXCPU:
                 why = f"it used its CPU time limit of {self.cpu_seconds} s"
+            elif sig == signal.SIGXFSZ:
+                why = f"it wrote a file or output past the {self.limits.file_mb} MB limit"
             elif sig == signal.SIGKILL:
                 why = f"it was killed (SIGKILL), most often for memory (limit {self.limits.memory_mb} MB)"
             else:
@@ -450,13 +558,16 @@ class _Sandbox:
 
     def _log_tail(self, lines: int = 20) -> str:
         try:
-            text = (self.workdir / "sandbox.log").read_text(errors="replace")
+            with open(self.log_path, "rb") as fh:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - 16_000))
+                text = fh.read().decode(errors="replace")
         except OSError:
             return ""
         return "\n".join(text.strip().splitlines()[-lines:])[-4000:]
 
     def _kill_group(self) -> None:
-        # The whole session: children the script forked die with it.
+        # Unjailed: the session. Jailed: bwrap, whose death takes the namespace's init, and with it every
+        # process of the namespace (--die-with-parent); the cgroup is swept when the batch ends.
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

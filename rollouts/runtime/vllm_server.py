@@ -12,6 +12,10 @@ Two ways to serve a step's LoRA adapter (`adapter_mode`):
 "auto" (the default) picks "merged" for the CPU build and "lora" otherwise. Every name the server
 answers to — the base model or `<run>@<step>` — is served only while its weights are the ones loaded,
 so a request never silently gets another policy.
+
+The server answers only callers holding its API key (`api_key`, random per server unless given),
+on every route but /health (rollouts.runtime.vllm_entry); rollouts reach it through
+rollouts.runtime.proxy, which holds the key for them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import ctypes
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -86,6 +91,7 @@ class VLLMServer:
         extra_env: dict[str, str] | None = None,
         log_dir: str | None = None,
         work_dir: str | None = None,
+        api_key: str | None = None,
     ) -> None:
         """model_path: a local model directory (or a Hugging Face id when the hub is reachable).
 
@@ -93,7 +99,8 @@ class VLLMServer:
         "merged" or "lora" (see the module docstring). kv_cache_gb: KV cache size for the CPU build.
         chat_template: a Jinja file; None uses the model's own, or artweb's ChatML-with-tools
         template when the model's cannot render tools. work_dir holds merged weights (default: a
-        temporary directory removed by stop()).
+        temporary directory removed by stop()). api_key: what every caller must send as "Authorization:
+        Bearer"; None makes a random one, kept across restarts of this server.
         """
         if adapter_mode not in ("auto", "merged", "lora"):
             raise ValueError("adapter_mode is one of 'auto', 'merged', 'lora'")
@@ -113,6 +120,7 @@ class VLLMServer:
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
         self.log_dir = Path(log_dir) if log_dir else None
+        self.api_key = api_key or secrets.token_urlsafe(32)
         self._work_dir = Path(work_dir) if work_dir else None
         self._own_work_dir = work_dir is None
         self.adapters: dict[str, str] = {}  # name -> adapter directory, as served now
@@ -131,6 +139,11 @@ class VLLMServer:
     @property
     def root_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a direct caller of the server sends (the proxy sends it for rollouts)."""
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
     def merged(self) -> bool:
@@ -193,6 +206,9 @@ class VLLMServer:
         if self.merged:
             env["ARTWEB_VLLM_ALIASES"] = str(self._aliases_file)
         env.update(self.extra_env)
+        # In the environment, not on the command line, where any local user could read it (ps, /proc);
+        # after extra_env so that the server always holds the key this object sends.
+        env["VLLM_API_KEY"] = self.api_key
         return env
 
     @property
@@ -345,7 +361,7 @@ class VLLMServer:
         tmp.replace(self._aliases_file)
 
     def _post(self, route: str, body: dict | None) -> None:
-        response = self._http.post(f"{self.root_url}{route}", json=body)
+        response = self._http.post(f"{self.root_url}{route}", json=body, headers=self.headers)
         if response.status_code != 200:
             raise VLLMError(f"vLLM {route} failed ({response.status_code}): {response.text[:1000]}")
 

@@ -31,6 +31,8 @@ def test_it_registers_a_model_idempotently(alice_api, alice):
     ({"name": "", "source": "org/m"}, "name"),
     ({"name": "m"}, "source"),
     ({"name": "m", "source": "/etc"}, "source"),
+    ({"name": "m", "source": "~/models"}, "source"),
+    ({"name": "m", "source": "org/../../etc"}, "source"),
 ])
 def test_it_rejects_bad_registrations(alice_api, payload, field):
     assert_error(alice_api.post("/api/v1/base-models/register/", payload, format="json"), 400, field=field)

@@ -67,3 +67,27 @@ def test_the_admin_lists_and_deletes_tokens(client, staff, alice):
     # The admin addresses a token by its user (DRF's TokenProxy).
     response = client.post(f"/admin/authtoken/tokenproxy/{alice.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302 and not Token.objects.exists()
+
+
+def test_repeated_wrong_passwords_lock_the_token_endpoint(anon_api, alice, settings):
+    def post(password):
+        return anon_api.post("/api/v1/tokens/", HTTP_AUTHORIZATION=basic("alice", password))
+
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert_error(post("nope"), 401)
+    assert_error(post("nope"), 429, contains="Too many failed sign-ins")
+
+    response = post("alice-pass-123")
+    assert_error(response, 429, contains="Too many failed sign-ins; try again in 15 minutes")
+    assert response["Retry-After"] == "900"
+    assert not Token.objects.exists()
+
+
+def test_a_successful_basic_sign_in_resets_the_count(anon_api, alice, settings):
+    def post(password):
+        return anon_api.post("/api/v1/tokens/", HTTP_AUTHORIZATION=basic("alice", password))
+
+    for _ in range(2):
+        for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+            assert_error(post("nope"), 401)
+        assert post("alice-pass-123").status_code == 201

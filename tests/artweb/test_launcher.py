@@ -1,9 +1,9 @@
 """The embedded services: a real PostgreSQL and a real Redis under a temporary data dir."""
 
+import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -11,9 +11,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import redis
 
-from artweb.launcher import BASE_DIR, single_launcher
+from artweb.launcher import BASE_DIR, single_launcher, tighten_data_dir
 from artweb.launcher.embedded import (
+    CREDENTIALS_FILE,
     EmbeddedPostgres,
     EmbeddedRedis,
     LaunchError,
@@ -26,10 +28,8 @@ from artweb.launcher.embedded import (
 
 
 def redis_ping(url: str) -> bool:
-    host, port = url.removeprefix("redis://").split("/")[0].split(":")
-    with socket.create_connection((host, int(port)), timeout=2) as sock:
-        sock.sendall(b"PING\r\n")
-        return sock.recv(16).startswith(b"+PONG")
+    with redis.Redis.from_url(url, socket_timeout=3) as client:
+        return client.ping()
 
 
 def dead_pid() -> int:
@@ -72,6 +72,65 @@ def test_it_starts_reuses_and_stops_the_embedded_services(services_dir):
     assert not any(s.state_file.exists() for s in services)
 
 
+def without_password(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    userinfo, _, host = rest.rpartition("@")
+    user = userinfo.split(":")[0]
+    return f"{scheme}://{user + '@' if user else ''}{host}"
+
+
+def assert_password_required(env: dict) -> None:
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(without_password(env["DATABASE_URL"]), connect_timeout=3)
+    with psycopg.connect(env["DATABASE_URL"]) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
+    with pytest.raises(redis.AuthenticationError):
+        redis_ping(without_password(env["REDIS_URL"]))
+    assert redis_ping(env["REDIS_URL"])
+
+
+def test_it_requires_generated_passwords_kept_in_a_private_file(services_dir):
+    env = {}
+    services = start_services(services_dir, env)
+    credentials = services_dir / "services" / CREDENTIALS_FILE
+    assert credentials.stat().st_mode & 0o777 == 0o600
+    passwords = json.loads(credentials.read_text())
+    assert set(passwords) == {"postgres", "redis"} and all(len(p) >= 40 for p in passwords.values())
+    assert f":{passwords['postgres']}@" in env["DATABASE_URL"] and f":{passwords['redis']}@" in env["REDIS_URL"]
+    assert_password_required(env)
+    stop_services(services)
+
+
+def test_it_gives_passwords_to_servers_an_earlier_version_left_without_one(services_dir):
+    env = {}
+    pg, red = start_services(services_dir, env)
+    # What an earlier version left: servers that let anyone on the machine in, and no credentials file.
+    (pg.pgdata / "pg_hba.conf").write_text("host all all 127.0.0.1/32 trust\n")
+    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+    with redis.Redis.from_url(env["REDIS_URL"]) as client:
+        client.config_set("requirepass", "")
+    (services_dir / "services" / CREDENTIALS_FILE).unlink()
+    assert psycopg.connect(without_password(env["DATABASE_URL"])).close() is None
+    assert redis_ping(without_password(env["REDIS_URL"]))
+
+    # Running: the next launch reuses them and applies new passwords.
+    env2 = {}
+    reused = start_services(services_dir, env2)
+    assert [s.started for s in reused] == [False, False] and env2 != env
+    assert_password_required(env2)
+
+    # Stopped: the cluster gets its password before it listens.
+    stop_services([pg, red])
+    (pg.pgdata / "pg_hba.conf").write_text("host all all 127.0.0.1/32 trust\n")
+    (services_dir / "services" / CREDENTIALS_FILE).unlink()
+    env3 = {}
+    services = start_services(services_dir, env3)
+    assert [s.started for s in services] == [True, True]
+    assert_password_required(env3)
+    stop_services(services)
+
+
 def test_it_keeps_the_data_across_restarts(services_dir):
     env = {}
     services = start_services(services_dir, {**env})
@@ -81,11 +140,11 @@ def test_it_keeps_the_data_across_restarts(services_dir):
         conn.execute("INSERT INTO kept VALUES (42)")
     stop_services(services)
 
-    pg = EmbeddedPostgres(services_dir / "services").start()
-    assert pg.started
-    with psycopg.connect(pg.url) as conn:
+    again = EmbeddedPostgres(services_dir / "services").start()
+    assert again.started and again.password == pg.password
+    with psycopg.connect(again.url) as conn:
         assert conn.execute("SELECT v FROM kept").fetchone() == (42,)
-    pg.stop()
+    again.stop()
 
 
 def test_it_adopts_servers_whose_launcher_died(services_dir):
@@ -134,6 +193,9 @@ def test_services_mode_stops_everything_on_ctrl_c(services_dir):
             if "Press Ctrl-C" in line:
                 break
         assert "export DATABASE_URL=" in "".join(output), "".join(output)
+        # The launcher's umask: what it and the servers create is private.
+        assert services_dir.stat().st_mode & 0o777 in (0o700, 0o711)  # 0711 as root: see tighten_data_dir
+        assert (services_dir / "services" / "redis" / "redis.log").stat().st_mode & 0o077 == 0
         states = [ServiceState.read(cls(services_dir / "services").state_file)
                   for cls in (EmbeddedPostgres, EmbeddedRedis)]
         assert all(s and pid_alive(s.pid) for s in states)
@@ -144,3 +206,25 @@ def test_services_mode_stops_everything_on_ctrl_c(services_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_it_makes_an_existing_data_dir_private_without_walking_the_big_trees(tmp_path):
+    data = tmp_path / "data"
+    for path in (data / "uploads", data / "models" / "m", data / "services" / "redis"):
+        path.mkdir(parents=True, mode=0o755)
+    for path in (data / "uploads" / "s.jsonl", data / "models" / "m" / "weights.bin",
+                 data / "services" / "redis" / "dump.rdb"):
+        path.write_text("x")
+        path.chmod(0o644)
+    data.chmod(0o755)
+
+    tighten_data_dir(data)
+
+    def mode(path):
+        return path.stat().st_mode & 0o777
+
+    assert mode(data) == 0o700
+    assert mode(data / "uploads") == mode(data / "models") == mode(data / "services") == 0o700
+    assert mode(data / "services" / "redis") == 0o700 and mode(data / "services" / "redis" / "dump.rdb") == 0o600
+    # Behind a 0700 folder: left as they were, however large the tree.
+    assert mode(data / "models" / "m") == 0o755 and mode(data / "uploads" / "s.jsonl") == 0o644

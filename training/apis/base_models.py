@@ -7,10 +7,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from artweb.api_errors import ErrorSerializer
-from artweb.errors import ApplicationError
 from rollouts.apis.base import PAGE_PARAMETERS, Api, WriteApi, body, paginated_response, paginated_schema
 from training import selectors, services
-from training.models import BaseModel
 
 
 class BaseModelOutput(serializers.Serializer):
@@ -52,15 +50,5 @@ class BaseModelRegisterApi(WriteApi):
                    responses={201: BaseModelOutput, 400: ErrorSerializer})
     def post(self, request):
         data = body(self.InputSerializer, request)
-        user = request.user
-        if data["source"].strip().startswith(("/", ".", "~")) and not user.is_staff:
-            # A directory on the server is the operators' business: it reads files there.
-            raise ApplicationError("Only staff may register a model from a server directory; give a Hugging Face "
-                                   "model id (org/name).", field_errors={"source": ["server paths need staff"]})
-        if BaseModel.objects.filter(name=data["name"].strip()).exclude(
-                id__in=selectors.base_model_visible(user).values("id")).exists():
-            # Names are unique across users: say it is taken without showing the other user's model.
-            raise ApplicationError(f"The model name {data['name']!r} is taken; pick another.",
-                                   field_errors={"name": ["already registered"]})
-        model = services.base_model_register(owner=user, **data)
+        model = services.base_model_register(owner=request.user, **data)
         return Response(BaseModelOutput(model).data, status=201)

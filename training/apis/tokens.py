@@ -9,11 +9,12 @@ from __future__ import annotations
 from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.authtoken.models import Token
 from rest_framework.response import Response
 
 from artweb.api_errors import ErrorSerializer
+from artweb.auth import LockoutBasicAuthentication
 from rollouts.apis.base import Api, WriteApi
 
 
@@ -33,15 +34,16 @@ class TokenCreateApi(WriteApi):
     """Create your API token (replacing any previous one). Authenticate with username and password
     (HTTP Basic), your browser session, or your current token."""
 
-    authentication_classes = [BasicAuthentication, SessionAuthentication, TokenAuthentication]
+    # Failed passwords count towards the sign-in lockout (artweb.auth), as on the sign-in form.
+    authentication_classes = (LockoutBasicAuthentication, SessionAuthentication, TokenAuthentication)
     throttle_scope = "tokens"
 
     class OutputSerializer(serializers.Serializer):
         key = serializers.CharField(help_text="Send as 'Authorization: Token <key>'. Shown only now.")
         created = serializers.DateTimeField()
 
-    @extend_schema(operation_id="tokens_create", request=None, responses={201: OutputSerializer,
-                                                                         401: ErrorSerializer})
+    @extend_schema(operation_id="tokens_create", request=None,
+                   responses={201: OutputSerializer, 401: ErrorSerializer, 429: ErrorSerializer})
     def post(self, request):
         token = api_token_create(user=request.user)
         return Response(self.OutputSerializer(token).data, status=201)

@@ -1,20 +1,64 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from artweb.errors import ApplicationError
 from training.models import BaseModel
 
+# A Hugging Face repository id: "name" or "org/name", letters, digits, '.', '_' and '-'.
+HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+
+
+def is_server_path(source: str) -> bool:
+    return source.startswith(("/", ".", "~"))
+
+
+def _check_source(*, source: str, owner: AbstractBaseUser | None, local_path: str) -> None:
+    """A directory on the server is the operators' business: registering one makes the workers read the
+    files there. Staff and the operator's own commands (owner None) may; everyone else gives a Hub id."""
+    trusted = owner is None or owner.is_staff
+    if is_server_path(source) or local_path:
+        if not trusted:
+            raise ApplicationError(
+                "Only staff may register a model from a directory on the server; give a Hugging Face model id "
+                "(org/name), or ask an administrator to register the directory.",
+                field_errors={"source": ["server paths need staff"]})
+        directory = Path(local_path or source).expanduser()
+        if not (directory / "config.json").exists():
+            raise ApplicationError(f"{source} is not a model directory (no config.json in it).",
+                                   field_errors={"source": ["not a model directory"]})
+        return
+    if trusted:
+        return
+    if not HF_ID.fullmatch(source) or ".." in source:
+        raise ApplicationError(f"{source!r} is not a Hugging Face model id; give one as org/name, "
+                               "e.g. Qwen/Qwen2.5-0.5B-Instruct.",
+                               field_errors={"source": ["not a Hugging Face model id"]})
+    # The loaders try a local directory of that name before the Hub: "data/models" would read the server.
+    if Path(source).exists():
+        raise ApplicationError(f"{source!r} also names a directory on the server, so it cannot be registered "
+                               "as a Hub id; ask an administrator to register it.",
+                               field_errors={"source": ["names a server directory"]})
+
+
+def _visible(model: BaseModel, owner: AbstractBaseUser | None) -> bool:
+    return owner is None or owner.is_staff or model.owner_id in (None, owner.pk)
+
 
 @transaction.atomic
-def base_model_register(*, name: str, source: str, owner=None, local_path: str = "", revision: str = "",
-                        max_length: int = 2048, chat_template_override: str = "",
+def base_model_register(*, name: str, source: str, owner: AbstractBaseUser | None = None, local_path: str = "",
+                        revision: str = "", max_length: int = 2048, chat_template_override: str = "",
                         supports_tools: bool = False) -> BaseModel:
-    """Register a base model by Hugging Face id or local directory. Registering the same name again
-    with the same source returns the existing row (idempotent); a different source is an error."""
-    name, source = (name or "").strip(), (source or "").strip()
+    """Register a base model by Hugging Face id, or (staff only) a directory on the server.
+
+    owner is the user registering it, who alone sees it; None registers a model shared with everyone, as
+    the operator's commands do. Registering the same name again with the same source returns the existing
+    row (idempotent); a different source is an error."""
+    name, source, local_path = (name or "").strip(), (source or "").strip(), (local_path or "").strip()
     if not name:
         raise ApplicationError("Give the model a name.", field_errors={"name": ["required"]})
     if not source:
@@ -23,17 +67,20 @@ def base_model_register(*, name: str, source: str, owner=None, local_path: str =
     if not 16 <= max_length <= 1_048_576:
         raise ApplicationError("max_length must be between 16 and 1048576 tokens.",
                                field_errors={"max_length": ["out of range [16, 1048576]"]})
-    if source.startswith(("/", ".")) and not (Path(source) / "config.json").exists():
-        raise ApplicationError(f"{source} is not a model directory (no config.json in it).",
-                               field_errors={"source": ["not a model directory"]})
+    _check_source(source=source, owner=owner, local_path=local_path)
     existing = BaseModel.objects.filter(name=name).first()
     if existing:
-        if existing.source != source:
-            raise ApplicationError(f"A model named {name!r} is already registered from {existing.source}.",
+        if not _visible(existing, owner):
+            # Names are unique across users: say it is taken without showing the other user's model.
+            raise ApplicationError(f"The model name {name!r} is taken; pick another.",
                                    field_errors={"name": ["already registered"]})
+        if existing.source != source:
+            raise ApplicationError(f"A model named {name!r} is already registered from {existing.source}; "
+                                   "pick another name.", field_errors={"name": ["already registered"]})
         return existing
+    if is_server_path(source) and not local_path:
+        local_path = str(Path(source).expanduser().resolve())
     return BaseModel.objects.create(
-        owner=owner, name=name, source=source, local_path=local_path or (source if source.startswith("/") else ""),
-        revision=revision, max_length=max_length, chat_template_override=chat_template_override,
-        supports_tools=supports_tools,
+        owner=owner, name=name, source=source, local_path=local_path, revision=revision, max_length=max_length,
+        chat_template_override=chat_template_override, supports_tools=supports_tools,
     )

@@ -29,6 +29,26 @@ def base_model_path(base_model) -> str:
     return base_model.local_path or base_model.source
 
 
+def jail_config():
+    """The sandbox settings as the runtime takes them."""
+    from rollouts.runtime.jail import JailConfig
+
+    conf = settings.ARTWEB
+    return JailConfig(mode=conf["SANDBOX"], uid=conf["SANDBOX_UID"], cgroup_parent=conf["SANDBOX_CGROUP"])
+
+
+def vocab_size(base_model) -> int | None:
+    """Rows of the model's embedding: every token id a sandbox reports must be below it."""
+    import json
+
+    try:
+        config = json.loads((Path(base_model_path(base_model)) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(size) if isinstance(size, int) else None
+
+
 def inference_server(base_model):
     """A healthy vLLM server for this base model (started or restarted as needed)."""
     global _server, _server_model
@@ -123,6 +143,7 @@ def dry_run_execute(*, dry_run_id: int) -> None:
             script=obj.script_version.content,
             reward=obj.reward_version.content if obj.reward_version else None,
             scenarios=obj.scenarios, base_url=server.base_url, model_name=server.ensure_base(),
+            api_key=server.api_key, jail=jail_config(), vocab_size=vocab_size(obj.base_model),
         )
         DryRun.objects.filter(id=dry_run_id).update(status=DryRun.Status.DONE, result=result,
                                                     finished_at=timezone.now())

@@ -124,11 +124,26 @@ def _sample_scenarios(run: Run, cfg: RunConfig, step: int, split: str, count: in
     return [by_id[i] for i in chosen]
 
 
+UNJAILED_EVENT = "sandbox_unjailed"
+
+
+def sandbox_unjailed_warn(*, run: Run) -> None:
+    """Once per run: its user code ran without the jail (ARTWEB_SANDBOX=insecure-no-jail)."""
+    if not run.events.filter(kind=UNJAILED_EVENT).exists():
+        run_event(run=run, kind=UNJAILED_EVENT, data={"level": "warning"}, message=(
+            "Warning: this worker runs user code WITHOUT the sandbox jail (ARTWEB_SANDBOX=insecure-no-jail). "
+            "The rollout script and reward function could read the worker's secrets, reach its database "
+            "and change other runs. Use this only on a development machine with code you trust."))
+
+
 def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: str, server, hb: Heartbeat,
               group_size: int):
     from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
     from training.exports.weave import export_rollout_env
 
+    jail = inference.jail_config()
+    if not jail.jailed:
+        sandbox_unjailed_warn(run=run)
     request = RolloutRequest(
         script=run.script_version.content,
         reward=run.reward_version.content if run.reward_version else None,
@@ -136,6 +151,9 @@ def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: s
         group_size=group_size,
         base_url=server.base_url,
         model_name=model_name,
+        api_key=server.api_key,
+        jail=jail,
+        vocab_size=inference.vocab_size(run.base_model),
         sampling={"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens},
         concurrency=cfg.concurrency,
         max_exceptions=cfg.max_exceptions,

@@ -51,7 +51,8 @@ def test_it_records_token_ids_and_logprobs_of_the_example_task(vllm_server, requ
     scenario = json.loads((EXAMPLES / "scenarios.jsonl").read_text().splitlines()[0])
     request = request_for((EXAMPLES / "rollout.py").read_text(), reward=(EXAMPLES / "reward.py").read_text(),
                           scenarios=[scenario], group_size=2, base_url=vllm_server.base_url,
-                          model_name=vllm_server.ensure_base(), sampling={"max_tokens": 24, "temperature": 1.0})
+                          api_key=vllm_server.api_key, model_name=vllm_server.ensure_base(),
+                          sampling={"max_tokens": 24, "temperature": 1.0})
     [group] = run_rollouts(request)
     for t in group.trajectories:
         assert t["error"] is None, t["error"]
@@ -66,8 +67,8 @@ def test_it_records_token_ids_and_logprobs_of_the_example_task(vllm_server, requ
 
 def test_it_runs_the_art_documentation_rollout_unchanged(vllm_server, request_for):
     request = request_for(ART_DOC_ROLLOUT, scenarios=[{"prompt": "Say hello.", "word": "hello"}], group_size=2,
-                          base_url=vllm_server.base_url, model_name=vllm_server.ensure_base(),
-                          sampling={"max_tokens": 16})
+                          base_url=vllm_server.base_url, api_key=vllm_server.api_key,
+                          model_name=vllm_server.ensure_base(), sampling={"max_tokens": 16})
     [group] = run_rollouts(request)
     for t in group.trajectories:
         assert t["error"] is None, t["error"]
@@ -78,8 +79,9 @@ def test_it_runs_the_art_documentation_rollout_unchanged(vllm_server, request_fo
 def test_it_records_every_turn_of_a_tool_calling_rollout(vllm_server, request_for):
     request = request_for((EXAMPLES / "tool_rollout.py").read_text(),
                           scenarios=[{"country": "France", "capital": "Paris"}], group_size=1,
-                          base_url=vllm_server.base_url, model_name=vllm_server.ensure_base(),
-                          sampling={"max_tokens": 40, "temperature": 0.0}, rollout_timeout_s=120)
+                          base_url=vllm_server.base_url, api_key=vllm_server.api_key,
+                          model_name=vllm_server.ensure_base(), sampling={"max_tokens": 40, "temperature": 0.0},
+                          rollout_timeout_s=120)
     [group] = run_rollouts(request)
     [t] = group.trajectories
     assert t["error"] is None, t["error"]
@@ -99,8 +101,8 @@ def test_a_dry_run_returns_output_within_its_time_bound(vllm_server):
     started = time.monotonic()
     result = dry_run(script=(EXAMPLES / "rollout.py").read_text(), reward=(EXAMPLES / "reward.py").read_text(),
                      scenarios=[json.loads(line) for line in (EXAMPLES / "scenarios.jsonl").read_text().splitlines()],
-                     base_url=vllm_server.base_url, model_name=vllm_server.ensure_base(),
-                     sampling={"max_tokens": 16}, timeout_s=120)
+                     base_url=vllm_server.base_url, api_key=vllm_server.api_key,
+                     model_name=vllm_server.ensure_base(), sampling={"max_tokens": 16}, timeout_s=120)
     assert time.monotonic() - started < 130
     assert len(result["trajectories"]) == 3 and result["errors"] == []
     assert all(r is not None for r in result["rewards"])
@@ -110,7 +112,7 @@ def test_a_dry_run_of_a_broken_script_returns_its_errors(vllm_server):
     started = time.monotonic()
     result = dry_run(script="import art\nasync def rollout(model, scenario):\n    while True:\n        pass\n",
                      reward=None, scenarios=[{"x": 1}], base_url=vllm_server.base_url,
-                     model_name=vllm_server.base_model_name, timeout_s=15)
+                     api_key=vllm_server.api_key, model_name=vllm_server.base_model_name, timeout_s=15)
     assert time.monotonic() - started < 25
     assert len(result["errors"]) == 1 and "Timed out" in result["errors"][0]
 
@@ -121,7 +123,8 @@ def test_ruler_scores_a_group_with_the_base_model_as_judge(vllm_server):
                 "reward": reward, "metrics": {}, "metadata": {}, "error": None}
 
     group = [trajectory("4", 1.0), trajectory("I like turtles.", 0.0)]
-    judge = Judge(base_url=vllm_server.base_url, model=vllm_server.ensure_base(), max_tokens=200)
+    judge = Judge(base_url=vllm_server.base_url, model=vllm_server.ensure_base(), api_key=vllm_server.api_key,
+                  max_tokens=200)
     ruler_score_group(group, judge)
     for t, independent in zip(group, (1.0, 0.0)):
         assert 0.0 <= t["reward"] <= 1.0
@@ -130,7 +133,7 @@ def test_ruler_scores_a_group_with_the_base_model_as_judge(vllm_server):
 
 
 def _greedy(server, model: str) -> str:
-    response = httpx.post(f"{server.base_url}/chat/completions", timeout=300, json={
+    response = httpx.post(f"{server.base_url}/chat/completions", timeout=300, headers=server.headers, json={
         "model": model, "messages": [{"role": "user", "content": "Name three fruits."}],
         "max_tokens": 12, "temperature": 0.0})
     assert response.status_code == 200, response.text
@@ -160,3 +163,32 @@ def test_it_restarts_a_dead_server(vllm_server):
     vllm_server.ensure_running()
     assert vllm_server.is_alive()
     assert _greedy(vllm_server, vllm_server.ensure_base())
+
+
+# Routes that would hand a caller the server itself; vLLM's own key check covers none outside /v1.
+ADMIN_ROUTES = [("POST", "/collective_rpc"), ("POST", "/v1/load_lora_adapter"), ("POST", "/reset_prefix_cache"),
+                ("POST", "/sleep"), ("POST", "/wake_up"), ("POST", "/pause"), ("GET", "/metrics"),
+                ("GET", "/docs"), ("GET", "/openapi.json"), ("POST", "/tokenize"), ("POST", "/v1/chat/completions"),
+                ("OPTIONS", "/v1/chat/completions")]
+
+
+def test_every_route_but_health_needs_the_servers_key(vllm_server):
+    """Checked route by route against the server's own list, so a route a vLLM upgrade adds is covered
+    too. (The key's holder loading an adapter: test_it_serves_a_steps_adapter_and_gives_the_base_back.)"""
+    root = vllm_server.root_url
+    spec = httpx.get(f"{root}/openapi.json", headers=vllm_server.headers, timeout=30)
+    assert spec.status_code == 200
+    listed = {(method.upper(), path.replace("{", "").replace("}", ""))
+              for path, methods in spec.json()["paths"].items() for method in methods}
+    assert ("POST", "/v1/chat/completions") in listed and ("POST", "/v1/load_lora_adapter") in listed
+    with httpx.Client(base_url=root, timeout=30) as client:
+        for method, path in sorted(listed | set(ADMIN_ROUTES)):
+            if path == "/health":
+                continue
+            for headers in ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": vllm_server.api_key}):
+                response = client.request(method, path, headers=headers)
+                assert response.status_code == 401, (method, path, headers, response.status_code, response.text)
+        assert client.get("/health").status_code == 200
+        assert client.get("/v1/models", headers=vllm_server.headers).status_code == 200
+        assert client.post("/reset_prefix_cache", headers=vllm_server.headers).status_code == 200
+    assert vllm_server.api_key not in " ".join(vllm_server.command())

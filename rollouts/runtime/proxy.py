@@ -1,0 +1,319 @@
+"""The inference proxy: the only door from a jailed rollout to the model servers.
+
+User code runs with no network but one unix socket, served here. Through it a script reaches the
+OpenAI inference routes of the models its batch may use, and nothing else: not vLLM's admin routes
+(adapter loading, weight reloads, sleep), not another run's policy, not the server's API key. The
+proxy adds the upstream's key itself, so the key never enters the jail.
+
+One background thread owns an asyncio loop; every socket (one per batch) is an aiohttp application
+of its own that knows its allowed models, and all of them share one client session to the upstreams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+# What a rollout may call; every other method and path is refused before it reaches an upstream.
+FORWARDED_ROUTES = {("POST", "/v1/chat/completions"): "/chat/completions",
+                    ("POST", "/v1/completions"): "/completions"}
+PASSED_ROUTES = "POST /v1/chat/completions, POST /v1/completions and GET /v1/models"
+
+# RFC 9110 section 7.6.1: these describe one connection, not the message, and never cross a proxy.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "transfer-encoding", "upgrade", "proxy-connection"})
+# Set again by this side's own server for the body it actually sends.
+RESPONSE_DROPPED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
+
+# Marks a request the proxy turned away itself (counted in stats()), as against an upstream failure.
+REFUSED = web.ResponseKey("refused", bool)
+# Stats of closed sockets stay readable for logs; this many are kept.
+CLOSED_STATS_KEPT = 256
+
+
+@dataclass(frozen=True)
+class Upstream:
+    base_url: str  # an OpenAI-compatible server's ".../v1" URL
+    # Sent upstream as "Authorization: Bearer"; the caller's own header is never forwarded.
+    api_key: str | None = None
+
+
+@dataclass
+class _Socket:
+    path: str
+    models: dict[str, Upstream]
+    runner: web.AppRunner | None = None
+    site: web.UnixSite | None = None
+    tasks: set[asyncio.Task] = field(default_factory=set)  # handlers in flight, cancelled by close()
+    stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "refused": 0})
+
+
+def _error(status: int, message: str, code: str, error_type: str = "invalid_request_error") -> web.Response:
+    """An error in OpenAI's shape, so the openai client raises its usual exception with our message."""
+    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    response = web.json_response(body, status=status)
+    response[REFUSED] = status < 500
+    return response
+
+
+class InferenceProxy:
+    def __init__(self, *, max_body_bytes: int = 8 << 20, timeout_s: float = 600.0) -> None:
+        """max_body_bytes: the largest request body accepted. timeout_s: the longest one upstream
+        request may take, a streamed response included."""
+        self.max_body_bytes = max_body_bytes
+        self.timeout_s = timeout_s
+        self._sockets: dict[str, _Socket] = {}
+        self._closed_stats: collections.OrderedDict[str, dict[str, int]] = collections.OrderedDict()
+        self._lock = threading.Lock()  # guards starting and stopping the thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- the caller's side: any thread --------------------------------------------------------------
+
+    def open(self, socket_path: str | os.PathLike, models: Mapping[str, Upstream]) -> None:
+        """Serve on a new unix socket at socket_path (mode 0o666: the directory holding it decides who
+        reaches it) until close(socket_path). Blocks until the socket is listening."""
+        self._call(self._open(_key(socket_path), dict(models)))
+
+    def close(self, socket_path: str | os.PathLike) -> None:
+        """Stop listening, abort that socket's in-flight requests, remove the file; idempotent."""
+        with self._lock:
+            if self._loop is None:
+                return
+        self._call(self._close(_key(socket_path)))
+
+    def shutdown(self) -> None:
+        """Close every socket and stop the thread; the proxy can be opened again afterwards."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            if loop is None or thread is None:
+                return
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+            self._loop = self._thread = None
+
+    def stats(self, socket_path: str | os.PathLike) -> dict:
+        """{"requests": n, "refused": n} for that socket, open or recently closed."""
+        key = _key(socket_path)
+        sock = self._sockets.get(key)
+        if sock is not None:
+            return dict(sock.stats)
+        return dict(self._closed_stats.get(key, {"requests": 0, "refused": 0}))
+
+    def _call(self, coro):
+        loop = self._ensure_loop()
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("InferenceProxy.open/close are blocking calls; do not call them from its own loop")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+                self._thread = threading.Thread(target=self._run, args=(loop, ready), name="inference-proxy",
+                                                daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def _run(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(ready.set)
+        loop.run_forever()
+
+    # --- the loop's side ----------------------------------------------------------------------------
+
+    async def _open(self, key: str, models: dict[str, Upstream]) -> None:
+        if key in self._sockets:
+            raise RuntimeError(f"The proxy already serves {key}; close it first.")
+        if self._session is None:
+            # No cap on connections: a batch keeps hundreds of streams open to one server at once.
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=10),
+            )
+        sock = _Socket(path=key, models=models)
+        app = web.Application(client_max_size=self.max_body_bytes)
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._handle(sock, request)
+
+        app.router.add_route("*", "/{tail:.*}", handle)
+        # handler_cancellation: a client that hangs up cancels its handler, and with it the upstream
+        # request, so vLLM stops generating for nobody.
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.UnixSite(runner, key)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        os.chmod(key, 0o666)
+        sock.runner, sock.site = runner, site
+        self._sockets[key] = sock
+        self._closed_stats.pop(key, None)
+
+    async def _close(self, key: str) -> None:
+        sock = self._sockets.pop(key, None)
+        if sock is None:
+            return
+        if sock.site is not None:
+            await sock.site.stop()
+        for task in list(sock.tasks):
+            task.cancel()
+        if sock.tasks:
+            await asyncio.wait(list(sock.tasks), timeout=5)
+        if sock.runner is not None:
+            await sock.runner.cleanup()
+        try:
+            os.unlink(key)
+        except FileNotFoundError:
+            pass
+        self._closed_stats[key] = dict(sock.stats)
+        while len(self._closed_stats) > CLOSED_STATS_KEPT:
+            self._closed_stats.popitem(last=False)
+
+    async def _shutdown(self) -> None:
+        for key in list(self._sockets):
+            await self._close(key)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _handle(self, sock: _Socket, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        sock.tasks.add(task)
+        sock.stats["requests"] += 1
+        try:
+            response = await self._route(sock, request)
+        finally:
+            sock.tasks.discard(task)
+        if response.get(REFUSED):
+            sock.stats["refused"] += 1
+        return response
+
+    async def _route(self, sock: _Socket, request: web.Request) -> web.StreamResponse:
+        method, path = request.method, request.path
+        if method == "GET" and path == "/v1/models":
+            return web.json_response({"object": "list", "data": [_model_card(name) for name in sock.models]})
+        if method == "GET" and path.startswith("/v1/models/") and path.count("/") == 3:
+            name = path.removeprefix("/v1/models/")
+            if name in sock.models:
+                return web.json_response(_model_card(name))
+            return _model_not_found(name, sock.models)
+        suffix = FORWARDED_ROUTES.get((method, path))
+        if suffix is None:
+            return _error(404, f"{method} {path} is not available here: the inference proxy passes only "
+                               f"{PASSED_ROUTES}.", "route_not_found")
+
+        body = await self._read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        model = body.get("model")
+        if not isinstance(model, str) or model not in sock.models:
+            return _model_not_found(model, sock.models)
+        upstream = sock.models[model]
+        return await self._forward(request, upstream, suffix, model, body)
+
+    async def _read_body(self, request: web.Request) -> dict | web.Response:
+        too_large = _error(413, f"The request body is larger than the proxy's limit of {self.max_body_bytes} "
+                                f"bytes.", "request_too_large")
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            return too_large
+        raw = bytearray()
+        while chunk := await request.content.read(64 << 10):
+            raw += chunk
+            if len(raw) > self.max_body_bytes:
+                return too_large
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _error(400, f"The request body is not valid JSON: {exc}.", "invalid_json")
+        if not isinstance(body, dict):
+            return _error(400, "The request body must be a JSON object.", "invalid_json")
+        return body
+
+    async def _forward(self, request: web.Request, upstream: Upstream, suffix: str, model: str,
+                       body: dict) -> web.StreamResponse:
+        headers = {"Content-Type": "application/json", "Accept": request.headers.get("Accept", "*/*"),
+                   # Bytes pass through unchanged, so they must arrive unencoded.
+                   "Accept-Encoding": "identity"}
+        if upstream.api_key:
+            headers["Authorization"] = f"Bearer {upstream.api_key}"
+        # The body goes upstream as the proxy parsed it, not as sent: two parsers reading one document two
+        # ways (a duplicated "model" key) must not route a request to a model this socket does not allow.
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        url = upstream.base_url.rstrip("/") + suffix
+        assert self._session is not None
+        try:
+            reply = await self._session.post(url, data=data, headers=headers)
+        except TimeoutError:  # before ClientError: aiohttp's timeouts are both
+            return _error(504, f"The inference server for model `{model}` did not answer within "
+                               f"{self.timeout_s:g} s.", "upstream_timeout", "server_error")
+        except aiohttp.ClientConnectorError as exc:
+            # The errno's own words: the OS message would name the server's address.
+            errno = exc.os_error.errno
+            reason = os.strerror(errno) if errno else type(exc.os_error).__name__
+            return _error(502, f"The inference server for model `{model}` cannot be reached ({reason}); it may "
+                               f"be restarting, retry shortly.", "upstream_unreachable", "server_error")
+        except aiohttp.ClientError as exc:
+            return _error(502, f"The inference server for model `{model}` failed to answer "
+                               f"({type(exc).__name__}).", "upstream_error", "server_error")
+        finished = False
+        try:
+            response = web.StreamResponse(status=reply.status, reason=reply.reason)
+            for name, value in reply.headers.items():
+                if name.lower() not in RESPONSE_DROPPED:
+                    response.headers.add(name, value)
+            await response.prepare(request)
+            try:
+                # iter_any hands over each chunk as it arrives, so a streamed (SSE) reply stays a stream.
+                async for chunk in reply.content.iter_any():
+                    await response.write(chunk)
+            except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+                # Too late for an error status: cutting the connection before the last chunk is how
+                # HTTP tells the client its reply is incomplete.
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            finished = True
+            await response.write_eof()
+            return response
+        finally:
+            # A caller that hung up, or close(), leaves the upstream reply unread: drop that connection
+            # rather than return it to the pool with a half-read body.
+            if finished:
+                reply.release()
+            else:
+                reply.close()
+
+
+def _key(socket_path: str | os.PathLike) -> str:
+    return os.path.abspath(os.fspath(socket_path))
+
+
+def _model_card(name: str) -> dict:
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "artweb"}
+
+
+def _model_not_found(model, allowed: Mapping[str, Upstream]) -> web.Response:
+    return _error(404, f"The model `{model}` does not exist or you do not have access to it. This batch may use: "
+                       f"{', '.join(allowed) or 'no model'}.", "model_not_found")
+

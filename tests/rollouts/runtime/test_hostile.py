@@ -1,0 +1,421 @@
+"""Hostile user code against the real jail, proxy and result reader.
+
+Every script here is what a stranger could upload. Each test runs it through run_rollouts exactly as a
+run step does (bubblewrap, cgroups, the inference proxy) and checks two things: the attack got nothing,
+and it ended as a recorded per-rollout or per-batch error while well-behaved rollouts carried on. Where
+the attack needs a target (a listening PostgreSQL, a readable file), the test first shows the target is
+there from outside the jail, so the check cannot pass for want of one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rollouts.runtime.sandbox import SandboxLimits, run_rollouts
+
+# Scenario 0 attacks; scenario 1 is a well-behaved rollout.
+TEMPLATE = """
+import art, asyncio, json, os, socket, sys
+
+async def rollout(model, scenario):
+    if scenario.i == 0:
+{bad}
+    return art.Trajectory(messages_and_choices=[{{"role": "user", "content": "hi"}}], reward=1.0)
+"""
+
+
+def script(bad: str) -> str:
+    return TEMPLATE.format(bad="\n".join("        " + line for line in bad.splitlines()))
+
+
+def report(code: str) -> str:
+    """A script whose rollout runs `code` (which fills dict `out`) and returns it as metadata."""
+    body = "out = {}\n" + code + "\nreturn art.Trajectory(messages_and_choices=[{'role': 'user', 'content': 'x'}], " \
+           "reward=1.0, metadata=out)"
+    return script(body)
+
+
+def named(comm: str) -> list[int]:
+    """Live processes on this host whose name (comm) is `comm`: hostile children rename themselves so the
+    test finds exactly them, whatever else runs on the machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+        if name == comm and state not in "ZX":  # a zombie is dead, only not yet reaped
+            found.append(int(entry))
+    return found
+
+
+class Seen:
+    """Watches, from outside, for processes named `comm` while a batch runs."""
+
+    def __init__(self, comm: str) -> None:
+        self.comm, self.pids, self._stop = comm, set(), threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.05):
+            self.pids.update(named(self.comm))
+
+    def __enter__(self) -> "Seen":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def rename(comm: str) -> str:
+    """Code that sets the calling process's name."""
+    return f"import ctypes\nctypes.CDLL(None).prctl(15, {comm.encode()!r}, 0, 0, 0)\n"
+
+
+def good_group_ok(results) -> None:
+    good = results[1]
+    assert [t["reward"] for t in good.trajectories] == [1.0, 1.0], good.errors
+    assert all(t["error"] is None for t in good.trajectories)
+
+
+def test_it_runs_user_code_as_an_unprivileged_uid_without_capabilities(request_for):
+    results = run_rollouts(request_for(report(
+        "out['ids'] = [os.getuid(), os.geteuid(), os.getgid()]\n"
+        "out['status'] = {l.split(':')[0]: l.split(':')[1].strip() for l in open('/proc/self/status') "
+        "if l.startswith(('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs'))}\n"
+        "try:\n    out['shadow'] = open('/etc/shadow').read()\nexcept OSError as e:\n    out['shadow'] = type(e).__name__\n")))
+    out = results[0].trajectories[0]["metadata"]
+    assert out["ids"] == [1000, 1000, 1000]
+    assert out["status"] == {"CapEff": "0000000000000000", "CapPrm": "0000000000000000",
+                             "CapBnd": "0000000000000000", "NoNewPrivs": "1"}
+    assert out["shadow"] == "FileNotFoundError"
+    assert Path("/etc/shadow").exists()  # the host has one; the jail does not show it
+
+
+def test_it_hides_every_other_process_and_the_workers_environment(request_for, monkeypatch):
+    monkeypatch.setenv("SECRET_KEY", "hunter2-secret-key")
+    monkeypatch.setenv("DATABASE_URL", "postgres://artweb:hunter2@127.0.0.1/artweb")
+    results = run_rollouts(request_for(report(
+        "out['pids'] = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "out['ppid'] = os.getppid()\n"
+        "leaks = []\n"
+        "for p in out['pids'] + [os.getppid()]:\n"
+        "    try:\n"
+        "        if b'hunter2' in open(f'/proc/{p}/environ', 'rb').read():\n"
+        "            leaks.append(p)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "out['leaks'] = leaks\n"
+        "out['cmdlines'] = [open(f'/proc/{p}/cmdline', 'rb').read().decode(errors='replace') for p in out['pids']]\n")))
+    out = results[0].trajectories[0]["metadata"]
+    assert out["leaks"] == []
+    # Only the jail's own init and the guest: not the worker, not pytest, not PostgreSQL.
+    assert len(out["pids"]) <= 3, out["cmdlines"]
+    assert not any("pytest" in c or "postgres" in c for c in out["cmdlines"])
+    assert os.getppid() > 1  # the worker does have a parent outside: it is just not visible
+
+
+def test_it_reaches_neither_postgresql_nor_redis_nor_anything_on_the_network(request_for):
+    for port in (5432, 6379):  # they are there, for the worker
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    results = run_rollouts(request_for(report(
+        "for host, port in [('127.0.0.1', 5432), ('127.0.0.1', 6379), ('localhost', 5432), ('10.0.0.1', 80),\n"
+        "                   ('8.8.8.8', 53)]:\n"
+        "    s = socket.socket()\n"
+        "    s.settimeout(2)\n"
+        "    try:\n"
+        "        s.connect((host, port))\n"
+        "        out[f'{host}:{port}'] = 'open'\n"
+        "    except OSError as e:\n"
+        "        out[f'{host}:{port}'] = type(e).__name__\n"
+        "out['ifaces'] = sorted(n for _, n in socket.if_nameindex())\n")))
+    out = results[0].trajectories[0]["metadata"]
+    assert out.pop("ifaces") == ["lo"]
+    assert "open" not in out.values(), out
+    assert out["127.0.0.1:5432"] == out["127.0.0.1:6379"] == "ConnectionRefusedError"
+
+
+def test_it_shows_no_data_dir_project_or_other_batch(request_for, tmp_path):
+    # Another run's upload and checkpoint, readable by anyone on the host: only the mount view protects them.
+    other = tmp_path / "data" / "checkpoints" / "run-7" / "step-000001"
+    other.mkdir(parents=True)
+    (other / "adapter_model.safetensors").write_text("other user's weights")
+    for d in (tmp_path, *tmp_path.rglob("*")):
+        d.chmod(0o755 if d.is_dir() else 0o644)
+    repo = Path(__file__).resolve().parents[3]
+    targets = [str(other / "adapter_model.safetensors"), str(repo / "artweb" / "settings.py"),
+               str(repo / "pyproject.toml"), "/etc/passwd"]
+    results = run_rollouts(request_for(report(
+        f"for path in {targets!r}:\n"
+        "    try:\n"
+        "        out[path] = open(path).read()[:200]\n"
+        "    except OSError as e:\n"
+        "        out[path] = type(e).__name__\n"
+        "out['batch'] = sorted(os.listdir('/batch'))\n")))
+    out = results[0].trajectories[0]["metadata"]
+    assert out.pop("batch") == ["batch.json", "rollout.py"]
+    passwd = out.pop("/etc/passwd")
+    assert "root:" not in passwd and "sandbox" in passwd
+    assert set(out.values()) == {"FileNotFoundError"}, out
+
+
+def test_it_lets_user_code_write_only_to_its_private_scratch(request_for):
+    marker = f"artweb-hostile-{uuid.uuid4().hex}"
+    places = ["/", "/usr", "/batch", "/opt/artweb/guest", "/run/artweb", "/etc", "/proc/1", "/root"]
+    results = run_rollouts(request_for(report(
+        f"for d in {places!r}:\n"
+        "    try:\n"
+        f"        open(os.path.join(d, {marker!r}), 'w').write('x')\n"
+        "        out[d] = 'written'\n"
+        "    except OSError as e:\n"
+        "        out[d] = type(e).__name__\n"
+        f"open('/tmp/{marker}', 'w').write('scratch')\n"
+        f"open('/dev/shm/{marker}', 'w').write('shm')\n"
+        "out['tmp'] = os.listdir('/tmp')\n")))
+    out = results[0].trajectories[0]["metadata"]
+    assert marker in out.pop("tmp")
+    assert "written" not in out.values(), out
+    # The scratch was private and is gone: nothing on the host's /tmp or /dev/shm.
+    assert not Path(f"/tmp/{marker}").exists() and not Path(f"/dev/shm/{marker}").exists()
+    good_group_ok(results)
+
+
+def test_it_kills_a_setsid_survivor_with_its_batch(request_for, tmp_path):
+    comm = f"surv{uuid.uuid4().hex[:8]}"
+    # libc's fork and setsid: the guest's audit hook, which refuses a fork from a forked child, never sees them.
+    survivor = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None)\n"
+        "pid = libc.fork()\n"
+        "if pid == 0:\n"
+        "    libc.setsid()\n"
+        "    if libc.fork() == 0:\n"
+        "        import time\n"
+        f"        libc.prctl(15, {comm.encode()!r}, 0, 0, 0)\n"
+        "        while True:\n"
+        "            for target in ('/batch/rollout.py', '/tmp/x'):\n"
+        "                try:\n"
+        "                    open(target, 'w').write('reward = 999')\n"
+        "                except OSError:\n"
+        "                    pass\n"
+        "            time.sleep(0.05)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "await asyncio.sleep(1)\n")
+    with Seen(comm) as seen:
+        results = run_rollouts(request_for(script(survivor)))
+    assert seen.pids, "the survivor never ran"  # it was alive while the batch was
+    assert results[0].trajectories[0]["error"] is None
+    assert named(comm) == []
+    # The next batch is untouched by anything the last one left running.
+    results = run_rollouts(request_for(script("pass")))
+    assert [t["reward"] for g in results for t in g.trajectories] == [1.0] * 4
+
+
+def test_it_bounds_a_ctypes_fork_past_the_audit_hook(request_for):
+    comm = f"bomb{uuid.uuid4().hex[:8]}"
+    bomb = ("import ctypes\n"
+            "libc = ctypes.CDLL(None)\n"
+            f"libc.prctl(15, {comm.encode()!r}, 0, 0, 0)\n"
+            "while True:\n"
+            "    if libc.fork() < 0:\n"
+            "        raise OSError('fork refused')\n")
+    started = time.monotonic()
+    results = run_rollouts(request_for(script(bomb), sandboxes=2,
+                                       limits=SandboxLimits(rollout_timeout_s=10, batch_timeout_s=30,
+                                                            max_processes=16)))
+    assert time.monotonic() - started < 60
+    # The process budget is the batch's, so its other groups may starve too; other batches do not
+    # (test_it_keeps_other_batches_running_while_one_attacks).
+    assert all(t["error"] for t in results[0].trajectories)
+    assert named(comm) == []
+
+
+def test_it_caps_memory_spread_over_forked_children(request_for):
+    # Each child alone is within the limit; together they are not.
+    spread = ("kids = []\n"
+              "for _ in range(4):\n"
+              "    pid = os.fork()\n"
+              "    if pid == 0:\n"
+              "        hog = bytearray(250 * 1024 * 1024)\n"
+              "        for i in range(0, len(hog), 4096):\n"
+              "            hog[i] = 1\n"
+              "        import time\n"
+              "        time.sleep(3)\n"
+              "        os._exit(0)\n"
+              "    kids.append(pid)\n"
+              "killed = [pid for pid in kids if os.WIFSIGNALED(os.waitpid(pid, 0)[1])]\n"
+              "if killed:\n"
+              "    raise MemoryError(f'{len(killed)} children were killed')\n")
+    results = run_rollouts(request_for(script(spread), sandboxes=2,
+                                       limits=SandboxLimits(rollout_timeout_s=25, batch_timeout_s=40,
+                                                            memory_mb=700)))
+    errors = [t["error"] for t in results[0].trajectories]
+    assert all(e and "children were killed" in e and "memory limit of 700 MB" in e for e in errors), errors
+    good_group_ok(results)
+
+
+def test_it_survives_a_flood_on_the_result_pipe_within_its_deadline(request_for):
+    flood = ("fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
+             "chunk = b'x' * (1 << 20)\n"
+             "while True:\n"
+             "    os.write(fd, chunk)\n")
+    started = time.monotonic()
+    results = run_rollouts(request_for(script(flood), sandboxes=2,
+                                       limits=SandboxLimits(rollout_timeout_s=3, batch_timeout_s=6)))
+    assert time.monotonic() - started < 15
+    assert all("broke artweb's result protocol" in t["error"] for t in results[0].trajectories)
+    good_group_ok(results)
+
+
+def test_it_fails_only_the_sandbox_that_garbles_the_result_stream(request_for):
+    garble = ("fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
+              "os.write(fd, b'{\"kind\": \"trajectory\", \"group\": 0, not json\\n')\n"
+              "await asyncio.sleep(5)\n")
+    results = run_rollouts(request_for(script(garble), sandboxes=2))
+    assert all("not JSON" in t["error"] for t in results[0].trajectories)
+    good_group_ok(results)
+
+
+def test_it_refuses_forged_records(request_for):
+    # A record for a group this sandbox does not own (group 1 runs in the other sandbox), then one with
+    # token ids past the vocabulary and a NaN logprob for its own group.
+    forge = ("fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
+             "rec = {'messages': [{'role': 'assistant', 'content': 'x', 'token_ids': [5, 10**9], "
+             "'logprobs': [-0.1, -0.2]}], 'tools': None, 'reward': 1.0, 'metrics': {}, 'metadata': {}, "
+             "'logs': [], 'error': None, 'duration_ms': 1, 'prompt_tokens': 1, 'completion_tokens': 2}\n"
+             "os.write(fd, (json.dumps({'kind': 'trajectory', 'group': 0, 'index': 1, 'trajectory': rec}) + "
+             "'\\n').encode())\n")
+    results = run_rollouts(request_for(script(forge), sandboxes=2, vocab_size=49152))
+    forged = results[0].trajectories[1]
+    assert forged["reward"] is None and "token id must be an integer in [0, 49152)" in forged["error"]
+    # The real rollout of index 1 then arrives for a slot already taken: the sandbox is cut off.
+    good_group_ok(results)
+
+    steal = ("fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
+             "os.write(fd, (json.dumps({'kind': 'trajectory', 'group': 1, 'index': 0, 'trajectory': {}}) + "
+             "'\\n').encode())\n"
+             "await asyncio.sleep(5)\n")
+    results = run_rollouts(request_for(script(steal), sandboxes=2))
+    assert all("not one of its groups" in t["error"] for t in results[0].trajectories)
+    good_group_ok(results)
+
+
+def test_it_keeps_other_batches_running_while_one_attacks(request_for):
+    """Two batches at once, as two workers on one host would run them."""
+    outcome = {}
+
+    def run(name, source, **kwargs):
+        outcome[name] = run_rollouts(request_for(source, **kwargs))
+
+    bomb = "import ctypes\nlibc = ctypes.CDLL(None)\nwhile True:\n    libc.fork()"
+    threads = [threading.Thread(target=run, args=("bad", script(bomb)),
+                                kwargs={"limits": SandboxLimits(rollout_timeout_s=10, max_processes=16)}),
+               threading.Thread(target=run, args=("good", script("await asyncio.sleep(1)")))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [t["reward"] for g in outcome["good"] for t in g.trajectories] == [1.0] * 4
+    assert all(t["error"] for t in outcome["bad"][0].trajectories)
+
+
+def test_it_removes_the_batchs_cgroups_when_it_ends(request_for):
+    from rollouts.runtime.jail import CGROUP_NAME, _cgroup_layout
+
+    comm = f"cg{uuid.uuid4().hex[:8]}"
+    parents = [Path(v) for k, v in _cgroup_layout("").items() if k != "v2"]
+    assert parents and all(parent.name == CGROUP_NAME for parent in parents)
+    ours: set[Path] = set()
+    done = threading.Event()
+
+    def find_ours():
+        while not done.wait(0.05):
+            pids = {str(p) for p in named(comm)}
+            for parent in parents:
+                for group in parent.iterdir():
+                    try:
+                        if pids & set((group / "cgroup.procs").read_text().split()):
+                            ours.add(group)
+                    except OSError:  # another batch's group, gone meanwhile
+                        pass
+
+    watcher = threading.Thread(target=find_ours)
+    watcher.start()
+    try:
+        run_rollouts(request_for(script(rename(comm) + "await asyncio.sleep(1)"), group_size=1,
+                                 scenarios=[{"i": 0}]))
+    finally:
+        done.set()
+        watcher.join()
+    assert len(ours) == len(parents)  # one per controller, while the batch ran
+    assert not any(group.exists() for group in ours)
+
+
+@pytest.mark.vllm
+def test_it_passes_only_inference_routes_for_the_batchs_own_model(request_for, vllm_server):
+    """Through the proxy, against the real vLLM server: the batch's model answers; vLLM's admin and
+    development routes, another run's model name and the server's own port do not."""
+    base = vllm_server.ensure_base()
+    probe = (
+        "import httpx\n"
+        "url = os.environ['OPENAI_BASE_URL']\n"
+        "root = url[:-3]\n"
+        "c = httpx.Client(timeout=60)\n"
+        f"out['own'] = c.post(url + '/chat/completions', json={{'model': {base!r}, 'max_tokens': 2, "
+        "'messages': [{'role': 'user', 'content': 'hi'}]}).status_code\n"
+        "out['other_model'] = c.post(url + '/chat/completions', json={'model': 'run-999@3', 'max_tokens': 2, "
+        "'messages': [{'role': 'user', 'content': 'hi'}]}).status_code\n"
+        "out['models'] = [m['id'] for m in c.get(url + '/models').json()['data']]\n"
+        "for route in ['/collective_rpc', '/sleep', '/wake_up', '/reset_prefix_cache', '/v1/load_lora_adapter',\n"
+        "              '/v1/unload_lora_adapter', '/metrics', '/tokenize', '/v1/embeddings']:\n"
+        "    out[route] = c.post(root + route, json={'lora_name': 'x', 'lora_path': '/etc', "
+        "'method': 'reload_weights'}).status_code\n"
+        f"s = socket.socket()\n"
+        "s.settimeout(2)\n"
+        "try:\n"
+        f"    s.connect(('127.0.0.1', {vllm_server.port}))\n"
+        "    out['direct'] = 'open'\n"
+        "except OSError as e:\n"
+        "    out['direct'] = type(e).__name__\n")
+    results = run_rollouts(request_for(report(probe), base_url=vllm_server.base_url, model_name=base,
+                                       api_key=vllm_server.api_key))
+    out = results[0].trajectories[0]["metadata"]
+    assert out.pop("own") == 200
+    assert out.pop("other_model") == 404
+    assert out.pop("models") == [base]
+    assert out.pop("direct") == "ConnectionRefusedError"
+    assert set(out.values()) == {404}, out
+    good_group_ok(results)
+
+
+def test_it_fails_closed_with_what_to_install_when_bubblewrap_is_missing(request_for, monkeypatch):
+    from rollouts.runtime import jail
+
+    from rollouts.runtime import sandbox
+
+    started = []
+    monkeypatch.setattr(sandbox._Sandbox, "start", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(jail.shutil, "which", lambda name: None)
+    monkeypatch.setattr(jail, "BWRAP_FALLBACKS", ())
+    jail.bwrap_path.cache_clear()
+    jail.jail_check.cache_clear()
+    try:
+        with pytest.raises(jail.JailUnavailable, match=r"apt-get install bubblewrap"):
+            run_rollouts(request_for(script("pass")))
+    finally:
+        jail.bwrap_path.cache_clear()
+        jail.jail_check.cache_clear()
+    assert started == []  # no user code ran

@@ -1,0 +1,385 @@
+"""The inference proxy between a jailed rollout and the model servers.
+
+Against a small real HTTP server standing in for vLLM (it answers /v1/chat/completions, streams SSE,
+and records every request and the Authorization header it got), reached over the proxy's unix socket
+by httpx and the openai client as a rollout would; and once against the session's real vLLM server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from aiohttp import web
+
+from rollouts.runtime.proxy import InferenceProxy, Upstream
+
+WORKER_KEY = "worker-secret"
+CALLER_KEY = "whatever-the-script-sends"
+
+
+class FakeUpstream:
+    """An OpenAI-compatible server in a thread of its own. A streamed reply sends one chunk, then waits
+    for `release` before the rest, so a test can see what arrived while the upstream was still busy."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.release = threading.Event()
+        self.stream_finished = threading.Event()
+        self.disconnected = threading.Event()  # a streamed reply's client went away before its end
+        self.delay_s = 0.0  # before a non-streamed reply
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def start(self) -> FakeUpstream:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self) -> None:
+        self.release.set()
+        asyncio.run_coroutine_threadsafe(self._cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _cleanup(self) -> None:
+        await self._runner.cleanup()
+        # A handler still sleeping (the slow-reply test) would otherwise die with the loop, noisily.
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        body = json.loads(raw) if raw else None
+        self.requests.append({"method": request.method, "path": request.path, "body": body,
+                              "authorization": request.headers.get("Authorization")})
+        if request.path not in ("/v1/chat/completions", "/v1/completions"):
+            return web.json_response({"reached": request.path})
+        if body.get("stream"):
+            return await self._stream(request, body)
+        await asyncio.sleep(self.delay_s)
+        return web.json_response(_completion(body["model"], f"auth={request.headers.get('Authorization')}"))
+
+    async def _stream(self, request: web.Request, body: dict) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            await response.write(_sse(_chunk(body["model"], "first")))
+            while not self.release.is_set():
+                await asyncio.sleep(0.02)
+                if request.transport is None or request.transport.is_closing():
+                    self.disconnected.set()
+                    return response
+            for word in (" second", " third"):
+                await response.write(_sse(_chunk(body["model"], word)))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            self.stream_finished.set()
+        except ConnectionError:
+            self.disconnected.set()
+        return response
+
+
+def _completion(model: str, content: str) -> dict:
+    return {"id": "cmpl-1", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+def _chunk(model: str, content: str) -> dict:
+    return {"id": "cmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+
+
+def _sse(data: dict) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+@pytest.fixture
+def upstream():
+    server = FakeUpstream().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def proxy():
+    proxy = InferenceProxy(max_body_bytes=64 << 10)
+    yield proxy
+    proxy.shutdown()
+
+
+@pytest.fixture
+def socket_dir():
+    # Not tmp_path: a unix socket's path must stay under 108 bytes.
+    path = Path(tempfile.mkdtemp(prefix="artweb-proxy-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def served(proxy, upstream, socket_dir):
+    path = socket_dir / "batch.sock"
+    proxy.open(path, {"run-1@3": Upstream(upstream.base_url, api_key=WORKER_KEY)})
+    return path
+
+
+def http(path: Path, **kwargs) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://proxy/v1", timeout=10,
+                        **kwargs)
+
+
+def openai_client(path: Path) -> openai.OpenAI:
+    return openai.OpenAI(base_url="http://proxy/v1", api_key=CALLER_KEY, max_retries=0,
+                         http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=10))
+
+
+def chat(model: str = "run-1@3", **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_it_passes_an_allowed_model_with_the_workers_key_not_the_callers(served, upstream):
+    completion = openai_client(served).chat.completions.create(**chat())
+    assert completion.choices[0].message.content == f"auth=Bearer {WORKER_KEY}"
+    [seen] = upstream.requests
+    assert (seen["method"], seen["path"]) == ("POST", "/v1/chat/completions")
+    assert seen["authorization"] == f"Bearer {WORKER_KEY}"
+    assert seen["body"] == chat()
+
+
+def test_it_passes_legacy_completions(served, upstream):
+    with http(served) as client:
+        response = client.post("/completions", json={"model": "run-1@3", "prompt": "hi"})
+    assert response.status_code == 200
+    assert [r["path"] for r in upstream.requests] == ["/v1/completions"]
+
+
+def test_it_refuses_a_model_the_socket_does_not_allow(served, upstream, proxy):
+    with http(served) as client:
+        response = client.post("/chat/completions", json=chat("run-2@7"))
+        missing = client.post("/chat/completions", json={"messages": []})
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["code"] == "model_not_found" and error["type"] == "invalid_request_error"
+    assert "`run-2@7` does not exist" in error["message"] and "This batch may use: run-1@3" in error["message"]
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError, match="run-2@7"):
+        openai_client(served).chat.completions.create(**chat("run-2@7"))
+    assert upstream.requests == []
+    assert proxy.stats(served) == {"requests": 3, "refused": 3}
+
+
+def test_it_sends_upstream_the_body_it_checked(served, upstream):
+    """A duplicated "model" key is read one way by the proxy; the upstream must read it the same way."""
+    raw = b'{"model": "run-2@7", "model": "run-1@3", "messages": []}'
+    with http(served) as client:
+        response = client.post("/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 200
+    assert upstream.requests[0]["body"] == {"model": "run-1@3", "messages": []}
+
+
+@pytest.mark.parametrize("method, path", [
+    ("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter"), ("POST", "/collective_rpc"),
+    ("POST", "/sleep"), ("POST", "/wake_up"), ("POST", "/reset_prefix_cache"), ("GET", "/metrics"),
+    ("GET", "/docs"), ("GET", "/openapi.json"), ("POST", "/v1/embeddings"), ("GET", "/health"),
+    ("GET", "/v1/chat/completions"), ("POST", "/v1/models"), ("POST", "/v1/chat/completions/"),
+    ("POST", "/v1/../collective_rpc"), ("POST", "/v1/chat/completions/../../collective_rpc"),
+])
+def test_it_refuses_every_other_route(served, upstream, method, path):
+    with http(served) as client:
+        response = client.request(method, "http://proxy" + path, json=chat())
+    assert response.status_code == 404, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "route_not_found"
+    assert "passes only POST /v1/chat/completions, POST /v1/completions and GET /v1/models" in error["message"]
+    assert upstream.requests == []
+
+
+def test_it_refuses_an_oversized_body(served, upstream):
+    big = chat(padding="x" * (64 << 10))
+    with http(served) as client:
+        declared = client.post("/chat/completions", json=big)
+        # Sent chunked, with no Content-Length to refuse it by.
+        chunked = client.post("/chat/completions", content=iter([json.dumps(big).encode()]),
+                              headers={"Content-Type": "application/json"})
+    for response in (declared, chunked):
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+    assert upstream.requests == []
+
+
+def test_it_refuses_a_body_that_is_not_a_json_object(served, upstream):
+    with http(served) as client:
+        broken = client.post("/chat/completions", content=b"{not json")
+        listed = client.post("/chat/completions", json=[chat()])
+    assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
+    assert listed.status_code == 400
+    assert upstream.requests == []
+
+
+def test_it_lists_the_allowed_models_itself(served, upstream):
+    models = openai_client(served).models.list()
+    assert [m.id for m in models.data] == ["run-1@3"]
+    with http(served) as client:
+        assert client.get("/models/run-1@3").json()["id"] == "run-1@3"
+        assert client.get("/models/run-2@7").status_code == 404
+    assert upstream.requests == []
+
+
+def test_a_streamed_reply_arrives_chunk_by_chunk(served, upstream):
+    stream = openai_client(served).chat.completions.create(**chat(stream=True))
+    chunks = iter(stream)
+    first = next(chunks)
+    # The upstream is still holding the rest back, so the first chunk came through unbuffered.
+    assert first.choices[0].delta.content == "first" and not upstream.stream_finished.is_set()
+    upstream.release.set()
+    rest = [c.choices[0].delta.content for c in chunks]
+    assert rest == [" second", " third"] and upstream.stream_finished.is_set()
+
+
+def test_a_client_that_hangs_up_mid_stream_frees_the_upstream_connection(served, upstream):
+    with http(served) as client, client.stream("POST", "/chat/completions", json=chat(stream=True)) as response:
+        assert b"first" in next(response.iter_bytes())
+    assert upstream.disconnected.wait(5)
+    assert not upstream.stream_finished.is_set()
+
+
+def test_close_aborts_requests_in_flight_and_removes_the_socket(served, upstream, proxy):
+    errors = []
+
+    def read_stream():
+        try:
+            with http(served) as client, client.stream("POST", "/chat/completions", json=chat(stream=True)) as r:
+                for _ in r.iter_bytes():
+                    pass
+        except httpx.HTTPError as exc:
+            errors.append(exc)
+
+    reader = threading.Thread(target=read_stream)
+    reader.start()
+    deadline = time.monotonic() + 5
+    while not upstream.requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proxy.close(served)
+    reader.join(5)
+    assert errors and isinstance(errors[0], httpx.RemoteProtocolError)
+    assert upstream.disconnected.wait(5)
+    assert not served.exists()
+    with http(served) as client, pytest.raises(httpx.ConnectError):
+        client.get("/models")
+    proxy.close(served)  # again: nothing to do
+    assert proxy.stats(served) == {"requests": 1, "refused": 0}
+
+
+def test_two_sockets_serve_only_their_own_models(proxy, upstream, socket_dir):
+    one, two = socket_dir / "one.sock", socket_dir / "two.sock"
+    proxy.open(one, {"run-1@3": Upstream(upstream.base_url, api_key=WORKER_KEY)})
+    proxy.open(two, {"run-2@7": Upstream(upstream.base_url, api_key=WORKER_KEY)})
+    with http(one) as first, http(two) as second:
+        assert first.post("/chat/completions", json=chat("run-1@3")).status_code == 200
+        assert first.post("/chat/completions", json=chat("run-2@7")).status_code == 404
+        assert second.post("/chat/completions", json=chat("run-2@7")).status_code == 200
+        assert second.post("/chat/completions", json=chat("run-1@3")).status_code == 404
+        assert [m["id"] for m in second.get("/models").json()["data"]] == ["run-2@7"]
+    proxy.close(one)
+    with http(two) as second:
+        assert second.post("/chat/completions", json=chat("run-2@7")).status_code == 200
+    assert [r["body"]["model"] for r in upstream.requests] == ["run-1@3", "run-2@7", "run-2@7"]
+
+
+def test_the_socket_is_open_to_the_sandbox_user(served):
+    assert served.stat().st_mode & 0o777 == 0o666
+
+
+def test_an_unreachable_upstream_is_a_502(proxy, socket_dir):
+    path = socket_dir / "dead.sock"
+    proxy.open(path, {"m": Upstream("http://127.0.0.1:9/v1")})
+    with http(path) as client:
+        response = client.post("/chat/completions", json=chat("m"))
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "upstream_unreachable" and "Connection refused" in error["message"]
+    assert "127.0.0.1" not in error["message"]
+
+
+def test_a_slow_upstream_is_a_504(upstream, socket_dir):
+    proxy = InferenceProxy(timeout_s=0.3)
+    upstream.delay_s = 2.0
+    try:
+        proxy.open(socket_dir / "slow.sock", {"m": Upstream(upstream.base_url)})
+        with http(socket_dir / "slow.sock") as client:
+            response = client.post("/chat/completions", json=chat("m"))
+    finally:
+        proxy.shutdown()
+    assert response.status_code == 504 and response.json()["error"]["code"] == "upstream_timeout"
+
+
+def test_shutdown_closes_every_socket(proxy, upstream, socket_dir):
+    paths = [socket_dir / f"{i}.sock" for i in range(3)]
+    for path in paths:
+        proxy.open(path, {"m": Upstream(upstream.base_url)})
+    proxy.shutdown()
+    assert not any(path.exists() for path in paths)
+
+
+# As in rollouts/examples/tool_rollout.py: without the property's description the default model copies
+# the schema into its arguments instead of filling it in.
+LOOKUP_TOOL = {"type": "function", "function": {
+    "name": "lookup_capital", "description": "Look up the capital city of a country.",
+    "parameters": {"type": "object", "required": ["country"], "properties": {
+        "country": {"type": "string", "description": "The country's name in English."}}},
+}}
+
+
+@pytest.mark.vllm
+def test_it_serves_the_real_vllm_server_to_the_openai_client(vllm_server, proxy, socket_dir):
+    model = vllm_server.ensure_base()
+    path = socket_dir / "vllm.sock"
+    proxy.open(path, {model: Upstream(vllm_server.base_url, api_key=vllm_server.api_key)})
+    client = openai.OpenAI(base_url="http://proxy/v1", api_key=CALLER_KEY, max_retries=0,
+                           http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=300))
+    messages = [{"role": "user", "content": "Name three fruits."}]
+
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=12, stream=True,
+                                                 logprobs=True, temperature=0.0))
+    content = [c.choices[0] for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) > 1
+    assert all(choice.logprobs.content and choice.logprobs.content[0].logprob <= 0 for choice in content)
+
+    completion = client.chat.completions.create(
+        model=model, max_tokens=60, temperature=0.0, tools=[LOOKUP_TOOL],
+        messages=[{"role": "system", "content": "Use the lookup_capital tool, then answer with the city's name."},
+                  {"role": "user", "content": "What is the capital of France?"}],
+        tool_choice={"type": "function", "function": {"name": "lookup_capital"}},
+    )
+    [call] = completion.choices[0].message.tool_calls
+    assert call.function.name == "lookup_capital"
+    assert json.loads(call.function.arguments)["country"].lower() == "france"
+    assert proxy.stats(path) == {"requests": 2, "refused": 0}
