@@ -1,12 +1,15 @@
-"""Rollout throughput on the inference server: direct requests vs. the SDK in the sandbox, base model
-vs. a step's adapter, at several concurrency levels.
+"""Rollout throughput on the inference server: direct requests vs. the SDK in the sandbox (jailed, and
+with the development opt-out), base model vs. a step's adapter, at several concurrency levels; and the
+jail's start-up time.
 
     python bench/rollout_bench.py                      # starts vLLM for the default model
     python bench/rollout_bench.py --adapter-mode lora  # the same with vLLM's runtime LoRA instead
     python bench/rollout_bench.py --base-url http://127.0.0.1:8000/v1 --model NAME --api-key KEY  # a running server
 
 Every rollout is one chat completion of exactly --tokens tokens (ignore_eos), so tokens/s compare
-like for like. Targets: sandbox ≥ 80% of direct; adapter ≥ 70% of base.
+like for like. Targets: the jailed sandbox (jail + inference proxy) ≥ 90% of direct requests (the
+sandbox before the jail called vLLM directly and measured the same as direct); jail start-up < 100 ms;
+adapter ≥ 70% of base.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
+from rollouts.runtime.jail import OPT_OUT, Jail, JailConfig, JailLimits
+from rollouts.runtime.sandbox import FALLBACKS_DIR, GUEST_DIR, RolloutRequest, SandboxLimits, run_rollouts
 
 SCRIPT = """
 import art
@@ -33,6 +37,9 @@ async def rollout(model: art.Model, scenario) -> art.Trajectory:
     completion = await client.chat.completions.create(model=model.name, messages=messages)
     return art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=0.0)
 """
+
+
+KINDS = ("direct", "unjailed", "jailed")  # in-process client; sandbox with the opt-out; sandbox in its jail
 
 
 def prompts(n: int) -> list[str]:
@@ -59,14 +66,14 @@ async def direct(base_url: str, api_key: str, model: str, n: int, concurrency: i
         await client.close()
 
 
-def sandboxed(base_url: str, api_key: str, model: str, n: int, concurrency: int, sampling: dict) -> int:
+def sandboxed(base_url: str, api_key: str, model: str, n: int, concurrency: int, sampling: dict,
+              jail: JailConfig) -> int:
     # Groups of 4, as a run would send them; one sandbox process per 4 groups at most.
     group = 4 if n % 4 == 0 else 1
     request = RolloutRequest(
         script=SCRIPT, reward=None, scenarios=[{"prompt": p} for p in prompts(n // group)], group_size=group,
         base_url=base_url, api_key=api_key, model_name=model, sampling=sampling, concurrency=concurrency,
-        max_exceptions=0,
-        limits=SandboxLimits(rollout_timeout_s=1800),
+        max_exceptions=0, limits=SandboxLimits(rollout_timeout_s=1800), jail=jail,
     )
     results = run_rollouts(request)
     return sum(t["completion_tokens"] for g in results for t in g.trajectories)
@@ -78,8 +85,46 @@ def measure(kind: str, base_url: str, api_key: str, model: str, n: int, concurre
     if kind == "direct":
         tokens = asyncio.run(direct(base_url, api_key, model, n, concurrency, sampling))
     else:
-        tokens = sandboxed(base_url, api_key, model, n, concurrency, sampling)
+        tokens = sandboxed(base_url, api_key, model, n, concurrency, sampling,
+                           JailConfig(mode="jail" if kind == "jailed" else OPT_OUT))
     return tokens, time.perf_counter() - started
+
+
+def jail_startup(runs: int = 20) -> tuple[float, float]:
+    """Median ms from nothing to a jailed /bin/true that has exited, the batch's cgroup and staging
+    included (what every batch pays before Python starts), against a plain subprocess."""
+    import statistics
+    import subprocess
+
+    config = JailConfig()
+    jailed, plain = [], []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="artweb-bench-jail-") as tmp:
+            root = Path(tmp)
+            root.chmod(0o711)
+            for d in ("shared/box", "sock"):
+                (root / d).mkdir(parents=True)
+            started = time.perf_counter()
+            jail = Jail(config=config, root=root, socket_dir=root / "sock", guest_dir=GUEST_DIR,
+                        fallbacks_dir=FALLBACKS_DIR, python=sys.executable,
+                        limits=JailLimits(memory_mb=2048, processes=96, cpus=1.0))
+            for path in (root / "shared", root / "shared/box", root / "sock"):
+                os.chown(path, config.uid, config.uid)
+            subprocess.run(jail.command(root / "shared/box", ["/bin/true"]), check=True,
+                           preexec_fn=jail.preexec(cpu_seconds=10, file_mb=1))
+            jail.close()
+            jailed.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        subprocess.run(["/bin/true"], check=True)
+        plain.append(time.perf_counter() - started)
+    return statistics.median(jailed) * 1000, statistics.median(plain) * 1000
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 def make_adapter(base_dir: str, out_dir: Path, rank: int = 8) -> Path:
@@ -116,6 +161,10 @@ def main() -> None:
     args = parser.parse_args()
     sampling = {"max_tokens": args.tokens, "temperature": 1.0, "ignore_eos": True}
     levels = [int(c) for c in args.concurrency.split(",")]
+    print(f"{cpu_name()}, {os.cpu_count()} cores", flush=True)
+    jail_ms, plain_ms = jail_startup()
+    print(f"jail start-up: {jail_ms:.1f} ms median (cgroup, staging, bwrap, /bin/true), plain subprocess "
+          f"{plain_ms:.1f} ms", flush=True)
 
     server = None
     base_url, base_name, api_key = args.base_url, args.model, args.api_key
@@ -144,7 +193,7 @@ def main() -> None:
                 print(f"adapter loaded in {time.perf_counter() - started:.1f} s ({server.adapter_mode})", flush=True)
             measure("direct", base_url, api_key, name, 2, 2, {**sampling, "max_tokens": 4})  # warm-up
             for concurrency in levels:
-                for kind in ("direct", "sandbox"):
+                for kind in KINDS:
                     tokens, seconds = measure(kind, base_url, api_key, name, args.rollouts, concurrency, sampling)
                     rows.append((policy, kind, concurrency, tokens, seconds))
                     print(f"{policy:8} {kind:8} c={concurrency:<3} {tokens:6d} tok {seconds:7.2f} s "
@@ -154,11 +203,12 @@ def main() -> None:
         for concurrency in levels:
             line = f"c={concurrency:<3}"
             for policy, _ in policies:
-                d, s = by_key[(policy, "direct", concurrency)], by_key[(policy, "sandbox", concurrency)]
-                line += f"  {policy}: direct {d:6.1f} sandbox {s:6.1f} ({s / d:4.0%})"
+                d, u, j = (by_key[(policy, kind, concurrency)] for kind in KINDS)
+                line += (f"  {policy}: direct {d:6.1f} unjailed {u:6.1f} jailed {j:6.1f} "
+                         f"(jailed/direct {j / d:4.0%}, jailed/unjailed {j / u:4.0%})")
             if len(policies) == 2:
                 line += (f"  adapter/base: direct {by_key[('adapter', 'direct', concurrency)] / by_key[('base', 'direct', concurrency)]:4.0%}"
-                         f" sandbox {by_key[('adapter', 'sandbox', concurrency)] / by_key[('base', 'sandbox', concurrency)]:4.0%}")
+                         f" jailed {by_key[('adapter', 'jailed', concurrency)] / by_key[('base', 'jailed', concurrency)]:4.0%}")
             print(line)
     finally:
         if server is not None:

@@ -31,6 +31,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -246,6 +247,18 @@ def workers_ready(broker_url: str, names: tuple[str, ...]) -> bool:
     return all(name in answered for name in names)
 
 
+def sandbox_status(env: dict) -> list[str]:
+    """Lines for the start-up banner when user code cannot run jailed here: said now, not at the first step."""
+    if env.get("ARTWEB_SANDBOX") == "insecure-no-jail":
+        return ["WARNING: ARTWEB_SANDBOX=insecure-no-jail: uploaded code runs unjailed (development only)."]
+    probe = subprocess.run([sys.executable, "-m", "rollouts.runtime.jail"], env=env, capture_output=True,
+                           text=True, timeout=180, check=False)
+    if probe.returncode == 0:
+        return []
+    return ["WARNING: runs will fail: the sandbox for user code cannot be built here.",
+            *textwrap.wrap(probe.stdout.strip().removeprefix("no: "), 100)]
+
+
 def run(env: dict, data_dir: Path, *, host: str) -> int:
     services = start_services(data_dir, env)
     supervisor = Supervisor(env)
@@ -274,6 +287,7 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
             lines += [f"Log in as {admin[0]!r} with password {admin[1]!r}.",
                       "The password is shown only this once; change it with `python manage.py changepassword admin`."]
         lines += ["Press Ctrl-C to stop."]
+        lines += sandbox_status(env)
         width = max(map(len, lines))
         print("\n" + "=" * width + "\n" + "\n".join(lines) + "\n" + "=" * width + "\n", flush=True)
         name, code = supervisor.wait_for_exit()

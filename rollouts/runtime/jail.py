@@ -292,7 +292,8 @@ def _system_mounts() -> list[str]:
 def etc_files(batch_dir: Path) -> list[str]:
     """A passwd, group and hosts of the jail's own: no host accounts, `localhost` only."""
     etc = batch_dir / "etc"
-    etc.mkdir(mode=0o755, exist_ok=True)
+    etc.mkdir(exist_ok=True)
+    etc.chmod(0o755)
     files = {
         "passwd": f"sandbox:x:{INSIDE_UID}:{INSIDE_UID}:sandbox:{SCRATCH}:/bin/sh\n"
                   "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
@@ -345,12 +346,13 @@ def _stage(stage_dir: Path, sources: dict[str, str]) -> list[tuple[str, str, str
     reach, by the child, as root, in a mount namespace of its own (nothing shows on the host), and
     bwrap binds it from there.
     """
-    stage_dir.mkdir(mode=0o755, exist_ok=True)
     staged = []
     for i, (host, inside) in enumerate(sources.items()):
         d = stage_dir / str(i)
-        d.mkdir(mode=0o755, exist_ok=True)
+        d.mkdir(parents=True, exist_ok=True)
         staged.append((host, str(d), inside))
+    for d in (stage_dir, *stage_dir.iterdir()):
+        d.chmod(0o755)  # explicit: the worker's umask (077) would leave them closed to the sandbox uid
     return staged
 
 

@@ -287,6 +287,8 @@ class InferenceProxy:
                 # iter_any hands over each chunk as it arrives, so a streamed (SSE) reply stays a stream.
                 async for chunk in reply.content.iter_any():
                     await response.write(chunk)
+            except ConnectionResetError:  # the caller hung up: nobody is left to tell
+                return response
             except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
                 # Too late for an error status: cutting the connection before the last chunk is how
                 # HTTP tells the client its reply is incomplete.
@@ -314,6 +316,9 @@ def _model_card(name: str) -> dict:
 
 
 def _model_not_found(model, allowed: Mapping[str, Upstream]) -> web.Response:
+    names = ", ".join(allowed) or "no model"
+    if model is None:
+        return _error(404, f"The request names no model. This batch may use: {names}.", "model_not_found")
     return _error(404, f"The model `{model}` does not exist or you do not have access to it. This batch may use: "
-                       f"{', '.join(allowed) or 'no model'}.", "model_not_found")
+                       f"{names}.", "model_not_found")
 

@@ -419,3 +419,13 @@ def test_it_fails_closed_with_what_to_install_when_bubblewrap_is_missing(request
         jail.bwrap_path.cache_clear()
         jail.jail_check.cache_clear()
     assert started == []  # no user code ran
+
+
+def test_it_builds_the_jail_under_the_workers_private_umask(request_for):
+    """The launcher and the Docker start scripts run workers with umask 077."""
+    previous = os.umask(0o077)
+    try:
+        results = run_rollouts(request_for(script("pass")))
+    finally:
+        os.umask(previous)
+    assert [t["reward"] for g in results for t in g.trajectories] == [1.0] * 4
