@@ -28,6 +28,9 @@ FORWARDED_ROUTES = {("POST", "/v1/chat/completions"): "/chat/completions",
                     ("POST", "/v1/completions"): "/completions"}
 PASSED_ROUTES = "POST /v1/chat/completions, POST /v1/completions and GET /v1/models"
 
+# Request fields that would run the caller's own Jinja template inside the inference server.
+REFUSED_FIELDS = frozenset({"chat_template"})
+
 # RFC 9110 section 7.6.1: these describe one connection, not the message, and never cross a proxy.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade", "proxy-connection"})
@@ -229,6 +232,10 @@ class InferenceProxy:
         model = body.get("model")
         if not isinstance(model, str) or model not in sock.models:
             return _model_not_found(model, sock.models)
+        refused = sorted(REFUSED_FIELDS & body.keys())
+        if refused:
+            return _error(400, f"The request field(s) {', '.join(refused)} are not accepted here: the chat template "
+                               "is the model's own.", "field_not_allowed")
         upstream = sock.models[model]
         return await self._forward(request, upstream, suffix, model, body)
 

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -70,7 +71,7 @@ class Seen:
         while not self._stop.wait(0.05):
             self.pids.update(named(self.comm))
 
-    def __enter__(self) -> "Seen":
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -402,9 +403,7 @@ def test_it_passes_only_inference_routes_for_the_batchs_own_model(request_for, v
 
 
 def test_it_fails_closed_with_what_to_install_when_bubblewrap_is_missing(request_for, monkeypatch):
-    from rollouts.runtime import jail
-
-    from rollouts.runtime import sandbox
+    from rollouts.runtime import jail, sandbox
 
     started = []
     monkeypatch.setattr(sandbox._Sandbox, "start", lambda *a, **k: started.append(a))

@@ -196,6 +196,14 @@ def test_it_refuses_a_model_the_socket_does_not_allow(served, upstream, proxy):
     assert proxy.stats(served) == {"requests": 3, "refused": 3}
 
 
+def test_it_refuses_a_chat_template_of_the_callers_own(served, upstream):
+    """vLLM would render a request's own Jinja template: code of the caller's choosing in the server."""
+    with http(served) as client:
+        response = client.post("/chat/completions", json=chat(chat_template="{{ cycler.__init__.__globals__ }}"))
+    assert response.status_code == 400 and response.json()["error"]["code"] == "field_not_allowed"
+    assert upstream.requests == []
+
+
 def test_it_sends_upstream_the_body_it_checked(served, upstream):
     """A duplicated "model" key is read one way by the proxy; the upstream must read it the same way."""
     raw = b'{"model": "run-2@7", "model": "run-1@3", "messages": []}'
