@@ -1,14 +1,22 @@
-// Runs list: status, progress and latest reward of the listed runs, live from ws/runs/ (status and
-// step messages, each naming its run).
+// Runs list, live from ws/runs/: status, progress and rewards of the listed runs (status and step
+// messages, each naming its run), and runs created after the page loaded ("run" messages, one row each).
+//
+// A new run goes at the top of the table when the page lists the newest runs first, unfiltered, page 1;
+// anywhere else it might not belong here, so the page names it in a notice with a link instead.
 import { LiveSocket, showConnState } from "./ws.js";
 
+const root = document.getElementById("runs-live");
 const table = document.getElementById("runs-table");
 const rows = new Map();
 if (table) for (const tr of table.querySelectorAll("tr[data-run]")) rows.set(Number(tr.dataset.run), tr);
+let lastRun = Number(root?.dataset.lastRun || 0);
+const insertsNew = root?.dataset.insertsNew === "1";
+const perPage = Number(root?.dataset.perPage || 50);
 
-function update(msg) {
-  const tr = rows.get(Number(msg.run));
-  if (!tr) return; // not on this page
+const runUrl = (id) => root.dataset.runUrl.replace(/\/0\/$/, `/${id}/`);
+const fixed3 = (x) => (typeof x === "number" ? x.toFixed(3) : null);
+
+function update(tr, msg) {
   if (msg.status) {
     const badge = tr.querySelector("[data-status]");
     badge.textContent = msg.status;
@@ -20,11 +28,90 @@ function update(msg) {
     bar.value = msg.steps_done;
     tr.querySelector("[data-steps]").textContent = `${msg.steps_done}/${msg.num_steps}`;
   }
-  const latest = msg.type === "step" ? (msg.metrics || {}).reward_mean : msg.latest_reward;
-  if (typeof latest === "number") tr.querySelector("[data-latest]").textContent = latest.toFixed(3);
+  const latest = fixed3(msg.type === "step" ? (msg.metrics || {}).reward_mean : msg.latest_reward);
+  if (latest) tr.querySelector("[data-latest]").textContent = latest;
+  const best = fixed3(msg.best_val_reward);
+  if (best && msg.type === "run") tr.querySelector("[data-best]").textContent = best;
+}
+
+function field(tr, name, text) {
+  const cell = tr.querySelector(`[data-field="${name}"]`);
+  if (cell) cell.textContent = text;
+  return cell;
+}
+
+function buildRow(msg) {
+  const tr = document.getElementById("run-row").content.firstElementChild.cloneNode(true);
+  tr.dataset.run = msg.run;
+  const select = tr.querySelector('[data-field="select"]');
+  select.value = msg.run;
+  select.setAttribute("aria-label", `Select ${msg.name} for comparison`);
+  field(tr, "name", msg.name).href = runUrl(msg.run);
+  const tags = tr.querySelector('[data-field="tags"]');
+  for (const t of msg.tags || []) {
+    const a = Object.assign(document.createElement("a"), { className: "tag", textContent: t });
+    a.href = `?${new URLSearchParams({ tag: t })}`;
+    tags.append(a);
+  }
+  field(tr, "base_model", msg.base_model);
+  field(tr, "task", msg.task);
+  field(tr, "task_version", `v${msg.task_version}`);
+  field(tr, "owner", msg.owner);
+  if (msg.started_at) field(tr, "started", new Date(msg.started_at).toLocaleString());
+  else field(tr, "started", "").append(Object.assign(document.createElement("span"), { className: "muted", textContent: "not yet" }));
+  tr.querySelector("[data-progress]").setAttribute("aria-label", `progress of ${msg.name}`);
+  tr.querySelector("[data-latest]").textContent = "—";
+  tr.querySelector("[data-best]").textContent = "—";
+  update(tr, msg);
+  return tr;
+}
+
+function addRun(msg) {
+  const row = buildRow(msg);
+  const tbody = table.tBodies[0];
+  tbody.prepend(row);
+  rows.set(msg.run, row);
+  table.hidden = false;
+  document.getElementById("runs-empty")?.remove();
+  while (tbody.rows.length > perPage) {
+    const last = tbody.rows[tbody.rows.length - 1];
+    rows.delete(Number(last.dataset.run));
+    last.remove();
+  }
+  const count = document.getElementById("runs-count");
+  const n = Number(count.dataset.count) + 1;
+  count.dataset.count = n;
+  count.textContent = `${n} run${n === 1 ? "" : "s"}`;
+}
+
+function noteRun(msg) {
+  const notice = document.getElementById("new-runs");
+  const a = Object.assign(document.createElement("a"), { href: runUrl(msg.run), textContent: msg.name });
+  a.dataset.run = msg.run;
+  notice.append(a);
+  notice.hidden = false;
+}
+
+function onRun(msg) {
+  const tr = rows.get(Number(msg.run));
+  if (tr) return update(tr, msg);
+  if (msg.run <= lastRun) return; // an older run this page leaves out (a filter, another page)
+  lastRun = msg.run;
+  if (insertsNew && table) addRun(msg);
+  else if (root) noteRun(msg);
+}
+
+function onMessage(msg) {
+  if (msg.type === "run") onRun(msg);
+  else if (msg.type === "status" || msg.type === "step") {
+    const tr = rows.get(Number(msg.run));
+    if (tr) update(tr, msg);
+  }
 }
 
 new LiveSocket("/ws/runs/", {
-  onMessage: (msg) => { if (msg.type === "status" || msg.type === "step") update(msg); },
+  onMessage,
+  // The rows shown (their state may have moved on) and the runs created since the newest one known.
+  catchUp: () => ({ type: "catch_up", after_run: lastRun, runs: [...rows.keys()] }),
   onState: showConnState(document.getElementById("live-state")),
 });

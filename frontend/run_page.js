@@ -13,6 +13,7 @@ const state = {
   lastStep: data.last_step ?? -1,
   lastEvent: data.last_event || 0,
   lastLog: data.last_log || 0,
+  lastGroup: 0,
 };
 const live = (window.__artwebLive = { points: {}, received: {}, messages: 0 });
 
@@ -107,12 +108,105 @@ function addLog(msg) {
   appendItem("logs", li, 1000);
 }
 
-function addGroup(msg) {
-  const li = document.createElement("li");
-  const r = typeof msg.reward_mean === "number" ? msg.reward_mean.toFixed(3) : "—";
-  li.textContent = `step ${msg.step} · ${msg.split || "train"} group · reward ${r}`;
-  appendItem("groups-live", li, 20);
+// --- live groups ----------------------------------------------------------------------------------
+// Each scored group arrives when it is persisted, with its rewards, and again with its advantages once
+// the step's update is done; the second message replaces the first in place. Newest first.
+const groupList = document.getElementById("groups-live");
+const groupsShown = data.groups_shown || 20;
+const groups = new Map(); // id -> the group's latest message, for the ones on the page
+
+function num(x, digits, signed = false) {
+  if (typeof x !== "number") return "—";
+  return `${signed && x > 0 ? "+" : ""}${x.toFixed(digits)}`;
 }
+
+// An element with properties (dataset entries under `dataset`) and children; text goes in as text.
+function el(tag, { dataset = {}, ...props } = {}, ...children) {
+  const node = Object.assign(document.createElement(tag), props);
+  Object.assign(node.dataset, dataset);
+  node.append(...children.filter((c) => c != null));
+  return node;
+}
+
+function inspectorUrl(params) {
+  return `${groupList.dataset.inspector}?${new URLSearchParams(params)}`;
+}
+
+// A training group whose update has not stored advantages yet (its step is not done).
+function awaitsAdvantages(msg) {
+  return msg.split === "train" && msg.advantages == null && msg.step > state.stepsDone;
+}
+
+function valuesTable(msg) {
+  const head = el("tr", {}, el("th", { scope: "col", textContent: "rollout" }),
+    ...msg.rewards.map((_, i) => el("th", { scope: "col", className: "num", textContent: `#${i}` })));
+  const rewards = el("tr", {}, el("th", { scope: "row", textContent: "reward" }),
+    ...msg.rewards.map((r) => el("td", { className: "num", textContent: num(r, 2) })));
+  const rows = [rewards];
+  if (msg.split === "train") {
+    const adv = msg.advantages || msg.rewards.map(() => null);
+    rows.push(el("tr", { dataset: { advantages: msg.advantages ? "known" : "pending" } },
+      el("th", { scope: "row", textContent: "advantage" }),
+      ...adv.map((a) => el("td", {
+        className: `num ${a > 0 ? "adv-pos" : a < 0 ? "adv-neg" : ""}`,
+        textContent: a == null ? (awaitsAdvantages(msg) ? "…" : "—") : num(a, 2, true),
+      }))));
+  }
+  return el("div", { className: "table-wrap" }, el("table", { className: "group-values" },
+    el("thead", {}, head), el("tbody", {}, ...rows)));
+}
+
+function answer(kind, a, msg) {
+  if (!a) return null;
+  const label = `${kind} · #${a.index} · reward ${num(a.reward, 2)}`;
+  const text = a.text || (a.error ? `error: ${a.error}` : "(no answer)");
+  return el("div", { className: `answer answer-${kind.toLowerCase()}`, dataset: { answer: kind.toLowerCase() } },
+    el("span", { className: "label", textContent: label }), " ",
+    el("a", { className: "quote", href: inspectorUrl({ step: msg.step, split: msg.split, traj: a.trajectory }),
+      textContent: text }));
+}
+
+function renderGroup(msg) {
+  const badges = [];
+  if (awaitsAdvantages(msg)) badges.push(el("span", { className: "badge status-running", textContent: "training…" }));
+  if (msg.split === "train" && msg.skipped) {
+    badges.push(el("span", { className: "badge", title: "All rewards are equal: GRPO learns nothing from it.",
+      textContent: "no signal" }));
+  }
+  if (msg.error_count) {
+    badges.push(el("span", { className: "badge status-failed",
+      textContent: `${msg.error_count} error${msg.error_count === 1 ? "" : "s"}` }));
+  }
+  const head = el("div", { className: "group-head row" },
+    el("a", { href: inspectorUrl({ step: msg.step, split: msg.split }), textContent: `Step ${msg.step} · ${msg.split}` }),
+    el("span", { className: "muted", textContent: `scenario #${msg.scenario}` }),
+    el("span", { textContent: `reward ${num(msg.reward_mean, 3)} ± ${num(msg.reward_std, 3)}` }),
+    ...badges);
+  return el("li", { className: "live-group", dataset: { group: msg.id, step: msg.step } },
+    head, valuesTable(msg), answer("Best", msg.best, msg), answer("Worst", msg.worst, msg));
+}
+
+function addGroup(msg) {
+  const shown = groupList.querySelector(`[data-group="${msg.id}"]`);
+  if (shown) { // the same group again, now with its advantages
+    groups.set(msg.id, msg);
+    shown.replaceWith(renderGroup(msg));
+    return;
+  }
+  if (msg.id <= state.lastGroup) return; // older than every group shown: off the list already
+  state.lastGroup = msg.id;
+  groups.set(msg.id, msg);
+  groupList.querySelector(".empty")?.remove();
+  groupList.prepend(renderGroup(msg));
+  while (groupList.children.length > groupsShown) {
+    groups.delete(Number(groupList.lastElementChild.dataset.group));
+    groupList.lastElementChild.remove();
+  }
+}
+
+// Groups shown without advantages: catch-up sends them again, in case the advantages came meanwhile.
+const pendingGroups = () => [...groups.values()].filter((g) => g.split === "train" && g.advantages == null)
+  .map((g) => g.id);
 
 // --- live steps -----------------------------------------------------------------------------------
 function addStep(msg) {
@@ -153,9 +247,13 @@ function onMessage(msg) {
 }
 
 renderStatus();
+for (const g of data.groups || []) addGroup(g);
 live.socket = new LiveSocket(data.ws_path, {
   onMessage,
-  catchUp: () => ({ type: "catch_up", after_step: state.lastStep, after_event: state.lastEvent, after_log: state.lastLog }),
+  catchUp: () => ({
+    type: "catch_up", after_step: state.lastStep, after_event: state.lastEvent, after_log: state.lastLog,
+    after_group: state.lastGroup, pending_groups: pendingGroups(),
+  }),
   onState: (s) => { live.state = s; showConnState(document.getElementById("live-state"))(s); },
 });
 

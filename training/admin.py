@@ -1,12 +1,16 @@
 """Admin: checkpoint management first (delete files, retention, promote, download), useful pages for the rest.
 Every action goes through a service, which writes the run's event."""
 
+from django import forms
 from django.contrib import admin, messages
 from django.http import FileResponse
 from django.template.defaultfilters import filesizeformat
 
 from artweb.errors import ApplicationError
-from training.models import BaseModel, Checkpoint, Run, RunEvent, RunLog, Step
+from training.exports.schemas import export_settings_parse
+from training.exports.selectors import export_target_public
+from training.exports.services import export_target_create, export_target_test, export_target_update
+from training.models import BaseModel, Checkpoint, ExportTarget, Run, RunEvent, RunLog, Step
 from training.services.checkpoints import (
     checkpoint_apply_retention,
     checkpoint_archive,
@@ -124,3 +128,68 @@ class StepAdmin(admin.ModelAdmin):
     list_display = ("run", "step", "reward_mean", "val_reward", "duration_s", "created_at")
     list_select_related = ("run",)
     search_fields = ("run__name",)
+
+
+class ExportTargetAdminForm(forms.ModelForm):
+    """The key is write-only here as everywhere: a new one replaces the stored one, none keeps it."""
+
+    new_secret = forms.CharField(required=False, max_length=1000, label="New key", strip=True,
+                                 widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+                                 help_text="Stored encrypted and never shown. Leave empty to keep the stored key.")
+    clear_secret = forms.BooleanField(required=False, label="Remove the stored key")
+
+    class Meta:
+        model = ExportTarget
+        fields = ("owner", "run", "kind", "enabled", "settings")
+
+    def clean(self):
+        cleaned = super().clean()
+        kind = cleaned.get("kind") or self.instance.kind
+        if kind:
+            try:
+                cleaned["settings"] = export_settings_parse(kind, cleaned.get("settings")).model_dump()
+            except ApplicationError as exc:
+                for key, msgs in exc.field_errors.items():
+                    self.add_error("settings" if key.startswith("settings") else None, f"{key}: {msgs[0]}")
+        return cleaned
+
+
+@admin.register(ExportTarget)
+class ExportTargetAdmin(admin.ModelAdmin):
+    """Everyone's export targets. Saving goes through the export services, as the page and the API do."""
+
+    form = ExportTargetAdminForm
+    list_display = ("__str__", "owner", "run", "kind", "enabled", "key", "last_success_at", "last_error")
+    list_filter = ("kind", "enabled")
+    search_fields = ("owner__username", "run__name")
+    list_select_related = ("owner", "run")
+    raw_id_fields = ("run",)
+    readonly_fields = ("key", "last_error", "last_error_at", "last_success_at", "created_at", "updated_at")
+    actions = ("send_test_event",)
+
+    @admin.display(description="key")
+    def key(self, obj):
+        public = export_target_public(obj)
+        return public["secret"] or f"({public['secret_source']})"
+
+    def get_readonly_fields(self, request, obj=None):
+        # Owner, run and kind make the target what it is; change them by adding another.
+        return self.readonly_fields + (("owner", "run", "kind") if obj else ())
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        secret = "" if data.get("clear_secret") else (data.get("new_secret") or None)
+        if change:
+            export_target_update(target=ExportTarget.objects.get(id=obj.id), actor=request.user,
+                                 settings=data["settings"], secret=secret, enabled=data["enabled"])
+        else:
+            target = export_target_create(owner=data["owner"], kind=data["kind"], settings=data["settings"],
+                                          secret=secret or "", run=data.get("run"), enabled=data["enabled"])
+            obj.id = target.id
+        obj.refresh_from_db()
+
+    @admin.action(description="Send a test event")
+    def send_test_event(self, request, queryset):
+        for target in queryset.select_related("owner"):
+            result = export_target_test(target=target, actor=request.user)
+            self.message_user(request, f"{target}: {result.message}", messages.SUCCESS if result.ok else messages.ERROR)

@@ -1,11 +1,11 @@
-"""/api/v1/ routes for models, runs, metrics, trajectories, checkpoints, dry runs and tokens.
+"""/api/v1/ routes for models, runs, metrics, trajectories, checkpoints, dry runs, tokens and export targets.
 
 One view per operation; writes are POSTs to a named action (HackSoft style).
 """
 
 from django.urls import path
 
-from training.apis import base_models, checkpoints, dry_runs, runs, tokens, trajectories
+from training.apis import base_models, checkpoints, dry_runs, exports, runs, tokens, trajectories
 
 urlpatterns = [
     path("tokens/", tokens.TokenCreateApi.as_view(), name="api-token-create"),
@@ -39,4 +39,14 @@ urlpatterns = [
          name="api-checkpoint-promote"),
     path("checkpoints/<int:checkpoint_id>/delete/", checkpoints.CheckpointDeleteApi.as_view(),
          name="api-checkpoint-delete"),
+    path("export-targets/", exports.ExportTargetListApi.as_view(), name="api-export-targets"),
+    path("export-targets/kinds/", exports.ExportTargetKindListApi.as_view(), name="api-export-target-kinds"),
+    path("export-targets/create/", exports.ExportTargetCreateApi.as_view(), name="api-export-target-create"),
+    path("export-targets/<int:target_id>/", exports.ExportTargetDetailApi.as_view(), name="api-export-target"),
+    path("export-targets/<int:target_id>/update/", exports.ExportTargetUpdateApi.as_view(),
+         name="api-export-target-update"),
+    path("export-targets/<int:target_id>/test/", exports.ExportTargetTestApi.as_view(),
+         name="api-export-target-test"),
+    path("export-targets/<int:target_id>/delete/", exports.ExportTargetDeleteApi.as_view(),
+         name="api-export-target-delete"),
 ]

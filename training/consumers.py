@@ -6,9 +6,25 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from training.services.broadcast import RUNS_GROUP, run_group_name
+from training.services.broadcast import RUNS_STAFF_GROUP, run_group_name, runs_user_group
 
 CATCH_UP_LIMIT = 2000
+# Runs a runs-list page asks about at most: its largest page.
+RUNS_CATCH_UP_LIMIT = 200
+
+
+def _cursor(content: dict, name: str) -> int:
+    try:
+        return int(content.get(name) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _ids(content: dict, name: str, limit: int) -> list[int]:
+    value = content.get(name)
+    if not isinstance(value, list):
+        return []
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)][:limit]
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -45,12 +61,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     @database_sync_to_async
     def _catch_up(self, content: dict) -> list[dict]:
         from training.models import Run, RunEvent, RunLog, Step
+        from training.selectors import GROUPS_SHOWN
+        from training.services.broadcast import run_group_messages
 
         def cursor(name):
-            try:
-                return int(content.get(name) or 0)
-            except (TypeError, ValueError):
-                return 0
+            return _cursor(content, name)
 
         out: list[dict] = []
         run = Run.objects.filter(id=self.run_id).values("status", "steps_done", "num_steps", "error").first()
@@ -66,11 +81,18 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         for line in RunLog.objects.filter(run_id=self.run_id, id__gt=cursor("after_log")).order_by("id")[:CATCH_UP_LIMIT]:
             out.append({"type": "log", "id": line.id, "level": line.level, "message": line.message, "step": line.step,
                         "created_at": line.created_at.isoformat()})
+        # Groups newer than the page's, and again those it shows without advantages (they may have them now).
+        out.extend(run_group_messages(run_id=self.run_id, after_id=cursor("after_group"),
+                                      ids=_ids(content, "pending_groups", GROUPS_SHOWN)))
         return out
 
 
 class RunsConsumer(AsyncJsonWebsocketConsumer):
-    """ws/runs/: status and progress of runs, for the runs list. Forwards only the user's own runs."""
+    """ws/runs/: new runs, status and progress, for the runs list.
+
+    Joins the user's own runs-list group (staff: the staff group, which carries every run), so only
+    runs the user may see ever reach the socket, and the consumer forwards without a query per message.
+    """
 
     async def connect(self):
         user = self.scope.get("user")
@@ -78,20 +100,30 @@ class RunsConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4403)
             return
         self.user = user
-        await self.channel_layer.group_add(RUNS_GROUP, self.channel_name)
+        self.group = RUNS_STAFF_GROUP if user.is_staff else runs_user_group(user.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code):
-        await self.channel_layer.group_discard(RUNS_GROUP, self.channel_name)
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs):
+        if content.get("type") == "catch_up":
+            for message in await self._catch_up(content):
+                await self.send_json(message)
 
     async def run_message(self, event):
-        message = event["message"]
-        run_id = message.get("run")
-        if run_id is not None and await self._can_see(run_id):
-            await self.send_json(message)
+        await self.send_json(event["message"])
 
     @database_sync_to_async
-    def _can_see(self, run_id: int) -> bool:
-        from training.selectors import run_visible
+    def _catch_up(self, content: dict) -> list[dict]:
+        """Rows of the runs the page shows (`runs`: their ids) and of runs created after its newest
+        (`after_run`), newest last."""
+        from training.selectors import run_visible, runs_by_id
+        from training.services.broadcast import run_row_message
 
-        return run_visible(self.user).filter(id=run_id).exists()
+        newer = list(run_visible(self.user).filter(id__gt=_cursor(content, "after_run"))
+                     .order_by("-id").values_list("id", flat=True)[:RUNS_CATCH_UP_LIMIT])
+        ids = set(newer) | set(_ids(content, "runs", RUNS_CATCH_UP_LIMIT))
+        return [run_row_message(run) for run in runs_by_id(user=self.user, ids=ids).order_by("id")]

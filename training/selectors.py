@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from django.db.models import Q, QuerySet
+from django.db.models import Max, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
@@ -195,3 +197,55 @@ def run_metrics_series(*, run: Run, series: list[str] | None = None, since_step:
         x, y = _downsample(x, y, max_points or 0)
         out[name] = {"x": x.tolist(), "y": [round(v, 6) for v in y.tolist()]}
     return {"series": out, "last_step": rows[-1][0] if rows else since_step}
+
+
+# --- live groups and the live runs list ------------------------------------------------------------
+
+# Scored groups the run page keeps in its "Latest groups" list (first paint, catch-up and live alike).
+GROUPS_SHOWN = 20
+
+
+def group_extremes(trajectories) -> tuple:
+    """(best, worst) scored trajectory of a group: the highest reward (first on a tie) and the lowest
+    (last on a tie, so a group of equal rewards still shows two answers); (None, None) if none is scored."""
+    scored = [t for t in trajectories if t.reward is not None and math.isfinite(t.reward)]
+    if not scored:
+        return None, None
+    best = max(scored, key=lambda t: t.reward)
+    worst = min(reversed(scored), key=lambda t: t.reward)
+    return best, worst
+
+
+def run_groups_latest(*, run_id: int, after_id: int = 0, ids=(), limit: int = GROUPS_SHOWN) -> list[tuple]:
+    """[(group, its trajectories)], oldest first: the newest `limit` groups with id > after_id, and
+    those of `ids` (at most `limit` of them). The caller has checked that the user may see the run.
+
+    Three queries however many groups: transcripts are read only for each group's best and worst
+    trajectory, the two its message quotes."""
+    from rollouts.models import Trajectory, TrajectoryGroup
+
+    ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)][:limit]
+    groups = list(TrajectoryGroup.objects.filter(Q(id__gt=after_id) | Q(id__in=ids), run_id=run_id)
+                  .order_by("-id")[:limit + len(ids)])
+    newer = [g for g in groups if g.id > after_id][:limit]
+    asked = [g for g in groups if g.id <= after_id]
+    groups = sorted(newer + asked, key=lambda g: g.id)
+    trajs = list(Trajectory.objects.filter(group__in=[g.id for g in groups]).order_by("group_id", "index")
+                 .only("id", "group_id", "index", "reward", "advantage", "error"))
+    by_group: dict[int, list] = {g.id: [] for g in groups}
+    for t in trajs:
+        by_group[t.group_id].append(t)
+    quoted = {t.id: t for ts in by_group.values() for t in group_extremes(ts) if t is not None}
+    for tid, messages in Trajectory.objects.filter(id__in=list(quoted)).values_list("id", "messages"):
+        quoted[tid].messages = messages  # fills the deferred field: no query when the message reads it
+    return [(g, by_group[g.id]) for g in groups]
+
+
+def run_latest_id(*, user) -> int:
+    """The newest id among the runs the user may see (0 if none): the runs list's catch-up cursor."""
+    return run_visible(user).aggregate(latest=Max("id"))["latest"] or 0
+
+
+def runs_by_id(*, user, ids) -> QuerySet[Run]:
+    """The user's runs among ids, with what a runs-list row shows."""
+    return run_visible(user).filter(id__in=ids).select_related("base_model", "script_version__asset", "owner")

@@ -2,7 +2,7 @@
 
 from django.urls import include, path
 
-from training.views import assets, compare, models, runs, trajectories
+from training.views import assets, compare, exports, models, runs, trajectories
 
 urlpatterns = [
     path("", runs.run_list_view, name="run-list"),
@@ -14,6 +14,11 @@ urlpatterns = [
     path("runs/<int:run_id>/<slug:action>/", runs.run_action_view, name="run-action"),
     path("compare/", compare.run_compare_view, name="run-compare"),
     path("models/", models.model_list_view, name="model-list"),
+    path("exports/", exports.export_list_view, name="export-list"),
+    path("exports/new/<slug:kind>/", exports.export_create_view, name="export-new"),
+    path("exports/<int:target_id>/", exports.export_detail_view, name="export-detail"),
+    path("exports/<int:target_id>/test/", exports.export_test_view, name="export-test"),
+    path("exports/<int:target_id>/delete/", exports.export_delete_view, name="export-delete"),
     path("assets/plotly-<str:version>.min.js", assets.plotly_js, name="plotly-js"),
     path("", include("rollouts.urls")),
 ]

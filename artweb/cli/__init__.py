@@ -9,6 +9,7 @@ The server and token come from --url/--token or ARTWEB_URL/ARTWEB_TOKEN. Example
     artweb runs start --config run.yaml --watch
     artweb runs export 12 --out run12.jsonl
     artweb checkpoints download 40 --out adapter.tar.gz
+    artweb exports create wandb --set project=my-agent --secret --test
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 
 import httpx
 
-from artweb.cli import assets, runs  # noqa: F401  (importing them registers their commands)
+from artweb.cli import assets, exports, runs  # noqa: F401  (importing them registers their commands)
 from artweb.cli.base import cli, err_console
 from artweb.client import ApiError
 

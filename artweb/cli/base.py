@@ -20,7 +20,7 @@ err_console = Console(stderr=True)
 @click.option("--token", envvar="ARTWEB_TOKEN", default=None, help="API token (env ARTWEB_TOKEN).")
 @click.pass_context
 def cli(ctx, url, token):
-    """Drive artweb from the terminal: uploads, runs, metrics, trajectories, checkpoints."""
+    """Drive artweb from the terminal: uploads, runs, metrics, trajectories, checkpoints, exports."""
     ctx.obj = {"url": url, "token": token}
 
 

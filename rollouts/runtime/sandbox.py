@@ -6,8 +6,8 @@ runs in a jail (rollouts.runtime.jail): its own user, pid, mount, ipc, uts and n
 unprivileged uid, a read-only view of the interpreter, the SDK and its own files, a private /tmp, and
 cgroup limits on memory, processes and CPU for the whole batch. Its only way out is one unix socket
 to the worker's inference proxy (rollouts.runtime.proxy), which passes the OpenAI inference routes for
-the batch's own model name and nothing else; the guest relays 127.0.0.1 inside the jail to it, so
-OPENAI_BASE_URL works for any client.
+the batch's own model name (and its RULER judge's) and nothing else; the guest relays 127.0.0.1 inside
+the jail to it, so OPENAI_BASE_URL works for any client.
 
 Results come back as one JSON line per finished trajectory on a pipe, so a process that dies (os._exit,
 a segfault, a limit) loses only its unfinished rollouts, which are recorded as errors saying why. Every
@@ -81,6 +81,9 @@ class RolloutRequest:
     jail: JailConfig = field(default_factory=JailConfig)
     vocab_size: int | None = None  # token ids in records must be below this (the model's embedding rows)
     extra_models: dict[str, Upstream] = field(default_factory=dict)  # more names the batch may call (a judge)
+    # The judge for RULER: model_name or a key of extra_models. Scripts get it as art.rewards' default judge.
+    judge_model: str | None = None
+    ruler: bool = False  # the judge scores every group after its rollouts; its scores become the rewards
 
 
 # What a run's observability settings may put in the sandbox's environment (Weave tracing); nothing else
@@ -100,6 +103,14 @@ class GroupResult:
     @property
     def errors(self) -> list[str]:
         return [t["error"] for t in self.trajectories if t["error"]]
+
+    @property
+    def judge_s(self) -> float:
+        """Seconds the RULER judge took over this group (0.0 when it was not judged). The sandbox's
+        word, so only a sane value counts: a whole number of milliseconds within a day."""
+        ms = [t.get("judge_ms") for t in self.trajectories]
+        ms = [v for v in ms if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 86_400_000]
+        return max(ms, default=0) / 1000
 
     def to_dict(self) -> dict:
         return {"scenario": self.scenario, "trajectories": self.trajectories}
@@ -153,14 +164,19 @@ def run_rollouts(
     """
     if request.group_size < 1:
         raise ValueError("group_size must be at least 1")
+    if request.judge_model is not None and request.judge_model not in (request.model_name, *request.extra_models):
+        raise ValueError(f"the judge {request.judge_model!r} is neither the batch's model nor one of its extra_models")
+    if request.ruler and request.judge_model is None:
+        raise ValueError("a batch scored by RULER needs a judge_model")
     n_groups = len(request.scenarios)
     if n_groups == 0:
         return []
     limits = request.limits
     total = n_groups * request.group_size
     concurrency = max(1, request.concurrency)
+    # Under RULER each group waits for its judge after its rollouts, bounded by the same limit: one more turn.
     batch_timeout = limits.batch_timeout_s or (
-        limits.rollout_timeout_s * math.ceil(total / concurrency) + 60.0
+        limits.rollout_timeout_s * (math.ceil(total / concurrency) + int(request.ruler)) + 60.0
     )
     reward_kind = None
     if request.reward is not None:
@@ -293,6 +309,8 @@ def dry_run(
         model_name=model_name, api_key=api_key, sampling={"max_tokens": 256, **(sampling or {})},
         concurrency=16, max_exceptions=len(chosen) * group_size, limits=limits, sandboxes=1, python=python,
         jail=jail or JailConfig(), vocab_size=vocab_size,
+        # A dry run serves the base model, so a script's art.rewards calls can be tried with it as judge.
+        judge_model=model_name,
     )
     results = run_rollouts(request)
     trajectories = [
@@ -340,6 +358,8 @@ class _BatchFiles:
             "group_size": request.group_size,
             "model_name": request.model_name,
             "reward_kind": reward_kind,
+            "ruler": request.ruler,
+            "judge_model": request.judge_model,
             "concurrency": concurrency,
             "rollout_timeout_s": request.limits.rollout_timeout_s,
             "max_processes": request.limits.max_processes,
@@ -410,6 +430,8 @@ class _Sandbox:
             "ARTWEB_SAMPLING": json.dumps(request.sampling),
             "ARTWEB_RESULT_FD": str(write_fd),
             "ARTWEB_STEP": str(request.step),
+            # art.rewards' default judge; the proxy admits it for this batch.
+            "ARTWEB_JUDGE_MODEL": request.judge_model or "",
             # W&B and Weave would otherwise send crash reports to an outside service.
             "WANDB_ERROR_REPORTING": "false",
         }

@@ -66,15 +66,18 @@ class Recorder:
         return [e for e in out if kind is None or e["type"] == kind]
 
 
-@pytest.fixture
-def recording_server():
-    """A local HTTP server recording every request and answering like Langfuse's ingestion endpoint."""
+def start_recording_server() -> Recorder:
+    """A local HTTP server recording every request and answering like Langfuse's ingestion endpoint.
+    Call .stop() when done (the recording_server fixture does)."""
     rec = Recorder()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = json.loads(raw) if raw else None
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:  # recorded all the same: what matters may be the headers
+                body = None
             rec.requests.append({"method": "POST", "path": self.path, "headers": dict(self.headers), "body": body})
             reply = rec.reply if rec.reply is not None else {
                 "successes": [{"id": e["id"], "status": 201} for e in (body or {}).get("batch", [])], "errors": []}
@@ -92,9 +95,21 @@ def recording_server():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     rec.url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def stop():
+        server.shutdown()
+        server.server_close()
+
+    rec.stop = stop
+    return rec
+
+
+@pytest.fixture
+def recording_server():
+    """A local HTTP server recording every request and answering like Langfuse's ingestion endpoint."""
+    rec = start_recording_server()
     yield rec
-    server.shutdown()
-    server.server_close()
+    rec.stop()
 
 
 def free_port() -> int:

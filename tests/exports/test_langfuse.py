@@ -100,22 +100,28 @@ def test_an_unreachable_service_is_an_export_error(run_with_steps):
         export_sync(target_id=target.id, run_id=run_with_steps.id)
 
 
-def test_keys_come_from_the_worker_environment_when_none_are_stored(run_with_steps, recording_server, monkeypatch):
+def test_keys_come_from_the_worker_environment_when_none_are_stored(run_with_steps, recording_server, monkeypatch,
+                                                                     staff):
+    """Only for the operator's own (staff) targets: see tests/exports/test_worker_env.py for everyone else's."""
     monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", "pk-env")
     monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk-env")
     monkeypatch.setenv("LANGFUSE_HOST", recording_server.url)
-    target = export_target_create(owner=run_with_steps.owner, kind="langfuse")
+    target = export_target_create(owner=staff, kind="langfuse", run=run_with_steps)
     export_sync(target_id=target.id, run_id=run_with_steps.id)
     assert recording_server.requests[0]["headers"]["Authorization"] == "Basic " + base64.b64encode(
         b"pk-env:sk-env").decode()
 
 
-def test_without_any_key_it_says_where_to_put_one(run_with_steps, monkeypatch):
+def test_without_any_key_it_says_where_to_put_one(run_with_steps, monkeypatch, staff):
     monkeypatch.delenv("LANGFUSE_SECRET_KEY", raising=False)
     monkeypatch.delenv("LANGFUSE_PUBLIC_KEY", raising=False)
     target = export_target_create(owner=run_with_steps.owner, kind="langfuse")
-    with pytest.raises(ExportError, match="LANGFUSE_SECRET_KEY"):
+    with pytest.raises(ExportError, match="enter them in the export settings") as exc:
         export_sync(target_id=target.id, run_id=run_with_steps.id)
+    assert "LANGFUSE_SECRET_KEY" not in str(exc.value)  # not an option for alice's target
+    operators = export_target_create(owner=staff, kind="langfuse", run=run_with_steps)
+    with pytest.raises(ExportError, match="LANGFUSE_SECRET_KEY"):
+        export_sync(target_id=operators.id, run_id=run_with_steps.id)
 
 
 def test_trajectory_events_mark_errors():

@@ -27,11 +27,14 @@ def test_a_short_key_shows_nothing_of_itself(alice):
     assert export_target_public(target)["secret"] == "••••"
 
 
-def test_without_a_stored_key_the_workers_environment_supplies_it(alice, monkeypatch):
+def test_without_a_stored_key_the_workers_environment_supplies_the_operators_own(staff, alice, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "from-the-env")
-    target = export_target_create(owner=alice, kind="wandb", settings={"project": "p"})
+    target = export_target_create(owner=staff, kind="wandb", settings={"project": "p"})
     assert export_target_secret(target) == "from-the-env"
     assert export_target_public(target)["secret_source"] == "worker environment"
+    users = export_target_create(owner=alice, kind="wandb", settings={"project": "p"})
+    assert export_target_secret(users) == ""
+    assert export_target_public(users)["secret_source"] == "none"
 
 
 def test_keys_survive_a_secret_key_rotation_with_fallbacks():

@@ -30,10 +30,11 @@ def test_a_weave_target_hands_the_sandbox_its_project_and_key(alice, monkeypatch
     assert export_rollout_env(run=run) == {}
 
 
-def test_without_any_key_rollouts_run_untraced(alice, monkeypatch):
+def test_without_any_key_rollouts_run_untraced(staff, monkeypatch):
+    """The operator's own (staff) target may take the worker's key; nobody else's may (test_worker_env.py)."""
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    run = RunFactory(owner=alice)
-    export_target_create(owner=alice, kind="weave", settings={"project": "team/agents"})
+    run = RunFactory(owner=staff)
+    export_target_create(owner=staff, kind="weave", settings={"project": "team/agents"})
     assert export_rollout_env(run=run) == {}
     monkeypatch.setenv("WANDB_API_KEY", "from-env-key")
     assert export_rollout_env(run=run)["WANDB_API_KEY"] == "from-env-key"

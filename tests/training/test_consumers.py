@@ -8,7 +8,7 @@ from django.test import Client
 
 from artweb.asgi import application
 from tests.factories import RunFactory, StepFactory
-from training.services.broadcast import broadcast_now, run_group_name
+from training.services.broadcast import broadcast_now, run_group_name, runs_list_groups
 from training.services.logs import run_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,8 +59,9 @@ async def test_the_runs_socket_forwards_only_own_runs(alice, bob):
     theirs = await sync_to_async(RunFactory)(owner=bob)
     comm, connected, _ = await _connect("/ws/runs/", alice)
     assert connected
-    await sync_to_async(broadcast_now)("runs", {"type": "status", "run": theirs.id, "status": "running"})
-    await sync_to_async(broadcast_now)("runs", {"type": "status", "run": mine.id, "status": "running"})
+    for run in (theirs, mine):  # each to every runs list that may show it
+        for group in runs_list_groups(run.owner_id):
+            await sync_to_async(broadcast_now)(group, {"type": "status", "run": run.id, "status": "running"})
     assert (await comm.receive_json_from(timeout=5))["run"] == mine.id
     assert await comm.receive_nothing(timeout=0.5)
     await comm.disconnect()

@@ -46,8 +46,9 @@ def _alpha(cfg: TrainConfig) -> int | float:
     return int(cfg.lora_alpha) if float(cfg.lora_alpha).is_integer() else cfg.lora_alpha
 
 
-def load_peft(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedModel:
-    """transformers + PEFT: CPU or GPU, any causal LM that transformers loads."""
+def load_peft(cfg: TrainConfig, base_model_path: str, device: str, seed: int = 0) -> LoadedModel:
+    """transformers + PEFT: CPU or GPU, any causal LM that transformers loads. PEFT draws the LoRA
+    initialisation from torch's global generator, which the trainer seeds before calling this."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -66,7 +67,7 @@ def load_peft(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedMode
     return LoadedModel(model=model, tokenizer=tokenizer)
 
 
-def load_unsloth(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedModel:
+def load_unsloth(cfg: TrainConfig, base_model_path: str, device: str, seed: int = 0) -> LoadedModel:
     """Unsloth's FastLanguageModel + LoRA: fused kernels and its own activation offloading; CUDA only."""
     if not str(device).startswith("cuda"):
         raise ValueError("the unsloth backend needs a CUDA device; use backend 'peft' on the CPU")
@@ -80,10 +81,10 @@ def load_unsloth(cfg: TrainConfig, base_model_path: str, device: str) -> LoadedM
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=base_model_path, max_seq_length=cfg.max_seq_len, dtype=resolve_dtype(cfg.dtype, device),
         load_in_4bit=False, load_in_8bit=False, full_finetuning=False, fix_tokenizer=False,
-        use_gradient_checkpointing=checkpointing, random_state=cfg.seed)
+        use_gradient_checkpointing=checkpointing, random_state=seed)
     model = FastLanguageModel.get_peft_model(
         model, r=cfg.lora_rank, lora_alpha=_alpha(cfg), lora_dropout=cfg.lora_dropout,
-        target_modules=list(cfg.lora_target_modules), bias="none", random_state=cfg.seed,
+        target_modules=list(cfg.lora_target_modules), bias="none", random_state=seed,
         use_gradient_checkpointing=checkpointing)
     FastLanguageModel.for_training(model)
     # Unsloth may return a processor-like wrapper; the trainer needs the text tokenizer.

@@ -20,6 +20,14 @@ LOSS_CLIP_DEFAULTS: dict[str, tuple[float, float]] = {
     "gspo": (3e-4, 4e-4),
 }
 
+# Settings of a run that people look for here, and where they are. A run has one seed (it seeds the
+# scenario sampling and the trainer alike), and its group size is how many rollouts it samples per
+# scenario; the trainer takes the seed as an argument and groups of whatever size it is given.
+MOVED_KEYS = {
+    "seed": "set the run's `seed` (it seeds training and scenario sampling)",
+    "group_size": "set the run's `group_size` (rollouts per scenario)",
+}
+
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -55,13 +63,8 @@ class TrainConfig:
     # Recompute activations in the backward pass: less memory, ~30% more compute. Worth it for long
     # sequences on GPU; off by default because the sequences of agent rollouts are usually short.
     gradient_checkpointing: bool = _spec(False)
-    # Seeds the LoRA initialisation and any dropout; resumed runs restore the RNG state instead.
-    seed: int = _spec(0, lo=0, hi=2**32 - 1)
 
     # --- GRPO ----------------------------------------------------------------------------------------
-    # Rollouts sampled per scenario. A group needs two different rewards to carry any signal, hence ≥ 2.
-    # The trainer accepts smaller groups (failed rollouts drop out) and skips those without signal.
-    group_size: int = _spec(8, lo=2, hi=1024)
     # Divide each group's centred rewards by the group's standard deviation (ART's default: on).
     scale_rewards: bool = _spec(True)
     # Policy loss: "cispo" (clipped, detached importance weight times log-prob; ART's default),
@@ -134,6 +137,10 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
+        for key in unknown:
+            if key in MOVED_KEYS:
+                raise ConfigError(key, f"{key} belongs to the run, not to its training settings: "
+                                       f"{MOVED_KEYS[key]}")
         if unknown:
             raise ConfigError(unknown[0], f"unknown config key(s) {unknown}; allowed keys: {sorted(known)}")
         return cls(**data)

@@ -49,10 +49,18 @@ class _Sums:
 
 
 class GRPOTrainer:
-    def __init__(self, cfg: TrainConfig, base_model_path: str, device: str = "cpu"):
+    def __init__(self, cfg: TrainConfig, base_model_path: str, device: str = "cpu", *, seed: int = 0,
+                 chat_template: str | None = None):
+        """seed: the LoRA initialisation's and any dropout's (a resumed trainer restores its saved RNG
+        states instead). chat_template: a Jinja chat template to render trajectories with instead of
+        the tokenizer's own; it must be the one the inference server rendered them with."""
         if cfg.backend not in LOADERS:
             raise ConfigError("backend", f"backend must be one of {sorted(LOADERS)}, got {cfg.backend!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+            raise ConfigError("seed", f"seed must be an integer in [0, 4294967295], got {seed!r}")
         self.cfg = cfg
+        self.seed = seed
+        self.chat_template = chat_template or None
         self.base_model_path = str(base_model_path)
         self.device = str(device)
         self._base_dtype = resolve_dtype(cfg.dtype, self.device)  # what the loaders give the base weights
@@ -71,8 +79,10 @@ class GRPOTrainer:
             self._check_compatible(state.config)
         # Seed every RNG at a run's start so the LoRA init and any dropout are reproducible;
         # a resumed run restores the saved RNG states below instead.
-        _seed_everything(self.cfg.seed)
-        self._loaded = LOADERS[self.cfg.backend](self.cfg, self.base_model_path, self.device)
+        _seed_everything(self.seed)
+        self._loaded = LOADERS[self.cfg.backend](self.cfg, self.base_model_path, self.device, seed=self.seed)
+        if self.chat_template:
+            self._loaded.tokenizer.chat_template = self.chat_template
         named = sorted((n, p) for n, p in self.model.named_parameters() if p.requires_grad)
         self._param_names = [n for n, _ in named]
         self.optimizer = torch.optim.AdamW(
@@ -325,6 +335,7 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_trainer(cfg: TrainConfig, base_model_path: str, device: str = "cpu") -> GRPOTrainer:
+def make_trainer(cfg: TrainConfig, base_model_path: str, device: str = "cpu", *, seed: int = 0,
+                 chat_template: str | None = None) -> GRPOTrainer:
     """A trainer for cfg.backend; call .load() before training."""
-    return GRPOTrainer(cfg, base_model_path=base_model_path, device=device)
+    return GRPOTrainer(cfg, base_model_path=base_model_path, device=device, seed=seed, chat_template=chat_template)

@@ -18,6 +18,8 @@ class ExportJob:
 
     steps: the Step rows after the target's cursor, in order. final: the run has ended and its end is
     not exported yet. done(step) advances the cursor; call it only once the service has the step.
+    worker_env: whatever the settings and secret leave empty may come from the worker's environment
+    (the operator's own targets only; see selectors.export_target_uses_worker_env).
     """
 
     target: ExportTarget
@@ -28,3 +30,4 @@ class ExportJob:
     settings: object  # the kind's validated settings model
     secret: str
     done: Callable[[int], None] = field(repr=False, default=lambda step: None)
+    worker_env: bool = False

@@ -28,25 +28,37 @@ CONTENT_LIMIT = 100_000  # characters kept of one message's content
 TIMEOUT_S = 30.0
 
 
-def langfuse_endpoint(job: ExportJob) -> tuple[str, str, str]:
-    """(host, public_key, secret_key), settings first, then the worker's environment."""
-    host = job.settings.host or os.environ.get("LANGFUSE_HOST", "").rstrip("/") or DEFAULT_HOST
-    public = job.settings.public_key or os.environ.get("LANGFUSE_PUBLIC_KEY", "")
-    if not public or not job.secret:
-        raise ExportError("Langfuse needs a public and a secret key: enter them in the export settings, "
-                          "or set LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY in the worker's environment.")
-    return host, public, job.secret
+TEST_TIMEOUT_S = 15.0  # a person waits on the page for a test event's answer
+
+
+def langfuse_endpoint(cfg, secret: str, *, worker_env: bool) -> tuple[str, str, str]:
+    """(host, public_key, secret_key): the settings, then (the operator's own targets only) the worker's
+    environment. Anyone else's target never borrows the operator's keys or sends its keys elsewhere."""
+    env = os.environ if worker_env else {}
+    host = cfg.host or env.get("LANGFUSE_HOST", "").rstrip("/") or DEFAULT_HOST
+    public = cfg.public_key or env.get("LANGFUSE_PUBLIC_KEY", "")
+    if not public or not secret:
+        where = (", or set LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY in the worker's environment" if worker_env
+                 else " (the Exports page, or `artweb exports edit ID --set public_key=pk-lf-… --secret`)")
+        missing = ", ".join(n for n, v in (("public key", public), ("secret key", secret)) if not v)
+        raise ExportError(f"Langfuse needs a public and a secret key (missing: {missing}): "
+                          f"enter them in the export settings{where}.")
+    return host, public, secret
+
+
+def _client(host: str, public: str, secret: str, timeout: float) -> httpx.Client:
+    return httpx.Client(base_url=host, auth=(public, secret), timeout=timeout,
+                        headers={"User-Agent": "artweb-exporter"})
 
 
 def langfuse_export(job: ExportJob) -> None:
-    host, public, secret = langfuse_endpoint(job)
+    host, public, secret = langfuse_endpoint(job.settings, job.secret, worker_env=job.worker_env)
     if not job.progress.remote_id:
         # Namespaces the ids, so two installations sending to one project never collide.
         job.progress.remote_id = str(uuid.uuid4())
         job.progress.save(update_fields=["remote_id", "updated_at"])
     namespace = uuid.UUID(job.progress.remote_id)
-    with httpx.Client(base_url=host, auth=(public, secret), timeout=TIMEOUT_S,
-                      headers={"User-Agent": "artweb-exporter"}) as client:
+    with _client(host, public, secret, TIMEOUT_S) as client:
         for step in job.steps:
             trajs = Trajectory.objects.filter(run=job.run, step=step.step).select_related("group", "group__scenario")
             if not job.settings.include_validation:
@@ -57,6 +69,21 @@ def langfuse_export(job: ExportJob) -> None:
             for batch in _batches(events):
                 _send(client, host, batch)
             job.done(step.step)
+
+
+def langfuse_test_event(*, cfg, secret: str, worker_env: bool, timeout: float | None = None) -> str:
+    """Send one trace, named "artweb connection test", through the export's own request; return what
+    Langfuse said. Raises ExportError with Langfuse's answer."""
+    host, public, secret = langfuse_endpoint(cfg, secret, worker_env=worker_env)
+    now = timezone.now()
+    trace_id = str(uuid.uuid4())
+    trace = {"id": trace_id, "name": "artweb connection test", "timestamp": now.isoformat(),
+             "tags": ["artweb", "test"], "metadata": {"artweb_test": True},
+             "input": "A test event sent from artweb's export settings.", "output": "ok"}
+    with _client(host, public, secret, timeout or TEST_TIMEOUT_S) as client:
+        _send(client, host, [{"id": str(uuid.uuid4()), "type": "trace-create", "timestamp": now.isoformat(),
+                              "body": trace}])
+    return f"Langfuse at {host} accepted a test trace ({trace_id})."
 
 
 def _uid(namespace: uuid.UUID, *parts) -> str:

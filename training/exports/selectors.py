@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db.models import Q
+from django.shortcuts import get_object_or_404
 
 from training.exports.crypto import secret_mask
 from training.models import ExportProgress, ExportTarget, Run
@@ -17,18 +18,41 @@ def export_targets_for_run(*, run: Run, include_disabled: bool = False) -> list[
     return [t for t in chosen.values() if include_disabled or t.enabled]
 
 
+def export_target_uses_worker_env(target: ExportTarget) -> bool:
+    """Whether what the target leaves empty (its key, its server) may come from the worker's environment.
+
+    Only for a staff member's target: the worker's WANDB_API_KEY / LANGFUSE_* are the operator's own
+    credentials. Anyone else's target would otherwise export into the operator's account, send the
+    operator's key to a server of its owner's choosing (base_url / host), or hand it to the owner's
+    rollout script (Weave); so theirs uses only what is stored on it.
+    """
+    return bool(target.owner.is_staff)
+
+
 def export_target_list(*, owner, run: Run | None = None) -> list[ExportTarget]:
-    qs = ExportTarget.objects.filter(owner=owner)
+    qs = ExportTarget.objects.filter(owner=owner).select_related("owner", "run")
     return list(qs.filter(run=run) if run is not None else qs)
+
+
+def export_target_get(*, user, target_id: int) -> ExportTarget:
+    """One of the user's own targets, or 404: someone else's reads as missing, never as forbidden.
+
+    Staff too see only their own here; the admin is where they manage everyone's.
+    """
+    return get_object_or_404(ExportTarget.objects.filter(owner=user).select_related("owner", "run"), id=target_id)
 
 
 def export_target_public(target: ExportTarget) -> dict:
     """A target as the API and pages show it: the key masked to its last four characters."""
+    if target.secret_encrypted:
+        source = "stored"
+    else:
+        source = "worker environment" if export_target_uses_worker_env(target) else "none"
     return {
         "id": target.id, "kind": target.kind, "run": target.run_id, "enabled": target.enabled,
         "settings": target.settings,
         "secret": secret_mask(target.secret_last4) if target.secret_encrypted else "",
-        "secret_source": "stored" if target.secret_encrypted else "worker environment",
+        "secret_source": source,
         "last_error": target.last_error, "last_error_at": target.last_error_at,
         "last_success_at": target.last_success_at, "created_at": target.created_at,
         "updated_at": target.updated_at,

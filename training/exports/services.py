@@ -1,4 +1,5 @@
-"""Export targets (create, change, delete) and the export itself: bring one target up to date with one run.
+"""Export targets (create, change, test, delete) and the export itself: bring one target up to date with
+one run.
 
 export_sync is what the Celery task calls. It runs on the "default" queue, never in the GPU worker, and
 touches no row of the run except the timeline (RunEvent): a failing service cannot change a run's result.
@@ -12,6 +13,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
@@ -21,14 +23,14 @@ from artweb.errors import ApplicationError
 from training.exports.base import ExportError, ExportJob
 from training.exports.crypto import SecretUnreadable, secret_decrypt, secret_encrypt
 from training.exports.schemas import export_settings_parse
-from training.exports.selectors import export_targets_for_run
+from training.exports.selectors import export_target_uses_worker_env, export_targets_for_run
 from training.models import ExportProgress, ExportTarget, Run, Step
 from training.services.runs import run_event
 
 logger = logging.getLogger(__name__)
 
 K = ExportTarget.Kind
-# Where a key comes from when none is stored: the worker's environment.
+# Where the key of an operator's target comes from when none is stored: the worker's environment.
 ENV_SECRET = {K.WANDB: "WANDB_API_KEY", K.WEAVE: "WANDB_API_KEY", K.LANGFUSE: "LANGFUSE_SECRET_KEY"}
 LOCK_SECONDS = 15 * 60  # longer than any one export attempt (the task's time limit)
 
@@ -51,7 +53,8 @@ def _set_secret(target: ExportTarget, secret: str) -> None:
 @transaction.atomic
 def export_target_create(*, owner, kind: str, settings: dict | None = None, secret: str = "",
                          run: Run | None = None, enabled: bool = True) -> ExportTarget:
-    """A new target for all of owner's runs (run=None) or for one run. secret empty: the worker's env."""
+    """A new target for all of owner's runs (run=None) or for one run. secret empty: none is stored (only
+    the operator's own targets then take one from the worker's environment)."""
     parsed = export_settings_parse(kind, settings)
     _check_run(owner, run)
     target = ExportTarget(owner=owner, run=run, kind=kind, enabled=enabled, settings=parsed.model_dump())
@@ -69,7 +72,8 @@ def export_target_create(*, owner, kind: str, settings: dict | None = None, secr
 @transaction.atomic
 def export_target_update(*, target: ExportTarget, actor, settings: dict | None = None, secret: str | None = None,
                          enabled: bool | None = None) -> ExportTarget:
-    """secret None keeps the stored key, "" removes it (the worker's environment then supplies one)."""
+    """secret None keeps the stored key, "" removes it (as at creation, only the operator's own targets
+    then take one from the worker's environment)."""
     if target.owner_id != actor.id and not actor.is_staff:
         raise ApplicationError("That export is not yours.")
     if settings is not None:
@@ -92,13 +96,68 @@ def export_target_delete(*, target: ExportTarget, actor) -> None:
 
 
 def export_target_secret(target: ExportTarget) -> str:
-    """The key to use: the stored one, else the worker's environment, else ""."""
+    """The key to use: the stored one; for the operator's own targets only, else the worker's
+    environment (see selectors.export_target_uses_worker_env); else ""."""
     if target.secret_encrypted:
         try:
             return secret_decrypt(target.secret_encrypted)
         except SecretUnreadable as exc:
             raise ExportError(str(exc)) from exc
+    if not export_target_uses_worker_env(target):
+        return ""
     return os.environ.get(ENV_SECRET[target.kind], "")
+
+
+@dataclass(frozen=True)
+class ExportTestResult:
+    ok: bool
+    message: str  # what the service answered, or why nothing was sent; the key never appears in it
+
+
+def _tester(kind: str) -> Callable[..., str]:
+    if kind == K.WANDB:
+        from training.exports.wandb import wandb_test_event
+
+        return wandb_test_event
+    if kind == K.WEAVE:
+        from training.exports.weave import weave_test_event
+
+        return weave_test_event
+    from training.exports.langfuse import langfuse_test_event
+
+    return langfuse_test_event
+
+
+def export_target_test(*, target: ExportTarget, actor) -> ExportTestResult:
+    """Send one real test event to the target with its stored settings and key, and say how it went.
+
+    A failure is an answer, not an error: the result carries the service's message. Either way it is
+    noted on the target (last_success_at / last_error), as an export attempt's would be. No transaction
+    around it: the network call may take seconds and holds no rows.
+    """
+    if target.owner_id != actor.id and not actor.is_staff:
+        raise ApplicationError("That export is not yours.")
+    secret = ""
+    try:
+        secret = export_target_secret(target)
+        message = _tester(target.kind)(cfg=export_settings_parse(target.kind, target.settings), secret=secret,
+                                       worker_env=export_target_uses_worker_env(target))
+        result = ExportTestResult(ok=True, message=message)
+    except ApplicationError as exc:  # settings stored before a schema change no longer validate
+        result = ExportTestResult(ok=False, message=f"The stored settings are not valid any more: {exc.message} "
+                                                    "Edit the export and save it again.")
+    except Exception as exc:  # noqa: BLE001 - whatever the client library raised is the answer to show
+        message = str(exc) if isinstance(exc, ExportError) else f"{type(exc).__name__}: {exc}"
+        result = ExportTestResult(ok=False, message=_scrub(message, secret))
+    now = timezone.now()
+    if result.ok:
+        ExportTarget.objects.filter(id=target.id).update(last_error="", last_error_at=None, last_success_at=now)
+    else:
+        ExportTarget.objects.filter(id=target.id).update(last_error=f"Test event: {result.message}",
+                                                         last_error_at=now)
+    logger.info("export target test: %s", "ok" if result.ok else "failed",
+                extra={"export_target": target.id, "kind": target.kind})
+    return result
 
 
 # ---- the export ------------------------------------------------------------------------------------------
@@ -139,7 +198,7 @@ def export_sync(*, target_id: int, run_id: int) -> int:
     A call that finds another export of the same target and run in progress leaves the work to it: that
     one checks for new steps after letting go of the lock, so nothing committed before this call is missed.
     """
-    target = ExportTarget.objects.filter(id=target_id).first()
+    target = ExportTarget.objects.select_related("owner").filter(id=target_id).first()
     run = Run.objects.select_related("base_model", "scenario_set", "script_version", "reward_version").filter(
         id=run_id).first()
     exporter = _exporter(target.kind) if target else None
@@ -176,7 +235,8 @@ def _sync_once(target: ExportTarget, run: Run, exporter) -> int:
     try:
         secret = export_target_secret(target)
         job = ExportJob(target=target, run=run, progress=progress, steps=steps, final=final,
-                        settings=export_settings_parse(target.kind, target.settings), secret=secret, done=done)
+                        settings=export_settings_parse(target.kind, target.settings), secret=secret, done=done,
+                        worker_env=export_target_uses_worker_env(target))
         exporter(job)
     except Exception as exc:  # anything an exporter raises is a failed attempt, never a crash
         message = str(exc) if isinstance(exc, ExportError) else f"{type(exc).__name__}: {exc}"

@@ -23,51 +23,93 @@ from training.models import Checkpoint, Run, Step
 
 MESSAGE_TEXT_LIMIT = 4000  # characters of a rendered conversation in a table cell
 INIT_TIMEOUT_S = 30.0  # a W&B server that does not answer by then counts as down; the attempt is retried
+TEST_INIT_TIMEOUT_S = 15.0  # a person waits on the page for a test event's answer
+
+
+def _offline(cfg) -> bool:
+    # WANDB_MODE=offline in the worker's environment is the operator's say over the whole installation
+    # (no route to W&B from here, say). It decides that files stay on disk, never whose key or which
+    # server is used, so it holds for every target.
+    return cfg.mode == "offline" or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
+
+
+def wandb_settings(cfg, secret: str, *, worker_env: bool, init_timeout: float) -> dict:
+    """Keyword arguments of wandb.Settings for one attempt; ExportError when there is no key to use.
+
+    A user's target (worker_env False) names its key and its server explicitly, because wandb would
+    otherwise fill them in itself from the worker's WANDB_API_KEY, WANDB_BASE_URL or netrc login: the
+    operator's own. Settings given to wandb.init win over those.
+    """
+    import wandb
+
+    offline = _offline(cfg)
+    out = {"silent": True, "console": "off", "x_disable_stats": True, "x_disable_machine_info": True,
+           "disable_git": True, "save_code": False, "x_save_requirements": False, "init_timeout": init_timeout}
+    if cfg.mode == "offline":
+        out["mode"] = "offline"
+    if not offline and not secret:
+        if worker_env:
+            raise ExportError("W&B needs an API key: enter one in the export settings, "
+                              "or set WANDB_API_KEY in the worker's environment.")
+        raise ExportError("W&B needs an API key: enter yours in the export's settings "
+                          "(the Exports page, or `artweb exports edit ID --secret`).")
+    if secret:
+        out["api_key"] = secret
+    if cfg.base_url:
+        out["base_url"] = cfg.base_url
+    elif not worker_env:
+        out["base_url"] = wandb.Settings.model_fields["base_url"].default  # W&B's own cloud
+    return out
+
+
+def _staging(offline: bool) -> tuple[Path, Path | None]:
+    """(wandb's dir, the scratch dir to remove after). Offline files stay (for `wandb sync`); online,
+    the local copy is only a staging area."""
+    if offline:
+        root = Path(os.environ.get("WANDB_DIR") or Path(django_settings.DATA_DIR) / "exports" / "wandb")
+        root.mkdir(parents=True, exist_ok=True)
+        return root, None
+    scratch = Path(tempfile.mkdtemp(prefix="artweb-wandb-"))
+    return scratch, scratch
+
+
+def _init(wandb, what: str, **kwargs):
+    try:
+        return wandb.init(reinit="create_new", **kwargs)
+    except Exception as exc:  # wandb raises several types for auth and network failures
+        # The failed run stays registered with this process's wandb service ("run ID is in use" on
+        # the next attempt) until the service is shut down.
+        wandb.teardown()
+        raise ExportError(f"W&B refused the {what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _import_wandb():
+    # The W&B client reports its own crashes to a third party unless told not to; an operator may opt in.
+    os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+    # wandb.init also starts Weave when weave is imported in the process, and Weave asks for a login on
+    # the terminal when it finds no key of its own: a worker would wait on that prompt. An export never
+    # traces anything itself (Weave runs inside the rollout sandbox), so that is switched off.
+    os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
+    import wandb
+
+    return wandb
 
 
 def wandb_export(job: ExportJob) -> None:
-    # The W&B client reports its own crashes to a third party unless told not to; an operator may opt in.
-    os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
-    import wandb
+    wandb = _import_wandb()
 
     cfg = job.settings
     progress = job.progress
+    wb_settings = wandb_settings(cfg, job.secret, worker_env=job.worker_env, init_timeout=INIT_TIMEOUT_S)
     if not progress.remote_id:
         progress.remote_id = f"artweb-{job.run.id}-{secrets.token_hex(3)}"
         progress.save(update_fields=["remote_id", "updated_at"])
 
-    offline = cfg.mode == "offline" or os.environ.get("WANDB_MODE") in ("offline", "dryrun")
-    wb_settings = {"silent": True, "console": "off", "x_disable_stats": True, "x_disable_machine_info": True,
-                   "disable_git": True, "save_code": False, "x_save_requirements": False, "init_timeout": INIT_TIMEOUT_S}
-    if cfg.mode == "offline":
-        wb_settings["mode"] = "offline"
-    if job.secret:
-        wb_settings["api_key"] = job.secret
-    if cfg.base_url:
-        wb_settings["base_url"] = cfg.base_url
-    if not offline and not job.secret:
-        raise ExportError("W&B needs an API key: enter one in the export settings, "
-                          "or set WANDB_API_KEY in the worker's environment.")
-    # Offline files stay (for `wandb sync`); online, the local copy is only a staging area.
-    if offline:
-        root = Path(os.environ.get("WANDB_DIR") or Path(django_settings.DATA_DIR) / "exports" / "wandb")
-        root.mkdir(parents=True, exist_ok=True)
-        scratch = None
-    else:
-        root = scratch = Path(tempfile.mkdtemp(prefix="artweb-wandb-"))
-
+    root, scratch = _staging(_offline(cfg))
     try:
-        try:
-            wb = wandb.init(
-                project=cfg.project, entity=cfg.entity or None, id=progress.remote_id, resume="allow",
-                name=job.run.name, tags=list(job.run.tags)[:20], config=_run_config(job.run), dir=str(root),
-                reinit="create_new", settings=wandb.Settings(**wb_settings),
-            )
-        except Exception as exc:  # wandb raises several types for auth and network failures
-            # The failed run stays registered with this process's wandb service ("run ID is in use" on
-            # the next attempt) until the service is shut down.
-            wandb.teardown()
-            raise ExportError(f"W&B refused the run: {type(exc).__name__}: {exc}") from exc
+        wb = _init(wandb, "run", project=cfg.project, entity=cfg.entity or None, id=progress.remote_id,
+                   resume="allow", name=job.run.name, tags=list(job.run.tags)[:20], config=_run_config(job.run),
+                   dir=str(root), settings=wandb.Settings(**wb_settings))
         try:
             wb.define_metric("val_reward", summary="max")
             for step in job.steps:
@@ -84,6 +126,38 @@ def wandb_export(job: ExportJob) -> None:
     # Only now does W&B hold every logged step.
     if job.steps:
         job.done(job.steps[-1].step)
+
+
+def wandb_test_event(*, cfg, secret: str, worker_env: bool, init_timeout: float | None = None) -> str:
+    """Log one short run (a single metric) the way an export does; return what W&B said.
+
+    Its own run id, so a test never touches a mirrored run. Raises ExportError with W&B's answer.
+    """
+    wandb = _import_wandb()
+    wb_settings = wandb_settings(cfg, secret, worker_env=worker_env,
+                                 init_timeout=init_timeout or TEST_INIT_TIMEOUT_S)
+    offline = _offline(cfg)
+    run_id = f"artweb-test-{secrets.token_hex(4)}"
+    root, scratch = _staging(offline)
+    try:
+        wb = _init(wandb, "test run", project=cfg.project, entity=cfg.entity or None, id=run_id,
+                   name="artweb connection test", tags=["artweb-test"], job_type="artweb-test",
+                   config={"artweb_test": True}, dir=str(root), settings=wandb.Settings(**wb_settings))
+        try:
+            wb.log({"artweb/test_event": 1})
+            where = "/".join(p for p in (wb.entity, wb.project) if p)
+            url = "" if offline else (wb.url or "")
+        except Exception:
+            wb.finish(exit_code=1)
+            raise
+        wb.finish()
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if offline:
+        return (f"W&B runs offline on this server: test run {run_id} was written to disk for `wandb sync`, "
+                "not sent.")
+    return f"W&B accepted test run {run_id} in {where}." + (f" See {url}" if url else "")
 
 
 def _run_config(run: Run) -> dict:

@@ -9,16 +9,43 @@ no-op stand-in, so a script with @weave.op runs the same with or without Weave.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
+import tempfile
 
+from training.exports.base import ExportError
 from training.models import ExportTarget, Run
 
 logger = logging.getLogger(__name__)
 
+TEST_TIMEOUT_S = 45.0  # importing weave alone takes seconds; its retries against a bad server take more;
+# below the clients' 60 s request timeout, so the person gets this answer rather than a timeout
+
 # The variables a rollout sandbox passes through to user code for Weave (nothing else of the worker's env).
 ROLLOUT_ENV_KEYS = ("WEAVE_PROJECT", "WANDB_API_KEY", "WANDB_BASE_URL", "WF_TRACE_SERVER_URL", "WANDB_MODE",
                     "WANDB_DIR")
+
+
+def weave_env(cfg, secret: str, *, worker_env: bool) -> dict[str, str]:
+    """The variables weave needs to trace to the target's project; ExportError when there is no key.
+
+    Only the operator's own targets (worker_env) fill a missing server from the worker's environment:
+    these variables reach the run owner's code, so anyone else's target carries only what its owner stored.
+    """
+    if not secret:
+        where = "or set WANDB_API_KEY in the worker's environment" if worker_env else \
+            "(the Exports page, or `artweb exports edit ID --secret`)"
+        raise ExportError(f"Weave needs a W&B API key: enter one in the export settings {where}.")
+    env = {"WEAVE_PROJECT": cfg.project, "WANDB_API_KEY": secret}
+    base_url = cfg.base_url or (os.environ.get("WANDB_BASE_URL", "") if worker_env else "")
+    if base_url:
+        env["WANDB_BASE_URL"] = base_url
+    if worker_env and os.environ.get("WF_TRACE_SERVER_URL"):
+        env["WF_TRACE_SERVER_URL"] = os.environ["WF_TRACE_SERVER_URL"]
+    return env
 
 
 def export_rollout_env(*, run: Run) -> dict[str, str]:
@@ -27,25 +54,61 @@ def export_rollout_env(*, run: Run) -> dict[str, str]:
     Called on the GPU worker between steps, so it never raises: a broken Weave setting means rollouts
     run untraced (and the worker log says why), never a failed step.
     """
-    from training.exports.selectors import export_targets_for_run
+    from training.exports.schemas import export_settings_parse
+    from training.exports.selectors import export_target_uses_worker_env, export_targets_for_run
     from training.exports.services import export_target_secret
 
     try:
         target = next((t for t in export_targets_for_run(run=run) if t.kind == ExportTarget.Kind.WEAVE), None)
         if target is None:
             return {}
-        key = export_target_secret(target)
-        if not key:
-            logger.warning("Weave is configured but no W&B API key is stored or in WANDB_API_KEY; "
-                           "rollouts run untraced", extra={"run_id": run.id})
-            return {}
-        env = {"WEAVE_PROJECT": target.settings["project"], "WANDB_API_KEY": key}
-        base_url = target.settings.get("base_url") or os.environ.get("WANDB_BASE_URL", "")
-        if base_url:
-            env["WANDB_BASE_URL"] = base_url
-        if os.environ.get("WF_TRACE_SERVER_URL"):
-            env["WF_TRACE_SERVER_URL"] = os.environ["WF_TRACE_SERVER_URL"]
-        return env
+        return weave_env(export_settings_parse(target.kind, target.settings), export_target_secret(target),
+                         worker_env=export_target_uses_worker_env(target))
     except Exception as exc:  # noqa: BLE001 - see the docstring: never fail a step over tracing
         logger.warning("Weave settings unusable (%s); rollouts run untraced", exc, extra={"run_id": run.id})
         return {}
+
+
+# What the test runs: weave's own client, as a rollout script's @weave.op would use it. It prints one
+# JSON line, so the answer is told apart from weave's own output.
+_TEST_SCRIPT = """
+import json, os, sys
+try:
+    import weave
+    client = weave.init(os.environ["WEAVE_PROJECT"])
+
+    @weave.op
+    def artweb_connection_test(message: str) -> str:
+        return message
+
+    artweb_connection_test("A test event sent from artweb's export settings.")
+    client.flush()
+except BaseException as exc:
+    print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
+    sys.exit(1)
+print(json.dumps({"ok": True}))
+"""
+
+
+def weave_test_event(*, cfg, secret: str, worker_env: bool, timeout: float | None = None) -> str:
+    """Trace one call of a @weave.op function to the target's project, in a process of its own with
+    only weave_env's variables (as a rollout sandbox has them), so weave's global client and its retries
+    stay out of the web server. Raises ExportError with weave's answer."""
+    env = weave_env(cfg, secret, worker_env=worker_env)
+    timeout = timeout or TEST_TIMEOUT_S
+    with tempfile.TemporaryDirectory(prefix="artweb-weave-test-") as home:
+        # A home of its own: no netrc or wandb settings of the server's account are read.
+        env.update(PATH=os.environ.get("PATH", ""), HOME=home, WANDB_ERROR_REPORTING="false",
+                   WEAVE_PRINT_CALL_LINK="false")
+        try:
+            out = subprocess.run([sys.executable, "-c", _TEST_SCRIPT], env=env, cwd=home, capture_output=True,
+                                 text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise ExportError(f"Weave did not answer within {timeout:g} s; check the project and the "
+                              "server address.") from exc
+    result = next((json.loads(line) for line in reversed(out.stdout.splitlines()) if line.startswith("{")), None)
+    if not result:
+        raise ExportError(f"The Weave test did not finish: {(out.stderr or out.stdout).strip()[-500:]}")
+    if not result["ok"]:
+        raise ExportError(f"Weave refused the test trace: {result['error'][:1000]}")
+    return f"Weave accepted a test trace in {cfg.project}."

@@ -1,17 +1,43 @@
-"""Messages to a run's WebSocket group, sent only after the transaction that wrote them commits."""
+"""Messages to the WebSocket groups of the run pages and of the runs list, sent only after the
+transaction that wrote them commits.
+
+The messages that carry a row (a scored trajectory group, a run of the list) are built here, once: the
+live broadcast, the page's first paint and a reconnecting page's catch-up all use the same builder, so
+the browser renders one shape whichever way a row reached it.
+
+Groups: `run_<id>` for one run's page; `runs_user_<id>` for a person's runs list and `runs_staff` for
+the staff's (staff see every run). A staff member's socket joins only `runs_staff`, so a run of their
+own reaches them once.
+"""
 
 from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+RUNS_STAFF_GROUP = "runs_staff"
+# The longest text of an answer a group message carries; the inspector shows the whole transcript.
+ANSWER_CHARS = 600
 
 
 def run_group_name(run_id: int) -> str:
     return f"run_{run_id}"
 
 
-RUNS_GROUP = "runs"
+def runs_user_group(user_id: int) -> str:
+    return f"runs_user_{user_id}"
+
+
+def runs_list_groups(owner_id: int) -> tuple[str, ...]:
+    """Every runs-list group that may show a run of this owner: the owner's and the staff's."""
+    return runs_user_group(owner_id), RUNS_STAFF_GROUP
 
 
 def broadcast_now(group: str, message: dict) -> None:
@@ -21,17 +47,112 @@ def broadcast_now(group: str, message: dict) -> None:
     try:
         async_to_sync(layer.group_send)(group, {"type": "run.message", "message": message})
     except Exception:  # noqa: BLE001 - a broadcast is best effort; the database is the record
-        import logging
-
-        logging.getLogger(__name__).warning("broadcast to %s failed", group, exc_info=True)
+        logger.warning("broadcast to %s failed", group, exc_info=True)
 
 
 def run_broadcast(run_id: int, message: dict, *, to_list: bool = False) -> None:
-    """Queue a message for the run's group (and the runs-list group) after commit."""
+    """Queue a message for the run's page (and, with to_list, its owner's runs list) after commit."""
+    groups = [run_group_name(run_id)]
+    if to_list:
+        from training.models import Run
+
+        owner_id = Run.objects.filter(id=run_id).values_list("owner_id", flat=True).first()
+        if owner_id is not None:
+            groups += runs_list_groups(owner_id)
 
     def send():
-        broadcast_now(run_group_name(run_id), message)
-        if to_list:
-            broadcast_now(RUNS_GROUP, message)
+        for group in groups:
+            broadcast_now(group, message)
 
     transaction.on_commit(send)
+
+
+def runs_list_broadcast(*, owner_id: int, message: dict) -> None:
+    """Queue a message for the runs lists that may show a run of owner_id, after commit."""
+
+    def send():
+        for group in runs_list_groups(owner_id):
+            broadcast_now(group, message)
+
+    transaction.on_commit(send)
+
+
+# --- row messages ------------------------------------------------------------------------------------
+
+
+def _finite(x):
+    """A number JSON can carry: NaN and infinities become None (the browser's JSON.parse rejects them)."""
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def run_row_message(run) -> dict:
+    """A run as one row of the runs list. Reads run.base_model, run.script_version.asset and run.owner:
+    select_related them when building many."""
+    return {
+        "type": "run", "run": run.id, "name": run.name, "tags": list(run.tags), "status": run.status,
+        "steps_done": run.steps_done, "num_steps": run.num_steps,
+        "latest_reward": _finite(run.latest_reward), "best_val_reward": _finite(run.best_val_reward),
+        "base_model": run.base_model.name, "task": run.script_version.asset.name,
+        "task_version": run.script_version.number, "owner": run.owner.get_username(),
+        "created_at": run.created_at.isoformat() if run.created_at else None,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+    }
+
+
+def final_answer(messages: list | None) -> str:
+    """The text of the last assistant turn (its tool calls when it has no text), cut to ANSWER_CHARS."""
+    for m in reversed(messages or []):
+        if not isinstance(m, dict) or m.get("role") != "assistant":
+            continue
+        content = m.get("content")
+        if isinstance(content, list):  # OpenAI content parts
+            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+        text = content.strip() if isinstance(content, str) else ""
+        if not text:
+            calls = [((c or {}).get("function") or {}) for c in m.get("tool_calls") or []]
+            text = "; ".join(f"{fn.get('name', '?')}({fn.get('arguments', '')})" for fn in calls)
+        return text if len(text) <= ANSWER_CHARS else text[: ANSWER_CHARS - 1] + "…"
+    return ""
+
+
+def _answer(traj) -> dict | None:
+    if traj is None:
+        return None
+    return {"trajectory": traj.id, "index": traj.index, "reward": _finite(traj.reward),
+            "advantage": _finite(traj.advantage), "text": final_answer(traj.messages),
+            "error": (traj.error or "")[:300]}
+
+
+def group_message(group, trajectories: Sequence) -> dict:
+    """One scored group for the run page: per-trajectory rewards and advantages, the best and the worst
+    answer.
+
+    trajectories: the group's Trajectory rows. Only the two that training.selectors.group_extremes picks
+    need `messages` loaded. `advantages` is None until the step's update has stored them (the group is
+    sent when it is persisted, and again once its advantages are known); a list, index-aligned with
+    `rewards`, after.
+    """
+    from training.selectors import group_extremes
+
+    trajs = sorted(trajectories, key=lambda t: t.index)
+    advantages = [_finite(t.advantage) for t in trajs]
+    best, worst = group_extremes(trajs)
+    return {
+        "type": "group", "run": group.run_id, "id": group.id, "step": group.step, "split": group.split,
+        "scenario": group.scenario_id, "reward_mean": _finite(group.reward_mean),
+        "reward_std": _finite(group.reward_std), "error_count": group.error_count, "skipped": group.skipped,
+        "rewards": [_finite(t.reward) for t in trajs],
+        "advantages": advantages if any(a is not None for a in advantages) else None,
+        "best": _answer(best),
+        "worst": _answer(worst) if worst is not best else None,
+    }
+
+
+def run_group_messages(*, run_id: int, after_id: int = 0, ids: Sequence[int] = (), limit: int | None = None
+                       ) -> list[dict]:
+    """Group messages of a run, oldest first: the newest `limit` groups after after_id, plus the groups
+    named in ids (ones a page shows without advantages yet, which may have them now)."""
+    from training.selectors import GROUPS_SHOWN, run_groups_latest
+
+    rows = run_groups_latest(run_id=run_id, after_id=after_id, ids=ids, limit=limit or GROUPS_SHOWN)
+    return [group_message(group, trajs) for group, trajs in rows]

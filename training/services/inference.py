@@ -2,14 +2,18 @@
 
 A GPU worker runs one run step at a time (concurrency 1), so plain module state is enough here. The
 vLLM server is started for a base model on first use, restarted if it died, and stopped with the
-worker. The trainer stays loaded between steps of the same run; a different run, or a step that is not
-the one the trainer is at (a retry, another worker's progress), reloads it from the checkpoint.
+worker. A second server, for RULER's judge, is started only when the first cannot serve the base model
+while a step's policy is loaded (see judge_endpoint). The trainer stays loaded between steps of the same
+run; a different run, or a step that is not the one the trainer is at (a retry, another worker's
+progress), reloads it from the checkpoint.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -20,7 +24,9 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _server = None  # rollouts.runtime.vllm_server.VLLMServer
-_server_model: str | None = None
+_server_model: str | None = None  # _served_as() of the model it serves
+_judge = None  # a VLLMServer of the base model alone, for RULER while _server holds merged policy weights
+_judge_model: str | None = None
 _trainer = None
 _trainer_key: tuple[int, int] | None = None  # (run id, step the trainer is at)
 
@@ -49,33 +55,114 @@ def vocab_size(base_model) -> int | None:
     return int(size) if isinstance(size, int) else None
 
 
+def chat_template_file(base_model) -> str | None:
+    """The chat template the server renders this model's conversations with, and the trainer tokenizes
+    them with, as a file (vLLM's --chat-template takes a path); None: the model's own.
+
+    The base model's chat_template_override when it has one, written under the data directory with its
+    content's hash for a name (each distinct template is written once; an edited one gets a new file).
+    Otherwise artweb's ChatML-with-tools template when the model's own cannot render tools, as the
+    server would pick by itself: named here, the trainer gets the same one. Both render templates in
+    Jinja's sandbox (transformers' apply_chat_template), a template from a user included.
+    """
+    from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, template_supports_tools
+
+    text = base_model.chat_template_override or ""
+    if not text.strip():
+        return None if template_supports_tools(base_model_path(base_model)) else str(TOOLS_TEMPLATE)
+    path = Path(settings.DATA_DIR) / "chat-templates" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.jinja"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(text)
+        os.replace(partial, path)  # never a half-written template where a server may read it
+    return str(path)
+
+
+def _served_as(base_model) -> str:
+    """What a running server must match to serve this model: its weights and its chat template."""
+    return f"{base_model_path(base_model)}|{chat_template_file(base_model) or ''}"
+
+
 def inference_server(base_model):
     """A healthy vLLM server for this base model (started or restarted as needed)."""
     global _server, _server_model
-    from rollouts.runtime.vllm_server import VLLMServer
 
-    path = base_model_path(base_model)
+    served = _served_as(base_model)
     with _lock:
-        if _server is not None and _server_model != path:
+        if _server is not None and _server_model != served:
             _server.stop()
             _server = None
+        if _judge is not None and _judge_model != served:
+            _judge_stop()  # another base model's judge only holds memory
         if _server is None:
-            conf = settings.ARTWEB
-            _server = VLLMServer(
-                model_path=path,
-                python=conf["VLLM_PYTHON"] or None,
-                port=conf["VLLM_PORT"],
-                max_model_len=base_model.max_length,
-                extra_args=conf["VLLM_EXTRA_ARGS"].split() if conf["VLLM_EXTRA_ARGS"] else [],
-                enforce_eager=conf["VLLM_ENFORCE_EAGER"],
-                kv_cache_gb=conf["VLLM_KV_CACHE_GB"],
-                adapter_mode=conf["VLLM_ADAPTER_MODE"],
-                log_dir=str(Path(settings.DATA_DIR) / "logs"),
-            )
-            _server_model = path
+            _server = _new_server(base_model, port=settings.ARTWEB["VLLM_PORT"],
+                                  adapter_mode=settings.ARTWEB["VLLM_ADAPTER_MODE"])
+            _server_model = served
             _server.start()
         _server.ensure_running()
         return _server
+
+
+def _new_server(base_model, *, port: int | None, adapter_mode: str):
+    from rollouts.runtime.vllm_server import VLLMServer
+
+    conf = settings.ARTWEB
+    return VLLMServer(
+        model_path=base_model_path(base_model),
+        chat_template=chat_template_file(base_model),
+        python=conf["VLLM_PYTHON"] or None,
+        port=port,
+        max_model_len=base_model.max_length,
+        extra_args=conf["VLLM_EXTRA_ARGS"].split() if conf["VLLM_EXTRA_ARGS"] else [],
+        enforce_eager=conf["VLLM_ENFORCE_EAGER"],
+        kv_cache_gb=conf["VLLM_KV_CACHE_GB"],
+        adapter_mode=adapter_mode,
+        log_dir=str(Path(settings.DATA_DIR) / "logs"),
+    )
+
+
+def judge_endpoint(base_model, *, server, policy_name: str):
+    """(name, Upstream) of a RULER judge for a batch whose policy `policy_name` runs on `server`.
+
+    The judge is the run's base model. In "lora" mode `server` answers to the base model's name beside
+    every adapter, and in "merged" mode it does while the policy is the base model itself (step 0). In
+    merged mode with a step's weights loaded it answers to that step's name only, so the judge is a
+    second server of the base model, started on first need (minutes on CPU) and kept for later steps.
+    (Merged mode on a GPU puts both servers on one card: each then needs a smaller
+    --gpu-memory-utilization in ARTWEB_VLLM_EXTRA_ARGS.)
+    """
+    from rollouts.runtime.proxy import Upstream
+
+    name = server.base_model_name
+    if not server.merged or policy_name == name:
+        return name, Upstream(server.base_url, server.api_key)
+    judge = judge_server(base_model)
+    return judge.base_model_name, Upstream(judge.base_url, judge.api_key)
+
+
+def judge_server(base_model):
+    """A healthy vLLM server of the base model alone (no adapter is ever loaded into it)."""
+    global _judge, _judge_model
+    served = _served_as(base_model)
+    with _lock:
+        if _judge is not None and _judge_model != served:
+            _judge_stop()
+        if _judge is None:
+            # "merged" with nothing ever merged serves the base weights on the compiled CPU path;
+            # "lora" would turn graph compilation off for adapters it never loads.
+            _judge = _new_server(base_model, port=None, adapter_mode="merged")
+            _judge_model = served
+            _judge.start()
+        _judge.ensure_running()
+        return _judge
+
+
+def _judge_stop() -> None:
+    global _judge, _judge_model
+    if _judge is not None:
+        _judge.stop()
+    _judge, _judge_model = None, None
 
 
 def adapters_loaded_publish() -> None:
@@ -95,7 +182,12 @@ def trainer_for(run, *, checkpoint_dir: str | None):
     trainer_close()
     # The backend belongs to the worker's hardware (unsloth on GPU hosts, peft on CPU), not to the run.
     cfg = TrainConfig.from_dict({**run.config.get("train", {}), "backend": settings.ARTWEB["TRAINER_BACKEND"]})
-    trainer = make_trainer(cfg, base_model_path=base_model_path(run.base_model), device=settings.ARTWEB["DEVICE"])
+    # The run's one seed (RunConfig.seed) seeds the trainer as it seeds the scenario sampling; trajectories
+    # are tokenized with the chat template the inference server rendered them with.
+    template = chat_template_file(run.base_model)
+    trainer = make_trainer(cfg, base_model_path=base_model_path(run.base_model), device=settings.ARTWEB["DEVICE"],
+                           seed=int(run.config.get("seed", 0)),
+                           chat_template=Path(template).read_text() if template else None)
     trainer.load(checkpoint_dir)
     _trainer, _trainer_key = trainer, key
     return trainer
@@ -122,6 +214,7 @@ def shutdown() -> None:
     if _server is not None:
         _server.stop()
         _server = None
+    _judge_stop()
 
 
 atexit.register(shutdown)

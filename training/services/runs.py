@@ -10,7 +10,7 @@ from artweb.errors import ApplicationError
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
 from training.config import run_config_parse
 from training.models import BaseModel, Run, RunEvent
-from training.services.broadcast import run_broadcast
+from training.services.broadcast import run_broadcast, run_row_message, runs_list_broadcast
 
 S = Run.Status
 
@@ -84,6 +84,7 @@ def run_create(*, owner, name: str, base_model: BaseModel, script_version: Rollo
         num_steps=cfg.num_steps, status=S.QUEUED,
     )
     run_event(run=run, kind="created", message="Run created and queued.", actor=owner)
+    runs_list_broadcast(owner_id=owner.id, message=run_row_message(run))  # the runs list shows it live
     if start:
         _enqueue(run)
     return run

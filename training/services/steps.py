@@ -31,7 +31,7 @@ from artweb.logging import log_context
 from training.config import RunConfig
 from training.models import Checkpoint, Run, Step
 from training.services import inference
-from training.services.broadcast import run_broadcast
+from training.services.broadcast import group_message, run_broadcast
 from training.services.logs import run_log
 from training.services.runs import run_event, run_transition
 
@@ -136,14 +136,32 @@ def sandbox_unjailed_warn(*, run: Run) -> None:
             "and change other runs. Use this only on a development machine with code you trust."))
 
 
+def _wants_judge(run: Run, cfg: RunConfig) -> bool:
+    """RULER scores the run, or its code may call art.rewards itself. The text test only decides
+    whether the judge is admitted to the batch (in merged mode, a second inference server): code that
+    reaches RULER some other way gets an error naming the models it may call."""
+    sources = (run.script_version.content, run.reward_version.content if run.reward_version else "")
+    return cfg.use_ruler or any("ruler" in source for source in sources)
+
+
 def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: str, server, hb: Heartbeat,
-              group_size: int):
+              group_size: int, *, timings: dict[str, float] | None = None):
+    """The batch's rollouts against `model_name`; timings, when given, gets the judge's share of them:
+    "judge_server" (getting a judge server ready) and "ruler" (seconds the judge spent on the groups,
+    summed over groups, which are judged while other groups' rollouts still run)."""
     from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
     from training.exports.weave import export_rollout_env
 
     jail = inference.jail_config()
     if not jail.jailed:
         sandbox_unjailed_warn(run=run)
+    judge, extra_models = None, {}
+    if _wants_judge(run, cfg):
+        t = time.perf_counter()
+        judge, upstream = inference.judge_endpoint(run.base_model, server=server, policy_name=model_name)
+        extra_models[judge] = upstream
+        if timings is not None:
+            timings["judge_server"] = time.perf_counter() - t
     request = RolloutRequest(
         script=run.script_version.content,
         reward=run.reward_version.content if run.reward_version else None,
@@ -160,8 +178,14 @@ def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: s
         limits=SandboxLimits(rollout_timeout_s=cfg.rollout_timeout_s),
         step=run.steps_done,
         env=export_rollout_env(run=run),
+        judge_model=judge,
+        extra_models=extra_models,
+        ruler=cfg.use_ruler,
     )
-    return run_rollouts(request, should_stop=hb.should_stop)
+    results = run_rollouts(request, should_stop=hb.should_stop)
+    if timings is not None and cfg.use_ruler:
+        timings["ruler"] = sum(group.judge_s for group in results)
+    return results
 
 
 def _search_text(messages: list[dict]) -> str:
@@ -177,6 +201,8 @@ def _search_text(messages: list[dict]) -> str:
 
 
 def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], results) -> list[TrajectoryGroup]:
+    """Write the scored groups, and send each to the run page when they commit: rewards now, while the
+    update trains; the advantages follow from _store_advantages."""
     groups = []
     with transaction.atomic():
         # A crashed earlier attempt of this step may have left its groups: replace them.
@@ -191,7 +217,7 @@ def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], 
                 error_count=sum(1 for t in trajs if t.get("error")),
                 skipped=len(set(rewards)) <= 1,
             )
-            Trajectory.objects.bulk_create([
+            rows = Trajectory.objects.bulk_create([
                 Trajectory(
                     group=group, run=run, step=step, index=i, messages=t.get("messages") or [],
                     tools=t.get("tools"), reward=t.get("reward"), metrics=t.get("metrics") or {},
@@ -201,6 +227,7 @@ def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], 
                 )
                 for i, t in enumerate(trajs)
             ])
+            run_broadcast(run.id, group_message(group, rows))  # leaves on commit; PostgreSQL set the ids
             groups.append(group)
     return groups
 
@@ -297,7 +324,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     policy = _policy_model_name(run, server)
     scenarios = _sample_scenarios(run, cfg, step, "train", cfg.scenarios_per_step)
     try:
-        results = _rollouts(run, cfg, scenarios, policy, server, hb, cfg.group_size)
+        results = _rollouts(run, cfg, scenarios, policy, server, hb, cfg.group_size, timings=timings)
     except Exception as exc:
         if type(exc).__name__ == "Cancelled":
             raise StepAborted(hb.stop_reason()) from exc
@@ -373,13 +400,17 @@ def _numeric(d: dict) -> dict:
 
 
 def _store_advantages(groups: list[TrajectoryGroup], advantages) -> None:
+    """Write the update's advantages, then send each group again, now with them (on commit)."""
     rows = []
-    for group, advs in zip(groups, advantages):
-        for traj in group.trajectories.all().order_by("index"):
-            if traj.index < len(advs) and advs[traj.index] is not None:
-                traj.advantage = float(advs[traj.index])
-                rows.append(traj)
-    Trajectory.objects.bulk_update(rows, ["advantage"], batch_size=1000)
+    with transaction.atomic():
+        for group, advs in zip(groups, advantages):
+            trajs = list(group.trajectories.all().order_by("index"))
+            for traj in trajs:
+                if traj.index < len(advs) and advs[traj.index] is not None:
+                    traj.advantage = float(advs[traj.index])
+                    rows.append(traj)
+            run_broadcast(group.run_id, group_message(group, trajs))
+        Trajectory.objects.bulk_update(rows, ["advantage"], batch_size=1000)
 
 
 def _validate(run: Run, cfg: RunConfig, step: int, model_name: str, server, hb: Heartbeat) -> float | None:

@@ -17,14 +17,17 @@ from rollouts.selectors import reward_version_list, scenario_set_list, script_ve
 from training import services
 from training.forms import RunFilterForm, RunLaunchForm, apply_service_errors, train_config_reference
 from training.selectors import (
+    GROUPS_SHOWN,
     base_model_visible,
     checkpoint_list,
     run_chart_data,
     run_events_recent,
     run_get,
+    run_latest_id,
     run_list,
     run_logs_recent,
 )
+from training.services.broadcast import run_group_messages
 from training.services.checkpoints import checkpoint_archive
 from training.views.assets import plotly_url
 
@@ -34,6 +37,8 @@ CHART_POINTS = 500
 
 @login_required
 def run_list_view(request):
+    # Read before the page's runs: a run created in between is then both listed and caught up (once).
+    last_run = run_latest_id(user=request.user)
     models_qs = base_model_visible(request.user)
     form = RunFilterForm(request.GET or None, base_models=models_qs)
     runs = run_list(user=request.user, **form.selector_kwargs())
@@ -42,13 +47,18 @@ def run_list_view(request):
     page = Paginator(runs, per_page).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
+    filters = form.selector_kwargs()
     return render(request, "training/run_list.html", {
         "nav": "runs", "form": form, "page": page, "query": query.urlencode(), "per_page": per_page,
         "page_sizes": PAGE_SIZES,
+        # The live list's cursor, and whether a new run belongs at the top of this page: the newest
+        # first, unfiltered, page 1. Elsewhere the page says a run is new and links to where it is.
+        "last_run": last_run,
+        "inserts_new": page.number == 1 and filters.pop("order") == "-created_at" and not any(filters.values()),
     })
 
 
-def _run_page_data(run, chart, events, logs) -> dict:
+def _run_page_data(run, chart, events, logs, groups) -> dict:
     """What the run page's script starts from; the socket brings everything after it."""
     return {
         "run": run.id,
@@ -61,6 +71,8 @@ def _run_page_data(run, chart, events, logs) -> dict:
         "last_step": chart["last_step"],
         "last_event": events[-1].id if events else 0,
         "last_log": logs[-1].id if logs else 0,
+        "groups": groups,
+        "groups_shown": GROUPS_SHOWN,
         "ws_path": f"/ws/runs/{run.id}/",
     }
 
@@ -71,10 +83,11 @@ def run_detail_view(request, run_id: int):
     chart = run_chart_data(run=run, max_points=CHART_POINTS)
     events = run_events_recent(run=run, limit=50)
     logs = run_logs_recent(run=run, limit=100)
+    groups = run_group_messages(run_id=run.id)
     return render(request, "training/run_detail.html", {
         "nav": "runs",
         "run": run,
-        "page_data": _run_page_data(run, chart, events, logs),
+        "page_data": _run_page_data(run, chart, events, logs, groups),
         "events": events,
         "logs": logs,
         "checkpoints": checkpoint_list(run=run),

@@ -36,6 +36,7 @@ sys.path.append(str(HERE.parent / "guest_fallbacks"))
 
 from artweb_sdk import Scenario, TrainableModel, Trajectory, TrajectoryGroup
 from artweb_sdk.model import Endpoint, Usage, current_usage
+from artweb_sdk.ruler import RulerError, apply_score, judge_client, score_message_lists
 from artweb_sdk.trajectory import check_reward
 
 MAX_LOG_LINES = 500
@@ -228,6 +229,9 @@ class Batch:
         self.rollout = None
         self.reward = None
         self.reward_kind = spec.get("reward_kind")
+        # RULER: after a group's rollouts (and its reward function), the judge's scores become the rewards.
+        self.ruler = bool(spec.get("ruler"))
+        self.judge_model = spec.get("judge_model")
         self.load_error: str | None = None
         self.watchdog: Watchdog | None = None
 
@@ -258,6 +262,8 @@ class Batch:
         records = await asyncio.gather(*(self.run_one(group, i) for i in range(int(self.spec["group_size"]))))
         if self.reward_kind == "group" and self.load_error is None:
             await self.score_group(group, records)
+        if self.ruler and self.load_error is None:
+            await self.ruler_group(group, records)
         for index, (record, _) in enumerate(records):
             self.pipe.send({"kind": "trajectory", "group": group["index"], "index": index, "trajectory": record})
 
@@ -298,7 +304,7 @@ class Batch:
                     trajectory.reward = check_reward(await call_maybe_async(self.reward, trajectory, scenario))
                 elif self.reward_kind is None:
                     trajectory.reward = check_reward(trajectory.reward)
-                    if trajectory.reward is None:
+                    if trajectory.reward is None and not self.ruler:
                         return trajectory, "The rollout set no trajectory.reward and no reward function is attached."
                 stage = "result"
                 trajectory.to_record()  # unserialisable content is this rollout's error, not the batch's
@@ -339,6 +345,39 @@ class Batch:
                 record.update(reward=rewards[i], metrics={**record["metrics"], **_plain_metrics(traj)})
             else:
                 record.update(reward=None, error=error)
+
+    async def ruler_group(self, group: dict, records: list[tuple[dict, Trajectory | None]]) -> None:
+        """The judge scores the group's finished rollouts side by side; its scores become their rewards
+        (artweb_sdk.ruler.apply_score says what else is kept). The time it took goes to judge_ms, for the
+        step's timings. A judge that gives no usable answer fails the group's rollouts: they have no
+        reward under the run's scoring.
+        """
+        scored = [(record, traj) for record, traj in records if record["error"] is None and traj is not None]
+        if not scored:
+            return
+        started = time.monotonic()
+        client = judge_client()
+        error = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                scores = await score_message_lists(client, self.judge_model, [t.messages() for _, t in scored],
+                                                   scenario=group["scenario"])
+        except TimeoutError:
+            error = f"RULER did not score this group: the judge did not answer within {self.timeout_s:g} s."
+        except RulerError as exc:
+            error = f"RULER did not score this group: {exc}"
+        except Exception as exc:  # noqa: BLE001 - an unexpected failure is this group's, not the batch's
+            error = f"RULER did not score this group: {type(exc).__name__}: {exc}"
+        finally:
+            await client.close()
+        judge_ms = int((time.monotonic() - started) * 1000)
+        for i, (record, traj) in enumerate(scored):
+            record["judge_ms"] = judge_ms
+            if error is not None:
+                record.update(reward=None, error=error)
+                continue
+            apply_score(record, scores[i])
+            traj.reward = scores[i].score
 
 
 def _stage_error(stage: str, exc: BaseException, user_files: set[str]) -> str:

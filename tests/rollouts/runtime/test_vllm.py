@@ -123,8 +123,10 @@ def test_ruler_scores_a_group_with_the_base_model_as_judge(vllm_server):
                 "reward": reward, "metrics": {}, "metadata": {}, "error": None}
 
     group = [trajectory("4", 1.0), trajectory("I like turtles.", 0.0)]
+    # No max_tokens: the answer's schema bounds its length (two short explanations). A generous timeout:
+    # on a busy 2-core machine this small judge writes a few tokens a second.
     judge = Judge(base_url=vllm_server.base_url, model=vllm_server.ensure_base(), api_key=vllm_server.api_key,
-                  max_tokens=200)
+                  timeout_s=600)
     ruler_score_group(group, judge)
     for t, independent in zip(group, (1.0, 0.0)):
         assert 0.0 <= t["reward"] <= 1.0

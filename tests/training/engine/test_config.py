@@ -9,7 +9,7 @@ from training.engine import ConfigError, TrainConfig
     ("learning_rate", -1e-5, "(0, 1]"),
     ("learning_rate", 0.0, "(0, 1]"),
     ("lora_rank", 0, "[1, 1024]"),
-    ("group_size", 1, "[2, 1024]"),
+    ("warmup_steps", -1, "[0, 1e+06]"),
     ("loss", "reinforce", "['cispo', 'ppo', 'gspo']"),
     ("backend", "jax", "['peft', 'unsloth']"),
     ("max_grad_norm", -1.0, "[0, 1e+06]"),

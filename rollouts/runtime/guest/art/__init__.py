@@ -2,3 +2,6 @@
 
 from artweb_sdk import *
 from artweb_sdk import __all__  # noqa: F401
+
+# ART scripts reach RULER as `art.rewards.ruler_score_group` after a plain `import art`.
+from . import rewards as rewards
