@@ -356,10 +356,13 @@ def _stage(stage_dir: Path, sources: dict[str, str]) -> list[tuple[str, str, str
     return staged
 
 
-def _bwrap_args(staged: list[tuple[str, str, str]]) -> list[str]:
+def _bwrap_args(staged: list[tuple[str, str, str]], scratch_mb: int = 256) -> list[str]:
     args = [bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--cap-drop", "ALL", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
-            "--hostname", "sandbox", *_system_mounts()]
+            "--hostname", "sandbox", *_system_mounts(),
+            # The scratch before the interpreter: a virtualenv that lives under /tmp on the host is then
+            # bound on top of the jail's /tmp instead of vanishing under it.
+            "--size", str(scratch_mb << 20), "--tmpfs", SCRATCH]
     for _, staging, inside in staged:
         args += ["--ro-bind", staging, inside]
     return args
@@ -428,7 +431,7 @@ def jail_check(config: JailConfig, python: str) -> None:
         Path(tmp).chmod(0o711)
         staged = _stage(Path(tmp) / "stage", _sources(python, here / "guest", here / "guest_fallbacks"))
         probe = subprocess.run(
-            [*_bwrap_args(staged), "--proc", "/proc", "--dev", "/dev", "--tmpfs", SCRATCH, "--",
+            [*_bwrap_args(staged), "--proc", "/proc", "--dev", "/dev", "--",
              python, "-I", "-c", "import openai, httpx"],
             capture_output=True, text=True, timeout=120, check=False, env={"PATH": "/usr/bin:/bin"},
             preexec_fn=_child_setup(staged=staged, uid=config.uid, procs=[], cpu_seconds=120,
@@ -460,12 +463,11 @@ class Jail:
 
     def command(self, files_dir: Path, argv: list[str]) -> list[str]:
         """bwrap + argv, with files_dir at BATCH_DIR and the working directory SCRATCH."""
-        return [*_bwrap_args(self.staged),
+        return [*_bwrap_args(self.staged, self.limits.scratch_mb),
                 "--ro-bind", str(files_dir), BATCH_DIR,
                 "--ro-bind", str(self.socket_dir), SOCKET_DIR,
                 *self.etc,
                 "--proc", "/proc", "--dev", "/dev",
-                "--size", str(self.limits.scratch_mb << 20), "--tmpfs", SCRATCH,
                 "--size", str(self.limits.shm_mb << 20), "--tmpfs", "/dev/shm",
                 # bwrap builds the jail's root on a tmpfs; once everything is mounted, it is read-only.
                 "--remount-ro", "/",

@@ -428,3 +428,14 @@ def test_it_builds_the_jail_under_the_workers_private_umask(request_for):
     finally:
         os.umask(previous)
     assert [t["reward"] for g in results for t in g.trajectories] == [1.0] * 4
+
+
+def test_it_binds_an_interpreter_that_lives_under_tmp_over_the_scratch(tmp_path):
+    """A checkout (and its virtualenv) under /tmp must not vanish beneath the jail's private /tmp: the
+    scratch is mounted first and the interpreter's directories on top of it."""
+    from rollouts.runtime import jail
+
+    staged = [("/tmp/checkout/.venv", str(tmp_path / "0"), "/tmp/checkout/.venv")]
+    args = jail._bwrap_args(staged, scratch_mb=8)
+    assert args.index("--tmpfs") < args.index("/tmp/checkout/.venv")
+    assert args[args.index("--tmpfs") + 1] == jail.SCRATCH
