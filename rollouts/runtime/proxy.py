@@ -17,7 +17,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -80,6 +80,7 @@ class InferenceProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._egress: dict[str, tuple[asyncio.AbstractServer, set[asyncio.Task]]] = {}
 
     # --- the caller's side: any thread --------------------------------------------------------------
 
@@ -88,12 +89,19 @@ class InferenceProxy:
         reaches it) until close(socket_path). Blocks until the socket is listening."""
         self._call(self._open(_key(socket_path), dict(models)))
 
+    def open_egress(self, socket_path: str | os.PathLike, hosts: Iterable[str]) -> None:
+        """Serve HTTPS tunnels (HTTP CONNECT) on a new unix socket, to the given "host:port" only, until
+        close(socket_path). For the tracing service a run configured itself (Weave): TLS stays end to
+        end between the user's code and that service; nothing else is reachable through it."""
+        self._call(self._open_egress(_key(socket_path), {h.lower() for h in hosts}))
+
     def close(self, socket_path: str | os.PathLike) -> None:
         """Stop listening, abort that socket's in-flight requests, remove the file; idempotent."""
         with self._lock:
             if self._loop is None:
                 return
-        self._call(self._close(_key(socket_path)))
+        key = _key(socket_path)
+        self._call(self._close_egress(key) if key in self._egress else self._close(key))
 
     def shutdown(self) -> None:
         """Close every socket and stop the thread; the proxy can be opened again afterwards."""
@@ -193,7 +201,38 @@ class InferenceProxy:
         while len(self._closed_stats) > CLOSED_STATS_KEPT:
             self._closed_stats.popitem(last=False)
 
+    async def _open_egress(self, key: str, allowed: set[str]) -> None:
+        if key in self._egress or key in self._sockets:
+            raise RuntimeError(f"The proxy already serves {key}; close it first.")
+        tasks: set[asyncio.Task] = set()
+
+        async def tunnel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            tasks.add(task)
+            try:
+                await _connect_tunnel(reader, writer, allowed)
+            finally:
+                tasks.discard(task)
+
+        server = await asyncio.start_unix_server(tunnel, key, limit=1 << 16)
+        os.chmod(key, 0o666)
+        self._egress[key] = (server, tasks)
+
+    async def _close_egress(self, key: str) -> None:
+        server, tasks = self._egress.pop(key)
+        server.close()
+        for task in list(tasks):
+            task.cancel()
+        if tasks:
+            await asyncio.wait(list(tasks), timeout=5)
+        try:
+            os.unlink(key)
+        except FileNotFoundError:
+            pass
+
     async def _shutdown(self) -> None:
+        for key in list(self._egress):
+            await self._close_egress(key)
         for key in list(self._sockets):
             await self._close(key)
         if self._session is not None:
@@ -312,6 +351,45 @@ class InferenceProxy:
                 reply.release()
             else:
                 reply.close()
+
+
+async def _connect_tunnel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, allowed: set[str]) -> None:
+    """One CONNECT request: check the target against `allowed`, then pipe bytes both ways."""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=30)
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+        writer.close()
+        return
+    parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+    target = parts[1].lower() if len(parts) == 3 and parts[0] == "CONNECT" else ""
+    if target not in allowed:
+        why = "only CONNECT is served here" if not target else f"{target} is not this run's tracing service"
+        writer.write(f"HTTP/1.1 403 Forbidden\r\nContent-Length: {len(why)}\r\n\r\n{why}".encode())
+        await writer.drain()
+        writer.close()
+        return
+    host, _, port = target.rpartition(":")
+    try:
+        up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), 30)
+    except (OSError, TimeoutError, ValueError):
+        writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        return
+    writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+    await writer.drain()
+
+    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(1 << 16):
+                dst.write(data)
+                await dst.drain()
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+    await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
 
 
 def _key(socket_path: str | os.PathLike) -> str:

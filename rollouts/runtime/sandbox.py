@@ -81,6 +81,7 @@ class RolloutRequest:
     jail: JailConfig = field(default_factory=JailConfig)
     vocab_size: int | None = None  # token ids in records must be below this (the model's embedding rows)
     extra_models: dict[str, Upstream] = field(default_factory=dict)  # more names the batch may call (a judge)
+    egress_hosts: tuple[str, ...] = ()  # "host:port" the batch may tunnel to over HTTPS (its Weave project)
     # The judge for RULER: model_name or a key of extra_models. Scripts get it as art.rewards' default judge.
     judge_model: str | None = None
     ruler: bool = False  # the judge scores every group after its rollouts; its scores become the rewards
@@ -215,6 +216,8 @@ def run_rollouts(
             layout.hand_over(jail.uid)
         proxy.open(socket_path, {request.model_name: Upstream(request.base_url, request.api_key),
                                  **request.extra_models})
+        if request.egress_hosts:
+            proxy.open_egress(socket_path.with_name("egress.sock"), request.egress_hosts)
         cpu_seconds = limits.cpu_seconds or int(batch_timeout) + 10
         for k in range(n_sandboxes):
             box = _Sandbox.start(request, layout, k, jail, cpu_seconds=cpu_seconds)
@@ -254,6 +257,8 @@ def run_rollouts(
         if jail is not None:
             jail.close()
         proxy.close(socket_path)
+        if request.egress_hosts:
+            proxy.close(socket_path.with_name("egress.sock"))
         shutil.rmtree(workroot, ignore_errors=True)
 
 
@@ -436,6 +441,9 @@ class _Sandbox:
             "WANDB_ERROR_REPORTING": "false",
         }
         env.update({k: str(v) for k, v in request.env.items() if k in PASSED_ENV})
+        if request.egress_hosts:
+            # The guest relays a local port to this socket and names it as the HTTPS proxy (see open_egress).
+            env["ARTWEB_EGRESS_SOCKET"] = "/run/artweb/egress.sock" if jail else str(layout.root / "sock" / "egress.sock")
         if "WEAVE_PROJECT" not in env:
             # A script calling weave.init() gets a disabled client at once instead of a network error.
             env["WEAVE_DISABLED"] = "true"

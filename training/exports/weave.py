@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from urllib.parse import urlsplit
 
 from training.exports.base import ExportError
 from training.models import ExportTarget, Run
@@ -46,6 +47,23 @@ def weave_env(cfg, secret: str, *, worker_env: bool) -> dict[str, str]:
     if worker_env and os.environ.get("WF_TRACE_SERVER_URL"):
         env["WF_TRACE_SERVER_URL"] = os.environ["WF_TRACE_SERVER_URL"]
     return env
+
+
+# Where weave sends traces unless told otherwise: W&B's API (project lookup) and its trace server.
+DEFAULT_HOSTS = {"WANDB_BASE_URL": "https://api.wandb.ai", "WF_TRACE_SERVER_URL": "https://trace.wandb.ai"}
+
+
+def rollout_egress_hosts(env: dict[str, str]) -> tuple[str, ...]:
+    """The "host:port" pairs a jailed rollout may tunnel to for the run's own Weave project, and nothing
+    else: the jail has no network, and the worker's proxy opens only these (rollouts.runtime.proxy)."""
+    if not env.get("WEAVE_PROJECT"):
+        return ()
+    hosts = []
+    for key, default in DEFAULT_HOSTS.items():
+        url = urlsplit(env.get(key) or default)
+        if url.hostname:
+            hosts.append(f"{url.hostname}:{url.port or (443 if url.scheme == 'https' else 80)}")
+    return tuple(dict.fromkeys(hosts))
 
 
 def export_rollout_env(*, run: Run) -> dict[str, str]:

@@ -150,7 +150,7 @@ def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: s
     "judge_server" (getting a judge server ready) and "ruler" (seconds the judge spent on the groups,
     summed over groups, which are judged while other groups' rollouts still run)."""
     from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
-    from training.exports.weave import export_rollout_env
+    from training.exports.weave import export_rollout_env, rollout_egress_hosts
 
     jail = inference.jail_config()
     if not jail.jailed:
@@ -177,7 +177,8 @@ def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: s
         max_exceptions=cfg.max_exceptions,
         limits=SandboxLimits(rollout_timeout_s=cfg.rollout_timeout_s),
         step=run.steps_done,
-        env=export_rollout_env(run=run),
+        env=(trace_env := export_rollout_env(run=run)),
+        egress_hosts=rollout_egress_hosts(trace_env),
         judge_model=judge,
         extra_models=extra_models,
         ruler=cfg.use_ruler,

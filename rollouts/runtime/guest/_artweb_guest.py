@@ -446,6 +446,11 @@ def main() -> None:
     pipe = ResultPipe(int(os.environ["ARTWEB_RESULT_FD"]))
     port = start_relay(os.environ["ARTWEB_PROXY_SOCKET"])
     os.environ["OPENAI_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
+    if os.environ.get("ARTWEB_EGRESS_SOCKET"):
+        # HTTPS to the run's own tracing service only (the worker's proxy checks the host); the model
+        # stays on the plain local relay.
+        os.environ["HTTPS_PROXY"] = f"http://127.0.0.1:{start_relay(os.environ['ARTWEB_EGRESS_SOCKET'])}"
+        os.environ["NO_PROXY"] = "127.0.0.1,localhost"
     sys.stdout = _RoutedStream(sys.__stdout__)
     sys.stderr = _RoutedStream(sys.__stderr__)
     limit_processes(int(spec["max_processes"]))

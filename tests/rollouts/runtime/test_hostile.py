@@ -439,3 +439,57 @@ def test_it_binds_an_interpreter_that_lives_under_tmp_over_the_scratch(tmp_path)
     args = jail._bwrap_args(staged, scratch_mb=8)
     assert args.index("--tmpfs") < args.index("/tmp/checkout/.venv")
     assert args[args.index("--tmpfs") + 1] == jail.SCRATCH
+
+
+def test_it_tunnels_only_to_the_runs_own_tracing_service(request_for):
+    """A run with Weave gets HTTPS tunnels (CONNECT) to its tracing service's host and port, and to no
+    other: not PostgreSQL, not the same host on another port."""
+    import socketserver
+
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.sendall(self.request.recv(64))
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    probe = (
+        "from urllib.parse import urlsplit\n"
+        "proxy = urlsplit(os.environ['HTTPS_PROXY'])\n"
+        "def tunnel(target):\n"
+        "    s = socket.create_connection((proxy.hostname, proxy.port), timeout=10)\n"
+        "    s.sendall(f'CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n'.encode())\n"
+        "    status = s.recv(200).split(b' ')[1].decode()\n"
+        "    if status == '200':\n"
+        "        s.sendall(b'ping')\n"
+        "        status += ':' + s.recv(10).decode()\n"
+        "    return status\n"
+        f"out['own'] = tunnel('127.0.0.1:{port}')\n"
+        "out['postgres'] = tunnel('127.0.0.1:5432')\n"
+        f"out['other_port'] = tunnel('127.0.0.1:{port + 1}')\n"
+        "s = socket.socket()\n"
+        "s.settimeout(2)\n"
+        "try:\n"
+        f"    s.connect(('127.0.0.1', {port}))\n"
+        "    out['direct'] = 'open'\n"
+        "except OSError as e:\n"
+        "    out['direct'] = type(e).__name__\n")
+    try:
+        results = run_rollouts(request_for(report(probe), egress_hosts=(f"127.0.0.1:{port}",)))
+        plain = run_rollouts(request_for(report("out['proxy'] = os.environ.get('HTTPS_PROXY')")))
+    finally:
+        server.shutdown()
+    out = results[0].trajectories[0]["metadata"]
+    assert out == {"own": "200:ping", "postgres": "403", "other_port": "403", "direct": "ConnectionRefusedError"}
+    assert plain[0].trajectories[0]["metadata"] == {"proxy": None}
+
+
+def test_the_weave_settings_open_only_weaves_hosts():
+    from training.exports.weave import rollout_egress_hosts
+
+    assert rollout_egress_hosts({}) == ()
+    assert rollout_egress_hosts({"WEAVE_PROJECT": "team/p", "WANDB_API_KEY": "k"}) == (
+        "api.wandb.ai:443", "trace.wandb.ai:443")
+    assert rollout_egress_hosts({"WEAVE_PROJECT": "team/p", "WANDB_BASE_URL": "http://wandb.internal:8080",
+                                 "WF_TRACE_SERVER_URL": "https://traces.internal"}) == (
+        "wandb.internal:8080", "traces.internal:443")
