@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -93,7 +94,6 @@ def measure(kind: str, base_url: str, api_key: str, model: str, n: int, concurre
 def jail_startup(runs: int = 20) -> tuple[float, float]:
     """Median ms from nothing to a jailed /bin/true that has exited, the batch's cgroup and staging
     included (what every batch pays before Python starts), against a plain subprocess."""
-    import statistics
     import subprocess
 
     config = JailConfig()
@@ -156,6 +156,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="4,8,16")
     parser.add_argument("--rollouts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per concurrency level (median reported)")
     parser.add_argument("--no-adapter", action="store_true", help="measure the base model only")
     parser.add_argument("--data-dir", default=os.environ.get("ARTWEB_DATA_DIR", str(REPO / "data")))
     args = parser.parse_args()
@@ -193,13 +194,16 @@ def main() -> None:
                 print(f"adapter loaded in {time.perf_counter() - started:.1f} s ({server.adapter_mode})", flush=True)
             measure("direct", base_url, api_key, name, 2, 2, {**sampling, "max_tokens": 4})  # warm-up
             for concurrency in levels:
-                for kind in KINDS:
-                    tokens, seconds = measure(kind, base_url, api_key, name, args.rollouts, concurrency, sampling)
-                    rows.append((policy, kind, concurrency, tokens, seconds))
-                    print(f"{policy:8} {kind:8} c={concurrency:<3} {tokens:6d} tok {seconds:7.2f} s "
-                          f"{tokens / seconds:8.1f} tok/s {args.rollouts / seconds:6.2f} rollouts/s", flush=True)
-        print("\nsummary (tokens/s)")
-        by_key = {(p, k, c): t / s for p, k, c, t, s in rows}
+                # Rounds alternate the kinds, so a slow moment of the machine does not land on one of them.
+                for _ in range(args.repeat):
+                    for kind in KINDS:
+                        tokens, seconds = measure(kind, base_url, api_key, name, args.rollouts, concurrency, sampling)
+                        rows.append((policy, kind, concurrency, tokens, seconds))
+                        print(f"{policy:8} {kind:8} c={concurrency:<3} {tokens:6d} tok {seconds:7.2f} s "
+                              f"{tokens / seconds:8.1f} tok/s {args.rollouts / seconds:6.2f} rollouts/s", flush=True)
+        print(f"\nsummary (tokens/s, median of {args.repeat})")
+        by_key = {key: statistics.median(t / s for p, k, c, t, s in rows if (p, k, c) == key)
+                  for key in {(p, k, c) for p, k, c, _, _ in rows}}
         for concurrency in levels:
             line = f"c={concurrency:<3}"
             for policy, _ in policies:

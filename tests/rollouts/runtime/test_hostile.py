@@ -20,20 +20,7 @@ from typing import Self
 import pytest
 
 from rollouts.runtime.sandbox import SandboxLimits, run_rollouts
-
-# Scenario 0 attacks; scenario 1 is a well-behaved rollout.
-TEMPLATE = """
-import art, asyncio, json, os, socket, sys
-
-async def rollout(model, scenario):
-    if scenario.i == 0:
-{bad}
-    return art.Trajectory(messages_and_choices=[{{"role": "user", "content": "hi"}}], reward=1.0)
-"""
-
-
-def script(bad: str) -> str:
-    return TEMPLATE.format(bad="\n".join("        " + line for line in bad.splitlines()))
+from tests.rollouts.runtime.scripts import script
 
 
 def report(code: str) -> str:

@@ -9,20 +9,7 @@ import pytest
 
 from rollouts.runtime import Cancelled, TooManyErrors
 from rollouts.runtime.sandbox import SandboxLimits, run_rollouts
-
-# Scenario 0 misbehaves, scenario 1 is a well-behaved rollout: one group each.
-TEMPLATE = """
-import art, asyncio, os
-
-async def rollout(model, scenario):
-    if scenario.i == 0:
-{bad}
-    return art.Trajectory(messages_and_choices=[{{"role": "user", "content": "hi"}}], reward=1.0)
-"""
-
-
-def script(bad: str) -> str:
-    return TEMPLATE.format(bad="\n".join("        " + line for line in bad.splitlines()))
+from tests.rollouts.runtime.scripts import script
 
 
 def assert_only_group_zero_failed(results, *needles):
