@@ -234,7 +234,9 @@ def run_rollouts(
                 break
             for key, _ in selector.select(timeout=0.2):
                 key.data.read()
-                if key.data.eof:  # a closed pipe stays readable: stop watching it
+                # A closed pipe stays readable, and so does one whose sandbox was cut off for breaking the
+                # protocol (nothing more is read from it): stop watching both.
+                if key.data.eof or key.data.finished:
                     selector.unregister(key.fd)
             for box in sandboxes:
                 box.check_exit()
