@@ -105,3 +105,20 @@ def reward_kind(source: str) -> str:
     if issues or kind is None:
         raise ValueError("; ".join(i["message"] for i in issues) or "not a reward function")
     return kind
+
+
+def script_sets_reward(source: str) -> bool:
+    """Whether a rollout script gives its trajectories a reward itself: an assignment to some `.reward`,
+    or a `reward=` keyword (as in `art.Trajectory(..., reward=...)`). A static reading, so it errs on
+    the side of yes: any such line counts, reached or not."""
+    tree, _ = _parse(source, "rollout script")
+    if tree is None:
+        return True  # a script that does not parse fails on its own, with its own message
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Attribute) and t.attr == "reward" for t in targets):
+            return True
+        if isinstance(node, ast.Call) and any(k.arg == "reward" for k in node.keywords):
+            return True
+    return False

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from artweb.errors import ApplicationError
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
+from rollouts.runtime.validation import script_sets_reward
 from training.config import run_config_parse
 from training.models import BaseModel, Run, RunEvent
 from training.services.broadcast import run_broadcast, run_row_message, runs_list_broadcast
@@ -73,8 +74,13 @@ def run_create(*, owner, name: str, base_model: BaseModel, script_version: Rollo
     _owned(base_model, owner, "base model")
     if reward_version is not None:
         _owned(reward_version.asset, owner, "reward function")
-    elif not cfg.use_ruler:
-        pass  # the script may set trajectory.reward itself
+    elif not cfg.use_ruler and not script_sets_reward(script_version.content):
+        # Every rollout would fail for want of a reward: say so now, not after the first step.
+        raise ApplicationError(
+            "This run has no reward source: no reward function is attached, RULER is off, and the rollout "
+            "script never sets a reward. Choose a reward function (for the example script, the example "
+            "reward), tick \"Use ruler\", or set trajectory.reward in the script.",
+            field_errors={"reward function": ["required: the script sets no reward and RULER is off"]})
     if scenario_set.train_count == 0:
         raise ApplicationError("The scenario set has no training scenarios.", field_errors={"scenario_set": ["empty"]})
     tags = [t.strip()[:50] for t in (tags or []) if t and t.strip()][:20]

@@ -112,3 +112,37 @@ def test_retention_keeps_latest_best_and_promoted_and_refuses_the_resume_point(a
     states = dict(run.checkpoints.values_list("step", "state"))
     assert states == {1: "active", 2: "active", 3: "deleted", 4: "deleted", 5: "active"}
     assert run.events.filter(kind="checkpoint_deleted").count() == 2
+
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[3] / "rollouts" / "examples"
+
+
+@pytest.mark.parametrize("script, reward, use_ruler, accepted", [
+    ("rollout.py", True, False, True),  # the example with its reward function
+    ("rollout.py", False, True, True),  # RULER scores it
+    ("tool_rollout.py", False, False, True),  # sets trajectory.reward itself
+    ("rollout.py", False, False, False),  # nothing would ever give a reward
+])
+def test_it_refuses_a_run_without_any_reward_source(alice, enqueued, script, reward, use_ruler, accepted):
+    from tests.factories import RolloutScriptVersionFactory
+
+    template = RunFactory(owner=alice)
+    version = RolloutScriptVersionFactory(asset__owner=alice, content=(EXAMPLES / script).read_text())
+    kwargs = {"owner": alice, "name": "r", "base_model": template.base_model, "script_version": version,
+              "reward_version": template.reward_version if reward else None, "scenario_set": template.scenario_set,
+              "config": {"use_ruler": use_ruler}}
+    if accepted:
+        assert run_create(**kwargs).status == S.QUEUED
+    else:
+        with pytest.raises(ApplicationError, match="no reward source") as info:
+            run_create(**kwargs)
+        assert "reward function" in info.value.field_errors
+        assert not Run.objects.filter(name="r").exists()
+
+
+def test_it_reads_a_reward_from_the_script_statically():
+    from rollouts.runtime.validation import script_sets_reward
+
+    assert script_sets_reward("async def rollout(m, s):\n    t = make()\n    t.reward = 1.0\n    return t\n")
+    assert script_sets_reward("async def rollout(m, s):\n    return art.Trajectory(messages_and_choices=[], reward=0.5)\n")
+    assert not script_sets_reward("async def rollout(m, s):\n    return art.Trajectory(messages_and_choices=[])\n")
