@@ -194,11 +194,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # Two models have a "status" choice set; named here, the schema gets stable enum names (and
-    # `check --deploy` no warning).
+    # Two models have a "status" choice set and two a "kind" one; named here, the schema gets stable enum
+    # names (and `check --deploy` no warning).
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "training.models.Run.Status",
         "DryRunStatusEnum": "rollouts.models.DryRun.Status",
+        "RewardKindEnum": "rollouts.models.RewardFunction.Kind",
+        "ExportKindEnum": "training.models.ExportTarget.Kind",
     },
 }
 

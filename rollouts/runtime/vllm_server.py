@@ -128,7 +128,10 @@ class VLLMServer:
         self._proc: subprocess.Popen | None = None
         self._log_file = None
         self._lock = threading.RLock()
-        self._http = httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0))
+        # No kept-alive connections: admin calls come seconds or minutes apart, and a pooled connection the
+        # server has just closed fails the call ("Server disconnected without sending a response").
+        self._http = httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0),
+                                  limits=httpx.Limits(max_keepalive_connections=0))
 
     # --- properties ---------------------------------------------------------------------------------
 

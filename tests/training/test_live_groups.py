@@ -34,7 +34,8 @@ def _results() -> list:
 
 def _persist(run, step=1):
     scenarios = list(run.scenario_set.scenarios.filter(split="train").order_by("index")[:2])
-    return _persist_groups(run, step, "train", scenarios, _results())
+    type(run).objects.filter(id=run.id).update(worker="worker-1")  # the lease, as a claim would set it
+    return _persist_groups(run, step, "train", scenarios, _results(), me="worker-1")
 
 
 @pytest.mark.django_db
@@ -131,3 +132,16 @@ async def test_it_pushes_groups_to_the_run_page_and_catches_up_after_a_cursor(al
     assert caught[0]["advantages"] == [1.2, -1.2, None, 0.0]
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()
+
+
+@pytest.mark.django_db
+def test_a_worker_without_the_lease_persists_nothing_and_keeps_the_winners_groups(alice):
+    from training.services.steps import StepAborted
+
+    run = RunFactory(owner=alice)
+    winners = _persist(run)
+    type(run).objects.filter(id=run.id).update(worker="worker-2")  # another worker took the run over
+    scenarios = list(run.scenario_set.scenarios.filter(split="train").order_by("index")[:2])
+    with pytest.raises(StepAborted, match="lease lost"):
+        _persist_groups(run, 1, "train", scenarios, _results(), me="worker-1")
+    assert sorted(g.id for g in run.groups.all()) == sorted(g.id for g in winners)

@@ -201,11 +201,16 @@ def _search_text(messages: list[dict]) -> str:
     return "\n".join(parts)[:20_000]
 
 
-def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], results) -> list[TrajectoryGroup]:
+def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], results, *,
+                    me: str) -> list[TrajectoryGroup]:
     """Write the scored groups, and send each to the run page when they commit: rewards now, while the
     update trains; the advantages follow from _store_advantages."""
     groups = []
     with transaction.atomic():
+        # Only while this worker holds the lease, checked under the run's row lock: the heartbeat notices a
+        # lost lease only every few seconds, and a batch can finish in less.
+        if not Run.objects.select_for_update().filter(id=run.id, worker=me).exists():
+            raise StepAborted("lease lost")
         # A crashed earlier attempt of this step may have left its groups: replace them.
         TrajectoryGroup.objects.filter(run=run, step=step, split=split).delete()
         for scenario, result in zip(scenarios, results):
@@ -340,7 +345,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
 
     # 2. Persist the groups (replacing any left by a crashed attempt of this step).
     t = time.perf_counter()
-    groups = _persist_groups(run, step, "train", scenarios, results)
+    groups = _persist_groups(run, step, "train", scenarios, results, me=hb.me)
     timings["persist"] = time.perf_counter() - t
     run_log(run_id=run.id, step=step, message=(
         f"step {step}: {stats['rollouts']} rollouts, reward {_fmt(stats['reward_mean'])}, "
@@ -420,7 +425,7 @@ def _validate(run: Run, cfg: RunConfig, step: int, model_name: str, server, hb: 
         return None
     # One rollout per scenario is enough for a held-out mean; the runtime needs groups of at least 1.
     results = _rollouts(run, cfg, scenarios, model_name, server, hb, group_size=1)
-    _persist_groups(run, step, "validation", scenarios, results)
+    _persist_groups(run, step, "validation", scenarios, results, me=hb.me)
     rewards = [t["reward"] for r in results for t in r.trajectories if t.get("reward") is not None]
     return statistics.fmean(rewards) if rewards else None
 

@@ -72,7 +72,8 @@ def test_a_ruler_run_without_a_reward_function_is_rewarded_by_the_judge(alice):
     for values in advantages.values:
         assert values == pytest.approx([-1.16248, 1.27872, -0.11625], abs=1e-4)
 
-    groups = steps._persist_groups(run, 1, "train", scenarios, results)
+    type(run).objects.filter(id=run.id).update(worker="worker-1")
+    groups = steps._persist_groups(run, 1, "train", scenarios, results, me="worker-1")
     rows = list(Trajectory.objects.filter(group=groups[0]).order_by("index"))
     assert [t.reward for t in rows] == SCORES
     assert [t.metadata["ruler_explanation"] for t in rows] == [f"judged {k} of 3" for k in (1, 2, 3)]
