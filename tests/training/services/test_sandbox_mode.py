@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.factories import RunFactory, RolloutScriptVersionFactory
+from tests.factories import RolloutScriptVersionFactory, RunFactory
 from training.config import RunConfig
 from training.models import RunEvent
 from training.services import steps
