@@ -32,7 +32,7 @@ def _traj(answer: str, reward: float) -> dict:
 
 def test_it_shows_each_scored_group_while_the_step_trains(signed_in, user):
     page = signed_in
-    run = RunFactory(owner=user, name="grouped", num_steps=10, status="running", steps_done=1)
+    run = RunFactory(owner=user, name="grouped", num_steps=10, status="running", steps_done=1, worker="worker-1")
     StepFactory(run=run, step=1)
     page.goto(f"/runs/{run.id}/")
     page.wait_for_function("window.__artwebLive && window.__artwebLive.state === 'open'")
@@ -42,7 +42,7 @@ def test_it_shows_each_scored_group_while_the_step_trains(signed_in, user):
     results = [SimpleNamespace(trajectories=[_traj("crimson red", 1.0), _traj("a dull grey", 0.0),
                                              _traj("pale red", 0.5)]),
                SimpleNamespace(trajectories=[_traj("blue", 0.0), _traj("navy", 1.0)])]
-    groups = as_worker(_persist_groups, run, 2, "train", scenarios, results)
+    groups = as_worker(_persist_groups, run, 2, "train", scenarios, results, me="worker-1")
 
     # Step 2 is still training: rewards and answers now, advantages pending.
     newest = page.locator(f"#groups-live [data-group='{groups[1].id}']")
