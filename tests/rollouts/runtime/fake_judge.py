@@ -2,60 +2,34 @@
 
 It answers POST /v1/chat/completions with {"scores": [...]} built from `scores` (trajectory "1" gets
 scores[0], and so on), or with `reply` verbatim when set; it records every request with the
-Authorization header it came with. Runs on its own thread and loop, on a free port of 127.0.0.1.
+Authorization header it came with. Runs on its own thread and loop (ThreadedServer).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import threading
-from typing import Self
 
 from aiohttp import web
 
+from tests.rollouts.runtime.threaded_server import ThreadedServer
 
-class FakeJudge:
+
+class FakeJudge(ThreadedServer):
     def __init__(self, scores: list[float], *, reply: str | None = None, refuse_schema: bool = False) -> None:
+        super().__init__("fake-judge")
         self.scores = list(scores)
         self.reply = reply
         self.refuse_schema = refuse_schema  # answer 400 to a request with a response_format, like some servers
         self.requests: list[dict] = []
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True, name="fake-judge")
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        assert self._ready.wait(10), "the fake judge did not start"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._complete)
 
     def trajectory_counts(self) -> list[int]:
         """How many trajectories each request asked about."""
         return [len(re.findall(r'<trajectory id="\d+">', r["body"]["messages"][-1]["content"]))
                 for r in self.requests]
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._complete)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
 
     async def _complete(self, request: web.Request) -> web.Response:
         body = await request.json()

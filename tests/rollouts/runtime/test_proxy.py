@@ -21,59 +21,38 @@ import pytest
 from aiohttp import web
 
 from rollouts.runtime.proxy import InferenceProxy, Upstream
+from tests.rollouts.runtime.threaded_server import ThreadedServer
 
 WORKER_KEY = "worker-secret"
 CALLER_KEY = "whatever-the-script-sends"
 
 
-class FakeUpstream:
+class FakeUpstream(ThreadedServer):
     """An OpenAI-compatible server in a thread of its own. A streamed reply sends one chunk, then waits
     for `release` before the rest, so a test can see what arrived while the upstream was still busy."""
 
     def __init__(self) -> None:
+        super().__init__("fake-upstream")
         self.requests: list[dict] = []
         self.release = threading.Event()
         self.sent_rest = threading.Event()  # set before a streamed reply's chunks after the first
         self.disconnected = threading.Event()  # a streamed reply's client went away before its end
         self.delay_s = 0.0  # before a non-streamed reply
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    def start(self) -> FakeUpstream:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+    def routes(self, app: web.Application) -> None:
+        app.router.add_route("*", "/{tail:.*}", self._handle)
 
     def stop(self) -> None:
         self.release.set()
-        asyncio.run_coroutine_threadsafe(self._cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        super().stop()
 
     async def _cleanup(self) -> None:
-        await self._runner.cleanup()
+        await super()._cleanup()
         # A handler still sleeping (the slow-reply test) would otherwise die with the loop, noisily.
         pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
