@@ -97,6 +97,25 @@ function addEvent(msg) {
   kind.textContent = msg.kind;
   li.append(time, " ", kind, " ", msg.message || "");
   appendItem("events", li, 500);
+  if (msg.level === "warning") addWarning(msg);
+}
+
+// A warning event is also a banner at the top of the page, with its link to the examples.
+function addWarning(msg) {
+  const box = document.getElementById("run-warnings");
+  if (!box) return;
+  const banner = document.createElement("div");
+  banner.className = "alert alert-warning";
+  banner.setAttribute("role", "alert");
+  banner.dataset.kind = msg.kind;
+  banner.append(msg.message || "");
+  if (msg.link) {
+    const a = document.createElement("a");
+    a.href = msg.link;
+    a.textContent = "See example groups";
+    banner.append(" ", a);
+  }
+  box.prepend(banner);
 }
 
 function addLog(msg) {

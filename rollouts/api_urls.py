@@ -9,6 +9,7 @@ urlpatterns = [
     path("scripts/create/", code.ScriptCreateApi.as_view(), name="api-script-create"),
     path("scripts/validate/", code.ScriptValidateApi.as_view(), name="api-script-validate"),
     path("scripts/<int:script_id>/", code.ScriptDetailApi.as_view(), name="api-script"),
+    path("scripts/<int:script_id>/companion/", code.ScriptCompanionApi.as_view(), name="api-script-companion"),
     path("scripts/<int:script_id>/versions/", code.ScriptVersionListApi.as_view(), name="api-script-versions"),
     path("scripts/<int:script_id>/versions/create/", code.ScriptVersionCreateApi.as_view(),
          name="api-script-version-create"),

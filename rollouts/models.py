@@ -43,6 +43,11 @@ class CodeVersion(models.Model):
 
 
 class RolloutScript(CodeAsset):
+    # The reward function written for this script: the launch form preselects its newest version.
+    companion_reward = models.ForeignKey(
+        "RewardFunction", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="Reward function that goes with this script; the launch form preselects its newest version.")
+
     class Meta(CodeAsset.Meta):
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="uniq_script_owner_name")]
 

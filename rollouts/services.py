@@ -69,15 +69,18 @@ def script_validate(*, content: str | bytes) -> str:
 
 
 @transaction.atomic
-def script_create(*, owner, name: str, content: str | bytes, description: str = "") -> RolloutScriptVersion:
+def script_create(*, owner, name: str, content: str | bytes, description: str = "",
+                  companion_reward: RewardFunction | None = None) -> RolloutScriptVersion:
     name = _check_name(name)
+    _check_companion(owner, companion_reward)
     text = script_validate(content=content)
     if RolloutScript.objects.filter(owner=owner, name=name).exists():
         raise ApplicationError(
             f"You already have a rollout script named {name!r}: upload a new version of it, or pick another name.",
             field_errors={"name": ["already exists"]},
         )
-    script = RolloutScript.objects.create(owner=owner, name=name, description=description)
+    script = RolloutScript.objects.create(owner=owner, name=name, description=description,
+                                          companion_reward=companion_reward)
     return RolloutScriptVersion.objects.create(asset=script, number=1, content=text, sha256=_sha(text))
 
 
@@ -85,6 +88,21 @@ def script_create(*, owner, name: str, content: str | bytes, description: str = 
 def script_version_create(*, script: RolloutScript, content: str | bytes, note: str = "") -> RolloutScriptVersion:
     text = script_validate(content=content)
     return _version_create(RolloutScriptVersion, asset=script, text=text, note=note)
+
+
+def _check_companion(owner, reward: RewardFunction | None) -> None:
+    if reward is not None and reward.owner_id != owner.id:
+        raise ApplicationError("The companion reward function must be one of yours.",
+                               field_errors={"companion_reward": ["not found"]})
+
+
+def script_companion_set(*, script: RolloutScript, reward: RewardFunction | None) -> RolloutScript:
+    """Name the reward function written for this script (None: none); the launch form preselects its
+    newest version whenever the script is picked."""
+    _check_companion(script.owner, reward)
+    script.companion_reward = reward
+    script.save(update_fields=["companion_reward", "updated_at"])
+    return script
 
 
 # --- reward functions --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ urlpatterns = [
     path("scripts/", views.asset_list_view, {"kind": "script"}, name="script-list"),
     path("scripts/new/", views.asset_create_view, {"kind": "script"}, name="script-new"),
     path("scripts/<int:asset_id>/", views.asset_detail_view, {"kind": "script"}, name="script-detail"),
+    path("scripts/<int:asset_id>/companion/", views.script_companion_view, name="script-companion"),
     path("rewards/", views.asset_list_view, {"kind": "reward"}, name="reward-list"),
     path("rewards/new/", views.asset_create_view, {"kind": "reward"}, name="reward-new"),
     path("rewards/<int:asset_id>/", views.asset_detail_view, {"kind": "reward"}, name="reward-detail"),

@@ -123,11 +123,30 @@ def asset_detail_view(request, kind: str, asset_id: int):
         diff = {"old": old, "new": new,
                 "table": code_diff_table(old.content, new.content, f"version {old.number}", f"version {new.number}")}
     dry_initial = {f"{k.slug}_version": versions[0].id} if versions else None
+    rewards = selectors.reward_list(user=request.user).filter(owner=asset.owner).order_by("name") \
+        if k.slug == "script" else None
     return render(request, "rollouts/asset_detail.html", {
         "nav": f"{k.slug}s", "kind": k, "asset": asset, "versions": versions, "shown": shown, "diff": diff,
+        "companion_choices": rewards,
         "form": form, "error_lines": error_lines,
         "dry_run_form": _dry_run_form(request, initial=dry_initial),
     })
+
+
+@login_required
+@require_POST
+def script_companion_view(request, asset_id: int):
+    script = selectors.script_get(user=request.user, script_id=asset_id)
+    raw = request.POST.get("reward", "")
+    reward = selectors.reward_get(user=request.user, reward_id=int(raw)) if raw.isdigit() else None
+    try:
+        services.script_companion_set(script=script, reward=reward)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"The launch form now preselects {reward.name} with this script." if reward
+                         else "This script has no companion reward now.")
+    return redirect("script-detail", asset_id=script.id)
 
 
 # --- scenario sets ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from training.exports.schemas import export_settings_parse
 from training.exports.selectors import export_target_public
 from training.exports.services import export_target_create, export_target_test, export_target_update
 from training.models import BaseModel, Checkpoint, ExportTarget, Run, RunEvent, RunLog, Step
+from training.services.base_models import recommended_train_check
 from training.services.checkpoints import (
     checkpoint_apply_retention,
     checkpoint_archive,
@@ -102,8 +103,21 @@ class RunAdmin(admin.ModelAdmin):
     list_select_related = ("owner",)
 
 
+class BaseModelAdminForm(forms.ModelForm):
+    class Meta:
+        model = BaseModel
+        fields = "__all__"
+
+    def clean_recommended_train(self):
+        try:
+            return recommended_train_check(self.cleaned_data.get("recommended_train"))
+        except ApplicationError as exc:
+            raise forms.ValidationError(exc.message) from exc
+
+
 @admin.register(BaseModel)
 class BaseModelAdmin(admin.ModelAdmin):
+    form = BaseModelAdminForm
     list_display = ("name", "source", "owner", "max_length", "supports_tools", "created_at")
     search_fields = ("name", "source")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from training.services.broadcast import RUNS_STAFF_GROUP, run_group_name, runs_user_group
+from training.services.broadcast import RUNS_STAFF_GROUP, event_message, run_group_name, runs_user_group
 
 CATCH_UP_LIMIT = 2000
 # Runs a runs-list page asks about at most: its largest page.
@@ -76,8 +76,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                         "metrics": {**s.metrics, "reward_mean": s.reward_mean, "reward_std": s.reward_std,
                                     "val_reward": s.val_reward, "duration_s": s.duration_s}, "timings": s.timings})
         for e in RunEvent.objects.filter(run_id=self.run_id, id__gt=cursor("after_event")).order_by("id")[:CATCH_UP_LIMIT]:
-            out.append({"type": "event", "id": e.id, "kind": e.kind, "message": e.message,
-                        "created_at": e.created_at.isoformat()})
+            out.append(event_message(e))
         for line in RunLog.objects.filter(run_id=self.run_id, id__gt=cursor("after_log")).order_by("id")[:CATCH_UP_LIMIT]:
             out.append({"type": "log", "id": line.id, "level": line.level, "message": line.message, "step": line.step,
                         "created_at": line.created_at.isoformat()})

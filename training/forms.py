@@ -74,6 +74,20 @@ class BaseModelForm(forms.Form):
     supports_tools = forms.BooleanField(required=False, label="Supports tool calls")
     chat_template_override = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}),
                                              help_text="Jinja chat template to use instead of the model's own.")
+    recommended_train = forms.CharField(
+        required=False, label="Recommended training settings",
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": '{"learning_rate": 0.0002}'}),
+        help_text="JSON object of training settings that suit this model; runs that leave a setting out take "
+                  "these values before artweb's defaults.")
+
+    def clean_recommended_train(self) -> dict:
+        raw = (self.cleaned_data.get("recommended_train") or "").strip()
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.")
 
 
 # --- launch -------------------------------------------------------------------------------------

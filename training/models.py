@@ -21,6 +21,10 @@ class BaseModel(models.Model):
     max_length = models.PositiveIntegerField(default=2048)
     chat_template_override = models.TextField(blank=True)
     supports_tools = models.BooleanField(default=False)
+    recommended_train = models.JSONField(
+        default=dict, blank=True,
+        help_text="Training settings (TrainConfig keys) that suit this model; a run's train settings that are "
+                  "left out take these values before artweb's defaults.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -142,6 +142,11 @@ def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
             "last_step": rows[-1][0] if rows else None}
 
 
+def run_warnings(*, run: Run, limit: int = 5) -> list[RunEvent]:
+    """The run's newest warnings (events whose data says level "warning"), newest first: the page's banners."""
+    return list(RunEvent.objects.filter(run=run, data__level="warning").order_by("-id")[:limit])
+
+
 def run_events_recent(*, run: Run, limit: int = 100) -> list[RunEvent]:
     """The newest events, oldest first (the timeline's first paint; the socket appends the rest)."""
     return list(reversed(RunEvent.objects.filter(run=run).order_by("-id")[:limit]))

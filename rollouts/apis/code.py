@@ -17,6 +17,7 @@ from rollouts.apis.base import (
     PAGE_PARAMETERS,
     Api,
     UploadApi,
+    WriteApi,
     body,
     decode_utf8,
     paginated_response,
@@ -64,6 +65,12 @@ class AssetOutput(serializers.Serializer):
     updated_at = serializers.DateTimeField()
 
 
+class ScriptOutput(AssetOutput):
+    companion_reward = serializers.IntegerField(
+        source="companion_reward_id", allow_null=True,
+        help_text="Id of the reward function written for this script; the launch form preselects its newest version.")
+
+
 class VersionOutput(serializers.Serializer):
     id = serializers.IntegerField()
     asset_id = serializers.IntegerField()
@@ -104,18 +111,22 @@ class _AssetListApi(Api):
     class FilterSerializer(serializers.Serializer):
         name = serializers.CharField(required=False, max_length=200, help_text="Exact name.")
 
+    output = AssetOutput
+
     def list(self, request, qs):
         filters = query_params(self.FilterSerializer, request)
         if filters.get("name"):
             qs = qs.filter(name=filters["name"])
         return paginated_response(request=request, view=self, queryset=_annotated(qs).order_by("-updated_at", "-id"),
-                                  serializer_class=AssetOutput)
+                                  serializer_class=self.output)
 
 
 class _AssetDetailApi(Api):
+    output = AssetOutput
+
     def detail(self, asset):
         asset = _annotated(type(asset).objects.filter(id=asset.id)).get()
-        return Response(AssetOutput(asset).data)
+        return Response(self.output(asset).data)
 
 
 class _VersionListApi(Api):
@@ -130,8 +141,10 @@ class _VersionListApi(Api):
 
 
 class ScriptListApi(_AssetListApi):
+    output = ScriptOutput
+
     @extend_schema(operation_id="scripts_list", parameters=[_AssetListApi.FilterSerializer, *PAGE_PARAMETERS],
-                   responses={200: paginated_schema(AssetOutput, "PaginatedScriptList")})
+                   responses={200: paginated_schema(ScriptOutput, "PaginatedScriptList")})
     def get(self, request):
         return self.list(request, selectors.script_list(user=request.user))
 
@@ -142,6 +155,9 @@ class ScriptCreateApi(UploadApi):
     class InputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=200)
         description = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
+        companion_reward = serializers.IntegerField(
+            required=False, allow_null=True, default=None,
+            help_text="Id of one of your reward functions written for this script (the launch form preselects it).")
 
     class JsonInputSerializer(InputSerializer, CodeJsonInput):
         pass
@@ -155,8 +171,10 @@ class ScriptCreateApi(UploadApi):
     def post(self, request):
         data = body(self.InputSerializer, request)
         raw = _code_bytes(request, "rollout script")
+        companion = (selectors.reward_get(user=request.user, reward_id=data["companion_reward"])
+                     if data["companion_reward"] is not None else None)
         version = services.script_create(owner=request.user, name=data["name"], content=raw,
-                                         description=data["description"])
+                                         description=data["description"], companion_reward=companion)
         return Response(VersionOutput(version).data, status=201)
 
 
@@ -178,9 +196,28 @@ class ScriptValidateApi(UploadApi):
 
 
 class ScriptDetailApi(_AssetDetailApi):
-    @extend_schema(operation_id="scripts_retrieve", responses={200: AssetOutput, 404: ErrorSerializer})
+    output = ScriptOutput
+
+    @extend_schema(operation_id="scripts_retrieve", responses={200: ScriptOutput, 404: ErrorSerializer})
     def get(self, request, script_id: int):
         return self.detail(selectors.script_get(user=request.user, script_id=script_id))
+
+
+class ScriptCompanionApi(WriteApi):
+    """Set (or clear, with null) the reward function written for a script."""
+
+    class InputSerializer(serializers.Serializer):
+        companion_reward = serializers.IntegerField(allow_null=True, help_text="Id of one of your reward functions, or null.")
+
+    @extend_schema(operation_id="scripts_companion_set", request=InputSerializer,
+                   responses={200: ScriptOutput, 400: ErrorSerializer, 404: ErrorSerializer})
+    def put(self, request, script_id: int):
+        script = selectors.script_get(user=request.user, script_id=script_id)
+        data = body(self.InputSerializer, request)
+        reward = (selectors.reward_get(user=request.user, reward_id=data["companion_reward"])
+                  if data["companion_reward"] is not None else None)
+        services.script_companion_set(script=script, reward=reward)
+        return ScriptDetailApi().detail(script)
 
 
 class ScriptVersionListApi(_VersionListApi):

@@ -110,3 +110,20 @@ def test_bob_cannot_read_or_extend_alices_code(alice_api, bob_api):
                               format="json"), 404)
     assert RolloutScriptVersion.objects.count() == 1 and RewardFunctionVersion.objects.count() == 1
     assert bob_api.get("/api/v1/scripts/").json()["count"] == 0
+
+
+def test_a_script_names_its_companion_reward_and_only_an_own_one(alice_api, alice, bob):
+    reward = alice_api.post("/api/v1/rewards/create/", {"name": "judge", "content": REWARD}, format="json").json()
+    created = alice_api.post("/api/v1/scripts/create/", {"name": "agent", "content": SCRIPT,
+                                                          "companion_reward": reward["asset_id"]}, format="json")
+    assert created.status_code == 201, created.json()
+    script_id = created.json()["asset_id"]
+    assert alice_api.get(f"/api/v1/scripts/{script_id}/").json()["companion_reward"] == reward["asset_id"]
+
+    cleared = alice_api.put(f"/api/v1/scripts/{script_id}/companion/", {"companion_reward": None}, format="json")
+    assert cleared.status_code == 200 and cleared.json()["companion_reward"] is None
+
+    theirs = RewardFunction.objects.create(owner=bob, name="bobs")
+    assert_error(alice_api.put(f"/api/v1/scripts/{script_id}/companion/", {"companion_reward": theirs.id},
+                               format="json"), 404)
+    assert RolloutScript.objects.get(id=script_id).companion_reward is None

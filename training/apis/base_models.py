@@ -18,6 +18,8 @@ class BaseModelOutput(serializers.Serializer):
     revision = serializers.CharField()
     max_length = serializers.IntegerField()
     supports_tools = serializers.BooleanField()
+    recommended_train = serializers.DictField(
+        help_text="Training settings that suit this model; a run's train settings left out take these values.")
     shared = serializers.SerializerMethodField(help_text="True for models everyone may use.")
     created_at = serializers.DateTimeField()
 
@@ -45,6 +47,8 @@ class BaseModelRegisterApi(WriteApi):
         chat_template_override = serializers.CharField(required=False, allow_blank=True, default="",
                                                        max_length=100_000, trim_whitespace=False)
         supports_tools = serializers.BooleanField(required=False, default=False)
+        recommended_train = serializers.DictField(required=False, default=dict,
+                                                  help_text="TrainConfig keys, e.g. {\"learning_rate\": 0.0002}.")
 
     @extend_schema(operation_id="base_models_register", request=InputSerializer,
                    responses={201: BaseModelOutput, 400: ErrorSerializer})

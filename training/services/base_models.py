@@ -49,10 +49,34 @@ def _visible(model: BaseModel, owner: AbstractBaseUser | None) -> bool:
     return owner is None or owner.is_staff or model.owner_id in (None, owner.pk)
 
 
+def recommended_train_check(value) -> dict:
+    """A model's recommended training settings: a JSON object of TrainConfig keys, each within its bounds.
+    Only the keys given are kept; the rest stay artweb's defaults."""
+    from training.engine import ConfigError, TrainConfig
+
+    if value in (None, ""):
+        return {}
+    if not isinstance(value, dict):
+        raise ApplicationError('Recommended settings must be a JSON object, e.g. {"learning_rate": 0.0002}.',
+                               field_errors={"recommended_train": ["not a JSON object"]})
+    try:
+        TrainConfig.from_dict(value)
+    except ConfigError as exc:
+        raise ApplicationError(f"Recommended settings: {exc}", field_errors={"recommended_train": [str(exc)]}) from exc
+    return dict(value)
+
+
+def base_model_recommend(*, model: BaseModel, train: dict) -> BaseModel:
+    """Replace the model's recommended training settings (runs already created keep theirs)."""
+    model.recommended_train = recommended_train_check(train)
+    model.save(update_fields=["recommended_train"])
+    return model
+
+
 @transaction.atomic
 def base_model_register(*, name: str, source: str, owner: AbstractBaseUser | None = None, local_path: str = "",
                         revision: str = "", max_length: int = 2048, chat_template_override: str = "",
-                        supports_tools: bool = False) -> BaseModel:
+                        supports_tools: bool = False, recommended_train: dict | None = None) -> BaseModel:
     """Register a base model by Hugging Face id, or (staff only) a directory on the server.
 
     owner is the user registering it, who alone sees it; None registers a model shared with everyone, as
@@ -68,6 +92,7 @@ def base_model_register(*, name: str, source: str, owner: AbstractBaseUser | Non
         raise ApplicationError("max_length must be between 16 and 1048576 tokens.",
                                field_errors={"max_length": ["out of range [16, 1048576]"]})
     _check_source(source=source, owner=owner, local_path=local_path)
+    recommended_train = recommended_train_check(recommended_train)
     existing = BaseModel.objects.filter(name=name).first()
     if existing:
         if not _visible(existing, owner):
@@ -83,4 +108,5 @@ def base_model_register(*, name: str, source: str, owner: AbstractBaseUser | Non
     return BaseModel.objects.create(
         owner=owner, name=name, source=source, local_path=local_path, revision=revision, max_length=max_length,
         chat_template_override=chat_template_override, supports_tools=supports_tools,
+        recommended_train=recommended_train,
     )

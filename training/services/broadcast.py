@@ -40,6 +40,18 @@ def runs_list_groups(owner_id: int) -> tuple[str, ...]:
     return runs_user_group(owner_id), RUNS_STAFF_GROUP
 
 
+def event_message(event) -> dict:
+    """A timeline event as the run page receives it; a warning carries its level and its link."""
+    data = event.data or {}
+    message = {"type": "event", "id": event.id, "kind": event.kind, "message": event.message,
+               "created_at": event.created_at.isoformat()}
+    if data.get("level"):
+        message["level"] = data["level"]
+    if data.get("link"):
+        message["link"] = data["link"]
+    return message
+
+
 def broadcast_now(group: str, message: dict) -> None:
     layer = get_channel_layer()
     if layer is None:

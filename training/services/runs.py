@@ -11,15 +11,14 @@ from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, Scenari
 from rollouts.runtime.validation import script_sets_reward
 from training.config import run_config_parse
 from training.models import BaseModel, Run, RunEvent
-from training.services.broadcast import run_broadcast, run_row_message, runs_list_broadcast
+from training.services.broadcast import event_message, run_broadcast, run_row_message, runs_list_broadcast
 
 S = Run.Status
 
 
 def run_event(*, run: Run, kind: str, message: str = "", data: dict | None = None, actor=None) -> RunEvent:
     event = RunEvent.objects.create(run=run, kind=kind, message=message, data=data or {}, actor=actor)
-    run_broadcast(run.id, {"type": "event", "id": event.id, "kind": kind, "message": message,
-                           "created_at": event.created_at.isoformat()})
+    run_broadcast(run.id, event_message(event))
     return event
 
 
@@ -61,6 +60,16 @@ def _owned(obj, owner, what: str):
         raise ApplicationError(f"That {what} is not yours.", field_errors={what: ["not found"]})
 
 
+def config_with_recommended(config: dict | None, base_model: BaseModel) -> dict:
+    """The run config with the base model's recommended training settings under the ones given: a train
+    key the caller leaves out takes the model's recommendation, then artweb's default."""
+    config = dict(config or {})
+    train = config.get("train")
+    if base_model.recommended_train and (train is None or isinstance(train, dict)):
+        config["train"] = {**base_model.recommended_train, **(train or {})}
+    return config
+
+
 @transaction.atomic
 def run_create(*, owner, name: str, base_model: BaseModel, script_version: RolloutScriptVersion,
                scenario_set: ScenarioSet, reward_version: RewardFunctionVersion | None = None,
@@ -68,7 +77,7 @@ def run_create(*, owner, name: str, base_model: BaseModel, script_version: Rollo
     name = (name or "").strip()
     if not name or len(name) > 200:
         raise ApplicationError("Give the run a name of 1 to 200 characters.", field_errors={"name": ["required"]})
-    cfg = run_config_parse(config)
+    cfg = run_config_parse(config_with_recommended(config, base_model))
     _owned(script_version.asset, owner, "script")
     _owned(scenario_set, owner, "scenario set")
     _owned(base_model, owner, "base model")

@@ -24,12 +24,13 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
+from django.urls import reverse
 from django.utils import timezone
 
 from rollouts.models import Scenario, Trajectory, TrajectoryGroup
 from artweb.logging import log_context
 from training.config import RunConfig
-from training.models import Checkpoint, Run, Step
+from training.models import Checkpoint, Run, RunEvent, Step
 from training.services import inference
 from training.services.broadcast import group_message, run_broadcast
 from training.services.logs import run_log
@@ -221,7 +222,7 @@ def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], 
                 reward_mean=statistics.fmean(rewards) if rewards else None,
                 reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
                 error_count=sum(1 for t in trajs if t.get("error")),
-                skipped=len(set(rewards)) <= 1,
+                skipped=_no_signal(result),
             )
             rows = Trajectory.objects.bulk_create([
                 Trajectory(
@@ -238,11 +239,19 @@ def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], 
     return groups
 
 
+def _no_signal(result) -> bool:
+    """All the group's rewards are equal (or it has fewer than two): GRPO has nothing to compare."""
+    rewards = [t["reward"] for t in result.trajectories if t.get("reward") is not None]
+    return len(set(rewards)) <= 1
+
+
 def _reward_stats(results) -> dict:
     trajs = [t for r in results for t in r.trajectories]
     rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
     completion = [t.get("completion_tokens") or 0 for t in trajs if not t.get("error")]
     return {
+        "groups": len(results),
+        "groups_no_signal": sum(1 for r in results if _no_signal(r)),
         "reward_mean": statistics.fmean(rewards) if rewards else None,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else None,
         "rollouts": len(trajs),
@@ -395,6 +404,43 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     if val_reward is not None:
         metrics["val_reward"] = val_reward
     _step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir, info)
+    no_signal_warn(run=run, step=step)
+
+
+NO_SIGNAL_EVENT = "no_signal"
+NO_SIGNAL_STEPS = 3  # steps in a row without a group that carries signal before the run warns
+EXAMPLE_GROUPS = 3
+
+
+def _dead(step_row: Step) -> bool:
+    m = step_row.metrics
+    return bool(m.get("groups")) and m.get("groups_no_signal") == m["groups"]
+
+
+def no_signal_warn(*, run: Run, step: int) -> RunEvent | None:
+    """Warn once per streak when NO_SIGNAL_STEPS steps in a row ending at `step` had no group with any
+    spread of reward: the updates changed nothing, and every further step costs the same for nothing."""
+    rows = list(Step.objects.filter(run=run, step__gt=step - NO_SIGNAL_STEPS - 1, step__lte=step).order_by("-step"))
+    streak = []
+    for row in rows:
+        if row.step != step - len(streak) or not _dead(row):
+            break
+        streak.append(row.step)
+    if len(streak) != NO_SIGNAL_STEPS:  # not yet, or warned already when the streak reached it
+        return None
+    first, last = min(streak), max(streak)
+    examples = list(TrajectoryGroup.objects.filter(run=run, split="train", step__in=streak)
+                    .order_by("-step", "id").values_list("id", "step", "reward_mean")[:EXAMPLE_GROUPS])
+    rewards = sorted({round(r, 4) for _, _, r in examples if r is not None})
+    same = f" (every rollout scored {rewards[0]:g})" if len(rewards) == 1 else ""
+    return run_event(run=run, kind=NO_SIGNAL_EVENT, data={
+        "level": "warning", "steps": sorted(streak), "group_ids": [g for g, _, _ in examples],
+        "link": reverse("run-trajectories", args=[run.id]) + f"?step={last}&split=train",
+    }, message=(
+        f"No learning signal in steps {first}-{last}: in every group all rollouts got the same reward{same}, "
+        "so GRPO had nothing to compare and the model did not change. Check that the reward function "
+        "gives partial credit (spread within a group), or raise temperature or group_size; "
+        "the example groups show what the rollouts answered."))
 
 
 def _fmt(x):

@@ -22,6 +22,7 @@ from training.selectors import (
     checkpoint_list,
     run_chart_data,
     run_events_recent,
+    run_warnings,
     run_get,
     run_latest_id,
     run_list,
@@ -89,6 +90,7 @@ def run_detail_view(request, run_id: int):
         "run": run,
         "page_data": _run_page_data(run, chart, events, logs, groups),
         "events": events,
+        "warnings": run_warnings(run=run),
         "logs": logs,
         "checkpoints": checkpoint_list(run=run),
         "config_json": json.dumps(run.config, indent=2, sort_keys=True),
@@ -132,6 +134,36 @@ def _launch_form(request, data=None, initial=None) -> RunLaunchForm:
     )
 
 
+def _launch_hints(form: RunLaunchForm) -> dict:
+    """What the launch page's script reads: each script version's companion reward version (the newest
+    version of the reward function written for that script) and each base model's recommended settings."""
+    versions = form.fields["script_version"].queryset.select_related("asset__companion_reward")
+    latest = {}
+    for version in versions:
+        companion = version.asset.companion_reward
+        if companion is not None and companion.id not in latest:
+            newest = companion.versions.order_by("-number").first()
+            latest[companion.id] = newest.id if newest else None
+    companions = {str(v.id): latest.get(v.asset.companion_reward_id) for v in versions
+                  if v.asset.companion_reward_id and latest.get(v.asset.companion_reward_id)}
+    recommended = {str(m.id): {"name": m.name, "train": m.recommended_train}
+                   for m in form.fields["base_model"].queryset}
+    return {"companions": companions, "recommended": recommended}
+
+
+def _fresh_initial(form: RunLaunchForm, hints: dict) -> dict:
+    """A new launch: the first script and model as the page shows them, with the script's companion
+    reward preselected."""
+    initial = {name: first.id for name in ("base_model", "scenario_set")
+               if (first := form.fields[name].queryset.first()) is not None}
+    first = form.fields["script_version"].queryset.first()
+    if first is not None:
+        initial["script_version"] = first.id
+        if hints["companions"].get(str(first.id)):
+            initial["reward_version"] = hints["companions"][str(first.id)]
+    return initial
+
+
 def _initial_from(run) -> dict:
     """Launch form values copied from an existing run ("launch similar")."""
     initial = {"name": f"{run.name} (copy)", "tags": ", ".join(run.tags), "base_model": run.base_model_id,
@@ -156,10 +188,13 @@ def run_launch_view(request):
                 return redirect("run-detail", run_id=run.id)
     else:
         source = request.GET.get("from", "")
-        initial = _initial_from(run_get(user=request.user, run_id=int(source))) if source.isdigit() else None
-        form = _launch_form(request, initial=initial)
+        if source.isdigit():
+            form = _launch_form(request, initial=_initial_from(run_get(user=request.user, run_id=int(source))))
+        else:
+            form = _launch_form(request)
+            form.initial = _fresh_initial(form, _launch_hints(form))
     return render(request, "training/run_launch.html", {
-        "nav": "launch", "form": form, "train_reference": train_config_reference(),
+        "nav": "launch", "form": form, "train_reference": train_config_reference(), "hints": _launch_hints(form),
     })
 
 

@@ -7,9 +7,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from artweb.errors import ApplicationError
-from training.engine.default_model import MODEL_NAME, ModelFetchError, ensure_default_model
+from training.engine.default_model import MODEL_NAME, RECOMMENDED_TRAIN, ModelFetchError, ensure_default_model
 from training.models import BaseModel
-from training.services import base_model_register
+from training.services import base_model_recommend, base_model_register
 
 
 class Command(BaseCommand):
@@ -25,11 +25,13 @@ class Command(BaseCommand):
         path = str(fetched.path)
         already = BaseModel.objects.filter(name=MODEL_NAME, source=path).exists()
         try:
-            base_model_register(name=MODEL_NAME, source=path, local_path=path, max_length=2048,
-                                supports_tools=True)
+            model = base_model_register(name=MODEL_NAME, source=path, local_path=path, max_length=2048,
+                                        supports_tools=True, recommended_train=RECOMMENDED_TRAIN)
         except ApplicationError as exc:
             raise CommandError(f"{exc.message} Delete that base model in the admin, or register this one "
                                "under another name.") from exc
+        if not model.recommended_train:  # registered before models carried recommendations
+            base_model_recommend(model=model, train=RECOMMENDED_TRAIN)
         if fetched.created:
             self.stdout.write(self.style.SUCCESS(f"Converted {MODEL_NAME} into {path}."))
         if already and not fetched.created:

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 import rollouts
 from artweb.errors import ApplicationError
 from rollouts.models import RewardFunction, RolloutScript, ScenarioSet
-from rollouts.services import reward_create, scenario_set_create, script_create
+from rollouts.services import reward_create, scenario_set_create, script_companion_set, script_create
 
 EXAMPLES_DIR = Path(rollouts.__file__).resolve().parent / "examples"
 SCRIPT_NAME = "Example rollout"
@@ -47,6 +47,10 @@ class Command(BaseCommand):
             except ApplicationError as exc:
                 raise CommandError(f"Could not load {name!r}: {exc.message}") from exc
             self.stdout.write(self.style.SUCCESS(f"Loaded {model._meta.verbose_name} {name!r} for {owner}."))
+        # The example script sets no reward itself: its reward function goes with it on the launch form.
+        script = RolloutScript.objects.get(owner=owner, name=SCRIPT_NAME)
+        if script.companion_reward_id is None:
+            script_companion_set(script=script, reward=RewardFunction.objects.get(owner=owner, name=REWARD_NAME))
 
     def _owner(self, username):
         users = get_user_model().objects
