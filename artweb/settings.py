@@ -226,6 +226,9 @@ ARTWEB = {
     "SANDBOX_UID": env.int("ARTWEB_SANDBOX_UID", default=64000),
     # A delegated cgroup v2 directory for the batches' limits; empty: the host's hierarchy (root only).
     "SANDBOX_CGROUP": env.str("ARTWEB_SANDBOX_CGROUP", default=""),
+    # Hosts of private addresses (loopback, private networks) that users' RULER judge endpoints may name;
+    # every other judge endpoint must be public, so no user can aim the worker at its own network.
+    "JUDGE_PRIVATE_HOSTS": env.list("ARTWEB_JUDGE_PRIVATE_HOSTS", default=[]),
 }
 
 if not DEBUG:

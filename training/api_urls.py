@@ -5,7 +5,7 @@ One view per operation; writes are POSTs to a named action (HackSoft style).
 
 from django.urls import path
 
-from training.apis import base_models, checkpoints, dry_runs, exports, runs, tokens, trajectories
+from training.apis import base_models, checkpoints, dry_runs, exports, judges, runs, tokens, trajectories
 
 urlpatterns = [
     path("tokens/", tokens.TokenCreateApi.as_view(), name="api-token-create"),
@@ -39,6 +39,11 @@ urlpatterns = [
          name="api-checkpoint-promote"),
     path("checkpoints/<int:checkpoint_id>/delete/", checkpoints.CheckpointDeleteApi.as_view(),
          name="api-checkpoint-delete"),
+    path("judges/", judges.JudgeEndpointListApi.as_view(), name="api-judges"),
+    path("judges/create/", judges.JudgeEndpointCreateApi.as_view(), name="api-judge-create"),
+    path("judges/<int:endpoint_id>/", judges.JudgeEndpointDetailApi.as_view(), name="api-judge"),
+    path("judges/<int:endpoint_id>/update/", judges.JudgeEndpointUpdateApi.as_view(), name="api-judge-update"),
+    path("judges/<int:endpoint_id>/delete/", judges.JudgeEndpointDeleteApi.as_view(), name="api-judge-delete"),
     path("export-targets/", exports.ExportTargetListApi.as_view(), name="api-export-targets"),
     path("export-targets/kinds/", exports.ExportTargetKindListApi.as_view(), name="api-export-target-kinds"),
     path("export-targets/create/", exports.ExportTargetCreateApi.as_view(), name="api-export-target-create"),

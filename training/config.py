@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from artweb.errors import ApplicationError
 
@@ -32,27 +32,28 @@ class RunConfig(BaseModel):
     val_every: int = Field(5, ge=0, le=100_000, description="Validate every N steps (0: never).")
     val_scenarios: int = Field(8, ge=0, le=10_000, description="Held-out scenarios per validation.")
     use_ruler: bool = Field(
-        False, description="Score each group with RULER: the run's base model judges the group's rollouts side by "
+        False, description="Score each group with RULER: the judge (ruler_judge) compares the group's rollouts side by "
                            "side and its scores become the rewards (a reward function's value is kept as the "
                            "metric independent_reward).")
+    ruler_judge: str = Field(
+        "", max_length=220,
+        description="RULER's judge: empty for the run's own base model; model:<name> for another registered base "
+                    "model, which the worker serves beside the run's; endpoint:<name> for one of your judge "
+                    "endpoints (an OpenAI-compatible server elsewhere, set up on the Models page).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for scenario sampling and training.")
     keep_last_checkpoints: int = Field(2, ge=1, le=1000, description="Retention: newest checkpoints kept.")
     keep_best_checkpoints: int = Field(1, ge=0, le=1000, description="Retention: best by validation reward kept.")
     train: dict[str, Any] = Field(default_factory=dict, validate_default=True,
                                   description="Engine TrainConfig (learning rate, LoRA, loss…); defaults filled in.")
 
-    @model_validator(mode="before")
+    @field_validator("ruler_judge")
     @classmethod
-    def _drop_ruler_judge(cls, data: Any) -> Any:
-        # Runs launched before RULER was wired stored ruler_judge, which nothing ever read; the judge is
-        # the run's base model. An empty one is dropped so those runs still load; any other is refused
-        # rather than silently ignored.
-        if isinstance(data, dict) and "ruler_judge" in data:
-            data = dict(data)
-            if data.pop("ruler_judge") not in ("", None):
-                raise ValueError("ruler_judge: other judges than the run's base model are not supported yet; "
-                                 "remove the setting (RULER judges with the base model).")
-        return data
+    def _check_judge(cls, value: str) -> str:
+        value = value.strip()
+        if value and not value.startswith(("model:", "endpoint:")):
+            raise ValueError(f"{value!r} is not a judge: leave it empty for the run's base model, or write "
+                             "model:<registered model name> or endpoint:<your judge endpoint's name>")
+        return value
 
     @field_validator("train")
     @classmethod

@@ -90,6 +90,16 @@ class BaseModelForm(forms.Form):
             raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.")
 
 
+class JudgeEndpointForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="Runs use it with ruler_judge endpoint:<name>.")
+    base_url = forms.CharField(max_length=500, label="Base URL",
+                               help_text="The server's OpenAI-compatible base URL, e.g. https://api.example.com/v1.")
+    model = forms.CharField(max_length=200, help_text="The judge model's name at that server.")
+    api_key = forms.CharField(required=False, max_length=1000, label="API key",
+                              widget=forms.PasswordInput(render_value=False),
+                              help_text="Sent as a bearer token by the worker; never shown again.")
+
+
 # --- launch -------------------------------------------------------------------------------------
 
 def _bounds(info) -> dict:

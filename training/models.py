@@ -216,3 +216,27 @@ class ExportProgress(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["target", "run"], name="uniq_export_progress")]
+
+
+class JudgeEndpoint(models.Model):
+    """An OpenAI-compatible server outside artweb that a person's RULER runs may use as their judge.
+
+    The key is stored encrypted and never shown again (only its last four characters); the worker adds it
+    to the judge's requests on their way out of the sandbox, so user code never sees it.
+    """
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="judge_endpoints")
+    name = models.CharField(max_length=100, help_text="How runs refer to it: ruler_judge \"endpoint:<name>\".")
+    base_url = models.URLField(max_length=500, help_text="The server's OpenAI-compatible base URL, ending in /v1.")
+    model = models.CharField(max_length=200, help_text="The judge model's name at that server.")
+    key_encrypted = models.TextField(blank=True)
+    key_last4 = models.CharField(max_length=4, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="uniq_judge_endpoint_owner_name")]
+
+    def __str__(self):
+        return f"{self.name} ({self.model} at {self.base_url})"

@@ -12,6 +12,7 @@ from rollouts.runtime.validation import script_sets_reward
 from training.config import run_config_parse
 from training.models import BaseModel, Run, RunEvent
 from training.services.broadcast import event_message, run_broadcast, run_row_message, runs_list_broadcast
+from training.services.judges import judge_resolve
 
 S = Run.Status
 
@@ -90,6 +91,8 @@ def run_create(*, owner, name: str, base_model: BaseModel, script_version: Rollo
             "script never sets a reward. Choose a reward function (for the example script, the example "
             "reward), tick \"Use ruler\", or set trajectory.reward in the script.",
             field_errors={"reward function": ["required: the script sets no reward and RULER is off"]})
+    if cfg.ruler_judge:
+        judge_resolve(owner=owner, value=cfg.ruler_judge)
     if scenario_set.train_count == 0:
         raise ApplicationError("The scenario set has no training scenarios.", field_errors={"scenario_set": ["empty"]})
     tags = [t.strip()[:50] for t in (tags or []) if t and t.strip()][:20]

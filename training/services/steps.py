@@ -28,11 +28,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from rollouts.models import Scenario, Trajectory, TrajectoryGroup
+from artweb.errors import ApplicationError
 from artweb.logging import log_context
 from training.config import RunConfig
-from training.models import Checkpoint, Run, RunEvent, Step
+from training.models import BaseModel, Checkpoint, Run, RunEvent, Step
 from training.services import inference
 from training.services.broadcast import group_message, run_broadcast
+from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
 from training.services.logs import run_log
 from training.services.runs import run_event, run_transition
 
@@ -145,6 +147,22 @@ def _wants_judge(run: Run, cfg: RunConfig) -> bool:
     return cfg.use_ruler or any("ruler" in source for source in sources)
 
 
+def _judge_for(run: Run, cfg: RunConfig, server, policy_name: str):
+    """(name, Upstream) of the batch's RULER judge, as the run's ruler_judge names it."""
+    from rollouts.runtime.proxy import Upstream
+
+    found = judge_resolve(owner=run.owner, value=cfg.ruler_judge)
+    if found is None or (isinstance(found, BaseModel) and found.id == run.base_model_id):
+        return inference.judge_endpoint(run.base_model, server=server, policy_name=policy_name)
+    if isinstance(found, BaseModel):
+        judge = inference.judge_server(found)
+        return judge.base_model_name, Upstream(judge.base_url, judge.api_key)
+    if found.model == policy_name:
+        raise ApplicationError(f"The judge endpoint {found.name!r} names the model {found.model!r}, which is also "
+                               "the policy's name in this batch; rename one of them.")
+    return found.model, Upstream(judge_url_check(found.base_url), judge_endpoint_key(found))
+
+
 def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: str, server, hb: Heartbeat,
               group_size: int, *, timings: dict[str, float] | None = None):
     """The batch's rollouts against `model_name`; timings, when given, gets the judge's share of them:
@@ -159,7 +177,7 @@ def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: s
     judge, extra_models = None, {}
     if _wants_judge(run, cfg):
         t = time.perf_counter()
-        judge, upstream = inference.judge_endpoint(run.base_model, server=server, policy_name=model_name)
+        judge, upstream = _judge_for(run, cfg, server, model_name)
         extra_models[judge] = upstream
         if timings is not None:
             timings["judge_server"] = time.perf_counter() - t

@@ -2,12 +2,16 @@
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from artweb.errors import ApplicationError
-from training.forms import BaseModelForm, apply_service_errors
+from training.exports.crypto import secret_mask
+from training.forms import BaseModelForm, JudgeEndpointForm, apply_service_errors
+from training.models import JudgeEndpoint
 from training.selectors import base_model_visible
 from training.services import base_model_register
+from training.services.judges import judge_endpoint_create, judge_endpoint_delete
 
 
 @login_required
@@ -21,6 +25,38 @@ def model_list_view(request):
         else:
             messages.success(request, f"Model {model.name} registered.")
             return redirect("model-list")
+    return _page(request, form=form)
+
+
+def _page(request, *, form=None, judge_form=None):
+    judges = list(JudgeEndpoint.objects.filter(owner=request.user))
+    for judge in judges:
+        judge.key_shown = secret_mask(judge.key_last4) if judge.key_encrypted else "none"
     return render(request, "training/model_list.html", {
-        "nav": "models", "models": base_model_visible(request.user).select_related("owner"), "form": form,
+        "nav": "models", "models": base_model_visible(request.user).select_related("owner"),
+        "form": form or BaseModelForm(), "judges": judges, "judge_form": judge_form or JudgeEndpointForm(),
     })
+
+
+@login_required
+@require_POST
+def judge_create_view(request):
+    form = JudgeEndpointForm(request.POST)
+    if form.is_valid():
+        try:
+            judge = judge_endpoint_create(owner=request.user, **form.cleaned_data)
+        except ApplicationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Judge {judge.name} saved: use it with ruler_judge endpoint:{judge.name}.")
+            return redirect("model-list")
+    return _page(request, judge_form=form)
+
+
+@login_required
+@require_POST
+def judge_delete_view(request, endpoint_id: int):
+    judge = get_object_or_404(JudgeEndpoint, owner=request.user, id=endpoint_id)
+    judge_endpoint_delete(endpoint=judge)
+    messages.success(request, f"Judge {judge.name} deleted.")
+    return redirect("model-list")

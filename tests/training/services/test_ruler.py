@@ -133,8 +133,9 @@ def test_a_run_without_ruler_admits_no_judge(alice, monkeypatch):
     assert [g.rewards for g in results] == [[1.0] * 3] * 2
 
 
-def test_the_config_drops_an_empty_ruler_judge_and_refuses_any_other():
-    assert run_config_parse({"use_ruler": True, "ruler_judge": ""}).use_ruler is True
-    assert "ruler_judge" not in run_config_parse({"ruler_judge": ""}).model_dump()
-    with pytest.raises(ApplicationError, match="other judges than the run's base model are not supported"):
+def test_the_config_takes_the_three_kinds_of_judge_and_refuses_anything_else():
+    assert run_config_parse({"use_ruler": True}).ruler_judge == ""
+    assert run_config_parse({"ruler_judge": " model:Qwen "}).ruler_judge == "model:Qwen"
+    assert run_config_parse({"ruler_judge": "endpoint:ext"}).ruler_judge == "endpoint:ext"
+    with pytest.raises(ApplicationError, match="is not a judge: leave it empty"):
         run_config_parse({"ruler_judge": "gpt-4o"})
