@@ -27,9 +27,9 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
-from rollouts.models import Scenario, Trajectory, TrajectoryGroup
 from artweb.errors import ApplicationError
 from artweb.logging import log_context
+from rollouts.models import Scenario, Trajectory, TrajectoryGroup
 from training.config import RunConfig
 from training.models import BaseModel, Checkpoint, Run, RunEvent, Step
 from training.services import inference

@@ -22,11 +22,11 @@ from training.selectors import (
     checkpoint_list,
     run_chart_data,
     run_events_recent,
-    run_warnings,
     run_get,
     run_latest_id,
     run_list,
     run_logs_recent,
+    run_warnings,
 )
 from training.services.broadcast import run_group_messages
 from training.services.checkpoints import checkpoint_archive

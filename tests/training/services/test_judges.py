@@ -89,10 +89,10 @@ def test_another_registered_model_judges_on_a_server_the_worker_starts_for_it(al
 
 def test_a_run_may_only_name_a_judge_its_owner_can_use(alice, bob):
     judge_endpoint_create(owner=bob, name="bobs", base_url="https://93.184.215.14/v1", model="m")
-    kwargs = dict(owner=alice, name="r", base_model=BaseModelFactory(),
-                  script_version=RolloutScriptVersionFactory(asset__owner=alice),
-                  reward_version=RewardFunctionVersionFactory(asset__owner=alice),
-                  scenario_set=ScenarioSetFactory(owner=alice), start=False)
+    kwargs = {"owner": alice, "name": "r", "base_model": BaseModelFactory(),
+              "script_version": RolloutScriptVersionFactory(asset__owner=alice),
+              "reward_version": RewardFunctionVersionFactory(asset__owner=alice),
+              "scenario_set": ScenarioSetFactory(owner=alice), "start": False}
     with pytest.raises(ApplicationError) as exc:
         run_create(config={"use_ruler": True, "ruler_judge": "endpoint:bobs"}, **kwargs)
     assert "names no judge you can use" in exc.value.message and "'model:SmolLM2-135M-Instruct'" in exc.value.message
