@@ -2,6 +2,7 @@
 
 import io
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,8 @@ def test_it_downloads_a_checkpoint_as_tar_gz(alice_api, checkpoint):
     data = b"".join(response.streaming_content)
     assert int(response["Content-Length"]) == len(data)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        assert sorted(tar.getnames()) == ["step-2/adapter_config.json", "step-2/adapter_model.safetensors"]
+        top = f"run{checkpoint.run_id}-step2"
+        assert sorted(tar.getnames()) == [f"{top}/adapter_config.json", f"{top}/adapter_model.safetensors"]
 
 
 def test_it_promotes_and_deletes(alice_api, checkpoint):
@@ -57,3 +59,21 @@ def test_bob_cannot_touch_alices_checkpoints(bob_api, checkpoint):
         assert_error(response, 404)
     checkpoint.refresh_from_db()
     assert checkpoint.state == "active" and not checkpoint.promoted
+
+
+def test_first_downloads_at_once_each_get_a_whole_archive_and_it_goes_with_its_checkpoint(
+        checkpoint, django_capture_on_commit_callbacks):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from training.services.checkpoints import checkpoint_archive, checkpoint_delete
+
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: checkpoint_archive(checkpoint=checkpoint), range(4)))
+    assert len(set(paths)) == 1 and paths[0].exists()
+    with tarfile.open(paths[0], "r:gz") as tar:
+        assert len(tar.getnames()) == 2
+    assert [p.name for p in paths[0].parent.iterdir()] == [paths[0].name]  # no temporary file left
+
+    with django_capture_on_commit_callbacks(execute=True):
+        checkpoint_delete(checkpoint=checkpoint)
+    assert not paths[0].exists() and not Path(checkpoint.path).exists()

@@ -74,8 +74,15 @@ def _as_tuple(value: Any) -> Any:
 
 def write_checkpoint(directory: str | os.PathLike, *, peft_model: Any, optimizer: torch.optim.Optimizer,
                      scheduler: Any, param_names: list[str], config: dict[str, Any], step: int) -> dict:
-    """Write the checkpoint directory; return {"size_bytes", "step"}."""
+    """Write a new checkpoint directory; return {"size_bytes", "step"}.
+
+    The files are written aside, flushed to disk, and the directory renamed into place, so `directory`
+    either does not exist or holds a whole checkpoint, whenever the process is killed. An existing
+    `directory` is never replaced (CheckpointError): a checkpoint, once written, is immutable, and each
+    attempt at a step writes a directory of its own (see training.services.steps)."""
     final = Path(directory)
+    if final.exists():
+        raise CheckpointError(f"{final} exists already; a checkpoint directory is written once")
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
@@ -85,14 +92,31 @@ def write_checkpoint(directory: str | os.PathLike, *, peft_model: Any, optimizer
                    staging / STATE_FILE)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
         (staging / META_FILE).write_text(json.dumps({"format": FORMAT, "step": step}))
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
+        _fsync_tree(staging)
+        os.rename(staging, final)  # fails rather than merge if another writer got there first
+        _fsync_dir(final.parent)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
     return {"size_bytes": size, "step": step}
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    for path in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_checkpoint(directory: str | os.PathLike) -> CheckpointState:

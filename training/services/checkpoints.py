@@ -6,8 +6,10 @@ it) and any adapter the inference server has loaded now.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tarfile
+import uuid
 from pathlib import Path
 
 from django.conf import settings
@@ -56,7 +58,8 @@ def checkpoint_delete(*, checkpoint: Checkpoint, actor=None, reason: str = "dele
               data={"checkpoint": checkpoint.id, "step": checkpoint.step, "size_bytes": checkpoint.size_bytes},
               actor=actor)
     # Remove files only once the row says so for good; a failed commit leaves the files.
-    transaction.on_commit(lambda: shutil.rmtree(path, ignore_errors=True))
+    archive = _archive_path(checkpoint)
+    transaction.on_commit(lambda: (shutil.rmtree(path, ignore_errors=True), archive.unlink(missing_ok=True)))
     checkpoint.refresh_from_db()
     return checkpoint
 
@@ -103,17 +106,26 @@ def checkpoint_archive(*, checkpoint: Checkpoint) -> Path:
     src = Path(checkpoint.path)
     if not src.exists():
         raise ApplicationError("The checkpoint's files are missing on disk.")
-    out_dir = Path(settings.DATA_DIR) / "archives"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"run{checkpoint.run_id}-step{checkpoint.step}-adapter.tar.gz"
+    out = _archive_path(checkpoint)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if not out.exists():
-        tmp = out.with_suffix(".partial")
-        with tarfile.open(tmp, "w:gz") as tar:
-            for name in ("adapter_config.json", "adapter_model.safetensors", "README.md"):
-                if (src / name).exists():
-                    tar.add(src / name, arcname=f"{src.name}/{name}")
-        tmp.rename(out)
+        # A name of its own per download in progress: two first downloads each write theirs, and the
+        # rename makes one of the identical archives the cached one.
+        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.partial")
+        try:
+            with tarfile.open(tmp, "w:gz") as tar:
+                for name in ("adapter_config.json", "adapter_model.safetensors", "README.md"):
+                    if (src / name).exists():
+                        tar.add(src / name, arcname=f"run{checkpoint.run_id}-step{checkpoint.step}/{name}")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return out
+
+
+def _archive_path(checkpoint: Checkpoint) -> Path:
+    return (Path(settings.DATA_DIR) / "archives"
+            / f"run{checkpoint.run_id}-step{checkpoint.step}-{checkpoint.id}-adapter.tar.gz")
 
 
 def checkpoint_disk_usage() -> int:

@@ -15,9 +15,11 @@ import os
 import random
 import socket
 import statistics
+import shutil
 import threading
 import time
 import traceback
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -280,7 +282,9 @@ def _reward_stats(results) -> dict:
 
 
 def _checkpoint_dir(run: Run, step: int) -> Path:
-    return Path(settings.DATA_DIR) / "checkpoints" / f"run-{run.id}" / f"step-{step:06d}"
+    """A directory of this attempt's own: a worker that lost the lease (or an attempt that crashed) never
+    writes into the directory of a step another attempt committed; uncommitted ones are removed."""
+    return Path(settings.DATA_DIR) / "checkpoints" / f"run-{run.id}" / f"step-{step:06d}-{uuid.uuid4().hex[:8]}"
 
 
 def _latest_checkpoint(run: Run) -> Checkpoint | None:
@@ -398,30 +402,36 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     # 4. Checkpoint, then the new policy into the inference server.
     t = time.perf_counter()
     ckpt_dir = _checkpoint_dir(run, step)
-    info = trainer.save_checkpoint(str(ckpt_dir))
-    inference.trainer_advanced(run.id, step)
-    timings["checkpoint"] = time.perf_counter() - t
-    t = time.perf_counter()
-    new_name = adapter_name(run, step)
-    server.ensure_adapter(new_name, str(ckpt_dir))
-    server.retire_adapters(keep={new_name})
-    inference.adapters_loaded_publish()
-    timings["adapter_load"] = time.perf_counter() - t
-    check()
-
-    # 5. Validation on held-out scenarios every val_every steps (and at the last step).
-    val_reward = None
-    if cfg.val_every and cfg.val_scenarios and (step % cfg.val_every == 0 or step == run.num_steps):
+    try:
+        info = trainer.save_checkpoint(str(ckpt_dir))
+        inference.trainer_advanced(run.id, step)
+        timings["checkpoint"] = time.perf_counter() - t
         t = time.perf_counter()
-        val_reward = _validate(run, cfg, step, new_name, server, hb)
-        timings["validation"] = time.perf_counter() - t
+        new_name = adapter_name(run, step)
+        server.ensure_adapter(new_name, str(ckpt_dir))
+        server.retire_adapters(keep={new_name})
+        inference.adapters_loaded_publish()
+        timings["adapter_load"] = time.perf_counter() - t
+        check()
 
-    # 6. The step's record: exactly once.
-    timings["step"] = time.perf_counter() - t_step
-    metrics = {**{k: v for k, v in stats.items() if v is not None}, **_numeric(train_metrics)}
-    if val_reward is not None:
-        metrics["val_reward"] = val_reward
-    _step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir, info)
+        # 5. Validation on held-out scenarios every val_every steps (and at the last step).
+        val_reward = None
+        if cfg.val_every and cfg.val_scenarios and (step % cfg.val_every == 0 or step == run.num_steps):
+            t = time.perf_counter()
+            val_reward = _validate(run, cfg, step, new_name, server, hb)
+            timings["validation"] = time.perf_counter() - t
+
+        # 6. The step's record: exactly once.
+        timings["step"] = time.perf_counter() - t_step
+        metrics = {**{k: v for k, v in stats.items() if v is not None}, **_numeric(train_metrics)}
+        if val_reward is not None:
+            metrics["val_reward"] = val_reward
+        _step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir, info)
+    except BaseException:
+        # Committed, the directory is the step's checkpoint; otherwise nothing will ever read it.
+        if not Checkpoint.objects.filter(run=run, step=step, path=str(ckpt_dir)).exists():
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        raise
     no_signal_warn(run=run, step=step)
 
 

@@ -171,3 +171,27 @@ def test_auto_dtype_is_bf16_exactly_where_the_cpu_multiplies_bf16_in_hardware():
     assert resolve_dtype("auto", "cpu") == expected
     assert resolve_dtype("auto", "cuda:0") == torch.bfloat16
     assert resolve_dtype("float32", "cuda:0") == torch.float32
+
+
+def test_a_checkpoint_directory_is_written_once_and_never_half(tiny_model_dir, groups, tmp_path, monkeypatch):
+    from training.engine import checkpoint as ckpt
+
+    trainer = trained(tiny_model_dir, TrainConfig(**FAST))
+    trainer.train_step(groups)
+    trainer.save_checkpoint(str(tmp_path / "step-1"))
+    written = {p.name: p.read_bytes() for p in (tmp_path / "step-1").iterdir()}
+    # Another attempt at the same directory is refused and changes nothing.
+    with pytest.raises(ckpt.CheckpointError, match="written once"):
+        trainer.save_checkpoint(str(tmp_path / "step-1"))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "step-1").iterdir()} == written
+
+    # Killed while writing (here: a failure after the files, before the rename): no directory at all,
+    # and no staging left behind.
+    def crash(*args):
+        raise OSError("killed")
+
+    monkeypatch.setattr(ckpt, "_fsync_tree", crash)
+    with pytest.raises(OSError, match="killed"):
+        trainer.save_checkpoint(str(tmp_path / "step-2"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
+    trainer.close()
