@@ -153,7 +153,7 @@ function inspectorUrl(params) {
 
 // A training group whose update has not stored advantages yet (its step is not done).
 function awaitsAdvantages(msg) {
-  return msg.split === "train" && msg.advantages == null && msg.step > state.stepsDone;
+  return msg.split === "train" && !msg.failed_attempt && msg.advantages == null && msg.step > state.stepsDone;
 }
 
 function valuesTable(msg) {
@@ -188,6 +188,10 @@ function answer(kind, a, msg) {
 function renderGroup(msg) {
   const badges = [];
   if (awaitsAdvantages(msg)) badges.push(el("span", { className: "badge status-running", textContent: "training…" }));
+  if (msg.failed_attempt) {
+    badges.push(el("span", { className: "badge status-failed", title: "This attempt at the step failed; never trained on.",
+      textContent: "failed attempt" }));
+  }
   if (msg.split === "train" && msg.skipped) {
     badges.push(el("span", { className: "badge", title: "All rewards are equal: GRPO learns nothing from it.",
       textContent: "no signal" }));

@@ -132,6 +132,8 @@ class TrajectoryGroup(models.Model):
     reward_std = models.FloatField(null=True)
     error_count = models.PositiveIntegerField(default=0)
     skipped = models.BooleanField(default=False, help_text="All rewards equal: no training signal.")
+    failed_attempt = models.BooleanField(
+        default=False, help_text="Produced by an attempt at the step that failed: kept to inspect, never trained on.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -50,7 +50,7 @@ def trajectory_list(*, run, step: int | None = None, split: str | None = None, m
                     max_reward: float | None = None, q: str | None = None,
                     has_error: bool | None = None) -> QuerySet[Trajectory]:
     """Trajectories of a run (the caller has already checked access to the run)."""
-    qs = Trajectory.objects.filter(run=run)
+    qs = Trajectory.objects.filter(run=run).select_related("group")
     if step is not None:
         qs = qs.filter(step=step)
     if split:

@@ -27,7 +27,9 @@ class RunConfig(BaseModel):
     concurrency: int = Field(32, ge=1, le=1024, description="Rollouts in flight at once.")
     rollout_timeout_s: float = Field(120.0, gt=0, le=3600, description="Wall-clock limit per rollout, seconds.")
     max_exceptions: float = Field(
-        0.5, ge=0.0, le=1.0, description="Fraction of a step's rollouts that may fail before the step fails."
+        0.5, ge=0.0, le=1.0, description="Share of a step's rollouts that may fail before the step fails: 0 none, "
+                                         "0.5 up to half, 1.0 any number (a step whose rollouts all failed "
+                                         "still fails: there is nothing to train on)."
     )
     val_every: int = Field(5, ge=0, le=100_000, description="Validate every N steps (0: never).")
     val_scenarios: int = Field(8, ge=0, le=10_000, description="Held-out scenarios per validation.")

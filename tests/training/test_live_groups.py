@@ -16,7 +16,7 @@ from training.services.broadcast import ANSWER_CHARS, group_message, run_group_m
 from training.services.steps import _persist_groups, _store_advantages
 
 GROUP_KEYS = {"type", "run", "id", "step", "split", "scenario", "reward_mean", "reward_std", "error_count",
-              "skipped", "rewards", "advantages", "best", "worst"}
+              "skipped", "failed_attempt", "rewards", "advantages", "best", "worst"}
 
 
 def _traj(answer: str, reward: float | None, error: str = "") -> dict:
@@ -53,7 +53,7 @@ def test_it_sends_each_group_only_after_the_transaction_commits(django_capture_o
     assert set(first) == GROUP_KEYS
     assert first == {
         **first, "type": "group", "run": run.id, "id": groups[0].id, "step": 1, "split": "train",
-        "scenario": groups[0].scenario_id, "error_count": 1, "skipped": False,
+        "scenario": groups[0].scenario_id, "error_count": 1, "skipped": False, "failed_attempt": False,
         "rewards": [1.0, 0.0, None, 0.5], "advantages": None,  # the update has not run yet
     }
     assert first["reward_mean"] == pytest.approx(0.5)

@@ -30,12 +30,15 @@ class GroupOutput(serializers.Serializer):
     reward_std = serializers.FloatField(allow_null=True)
     error_count = serializers.IntegerField()
     skipped = serializers.BooleanField()
+    failed_attempt = serializers.BooleanField(help_text="From an attempt at the step that failed: never trained on.")
     created_at = serializers.DateTimeField()
 
 
 class TrajectoryOutput(serializers.Serializer):
     id = serializers.IntegerField()
     group_id = serializers.IntegerField()
+    failed_attempt = serializers.BooleanField(source="group.failed_attempt",
+                                              help_text="From an attempt at the step that failed: never trained on.")
     step = serializers.IntegerField()
     index = serializers.IntegerField()
     reward = serializers.FloatField(allow_null=True)

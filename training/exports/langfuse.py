@@ -60,7 +60,8 @@ def langfuse_export(job: ExportJob) -> None:
     namespace = uuid.UUID(job.progress.remote_id)
     with _client(host, public, secret, TIMEOUT_S) as client:
         for step in job.steps:
-            trajs = Trajectory.objects.filter(run=job.run, step=step.step).select_related("group", "group__scenario")
+            trajs = (Trajectory.objects.filter(run=job.run, step=step.step, group__failed_attempt=False)
+                     .select_related("group", "group__scenario"))
             if not job.settings.include_validation:
                 trajs = trajs.filter(group__split="train")
             events = []

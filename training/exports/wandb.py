@@ -188,7 +188,7 @@ def _log_step(wb, job: ExportJob, step: Step) -> None:
     import wandb
 
     data = step_metrics(step)
-    trajs = Trajectory.objects.filter(run=job.run, step=step.step).select_related("group").order_by("group_id", "index")
+    trajs = Trajectory.objects.filter(run=job.run, step=step.step, group__failed_attempt=False).select_related("group").order_by("group_id", "index")
     n = job.settings.trajectories_per_step
     train = [t for t in trajs if t.group.split == "train"]
     if n and train:

@@ -153,6 +153,7 @@ def group_message(group, trajectories: Sequence) -> dict:
         "type": "group", "run": group.run_id, "id": group.id, "step": group.step, "split": group.split,
         "scenario": group.scenario_id, "reward_mean": _finite(group.reward_mean),
         "reward_std": _finite(group.reward_std), "error_count": group.error_count, "skipped": group.skipped,
+        "failed_attempt": group.failed_attempt,
         "rewards": [_finite(t.reward) for t in trajs],
         "advantages": advantages if any(a is not None for a in advantages) else None,
         "best": _answer(best),

@@ -150,8 +150,19 @@ def run_retry(*, run: Run, actor=None) -> Run:
     """Requeue a failed (or cancelled) run; it continues from its last checkpoint."""
     if run.status not in (S.FAILED, S.CANCELLED):
         raise ApplicationError(f"Only a failed or cancelled run can be retried; this one is {run.status}.")
+    if run.steps_done:
+        from training.models import Checkpoint
+
+        if not Checkpoint.objects.filter(run=run, step=run.steps_done, state=Checkpoint.State.ACTIVE).exists():
+            raise ApplicationError(
+                f"This run cannot continue where it stopped: the checkpoint of step {run.steps_done}, its last "
+                "completed step, was deleted. Use \"Launch similar\" to train a new run with the same settings "
+                "from the base model.")
+        message = f"Retrying: continuing from the checkpoint of step {run.steps_done}."
+    else:
+        message = "Retrying from the base model (no step was completed)."
     if run_transition(run=run, from_statuses=(S.FAILED, S.CANCELLED), to_status=S.QUEUED,
-                      message=f"Retrying from step {run.steps_done}.", actor=actor,
+                      message=message, actor=actor,
                       error="", cancel_requested=False, pause_requested=False, finished_at=None):
         _enqueue(run)
     return run

@@ -11,6 +11,7 @@ or for a run another live worker holds, does nothing.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import socket
@@ -32,6 +33,7 @@ from django.utils import timezone
 from artweb.errors import ApplicationError
 from artweb.logging import log_context
 from rollouts.models import Scenario, Trajectory, TrajectoryGroup
+from rollouts.runtime import TooManyErrors
 from training.config import RunConfig
 from training.models import BaseModel, Checkpoint, Run, RunEvent, Step
 from training.services import inference
@@ -42,6 +44,10 @@ from training.services.runs import run_event, run_transition
 
 logger = logging.getLogger(__name__)
 S = Run.Status
+
+
+class StepFailed(RuntimeError):
+    """The step cannot succeed as configured; the message says why and what was kept."""
 
 
 class StepAborted(Exception):
@@ -165,6 +171,12 @@ def _judge_for(run: Run, cfg: RunConfig, server, policy_name: str):
     return found.model, Upstream(judge_url_check(found.base_url), judge_endpoint_key(found))
 
 
+def failures_allowed(share: float, rollouts: int) -> int:
+    """How many of a batch's rollouts may fail under max_exceptions (a share in [0, 1]): 0 none, 0.5 up
+    to half, 1.0 all of them (a step with no rollout left to train on fails all the same)."""
+    return math.floor(share * rollouts + 1e-9)
+
+
 def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: str, server, hb: Heartbeat,
               group_size: int, *, timings: dict[str, float] | None = None):
     """The batch's rollouts against `model_name`; timings, when given, gets the judge's share of them:
@@ -195,7 +207,8 @@ def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: s
         vocab_size=inference.vocab_size(run.base_model),
         sampling={"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens},
         concurrency=cfg.concurrency,
-        max_exceptions=cfg.max_exceptions,
+        # The run's setting is a share of the batch; the sandbox takes the count it allows.
+        max_exceptions=failures_allowed(cfg.max_exceptions, len(scenarios) * group_size),
         limits=SandboxLimits(rollout_timeout_s=cfg.rollout_timeout_s),
         step=run.steps_done,
         env=(trace_env := export_rollout_env(run=run)),
@@ -223,17 +236,19 @@ def _search_text(messages: list[dict]) -> str:
 
 
 def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], results, *,
-                    me: str) -> list[TrajectoryGroup]:
+                    me: str, failed: bool = False) -> list[TrajectoryGroup]:
     """Write the scored groups, and send each to the run page when they commit: rewards now, while the
-    update trains; the advantages follow from _store_advantages."""
+    update trains; the advantages follow from _store_advantages. `failed`: the groups of an attempt that
+    failed, kept to inspect and never trained on."""
     groups = []
     with transaction.atomic():
         # Only while this worker holds the lease, checked under the run's row lock: the heartbeat notices a
         # lost lease only every few seconds, and a batch can finish in less.
         if not Run.objects.select_for_update().filter(id=run.id, worker=me).exists():
             raise StepAborted("lease lost")
-        # A crashed earlier attempt of this step may have left its groups: replace them.
-        TrajectoryGroup.objects.filter(run=run, step=step, split=split).delete()
+        # A crashed earlier attempt of this step may have left its groups: replace them. Those of an attempt
+        # that failed (and said so) stay, marked.
+        TrajectoryGroup.objects.filter(run=run, step=step, split=split, failed_attempt=False).delete()
         for scenario, result in zip(scenarios, results):
             trajs = result.trajectories
             rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
@@ -242,7 +257,7 @@ def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], 
                 reward_mean=statistics.fmean(rewards) if rewards else None,
                 reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
                 error_count=sum(1 for t in trajs if t.get("error")),
-                skipped=_no_signal(result),
+                skipped=_no_signal(result), failed_attempt=failed,
             )
             rows = Trajectory.objects.bulk_create([
                 Trajectory(
@@ -288,8 +303,15 @@ def _checkpoint_dir(run: Run, step: int) -> Path:
 
 
 def _latest_checkpoint(run: Run) -> Checkpoint | None:
-    return (Checkpoint.objects.filter(run=run, step=run.steps_done, state=Checkpoint.State.ACTIVE).first()
-            if run.steps_done else None)
+    """The checkpoint the run continues from: None at step 0. A run whose last checkpoint is gone fails
+    rather than continue from a fresh adapter while its steps say otherwise."""
+    if not run.steps_done:
+        return None
+    ckpt = Checkpoint.objects.filter(run=run, step=run.steps_done, state=Checkpoint.State.ACTIVE).first()
+    if ckpt is None or not Path(ckpt.path).is_dir():
+        raise StepFailed(f"The checkpoint of step {run.steps_done}, which this run continues from, was deleted; "
+                         "the run cannot go on. Use \"Launch similar\" to train a new run with the same settings.")
+    return ckpt
 
 
 def adapter_name(run: Run, step: int) -> str:
@@ -337,6 +359,9 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - the run records why it failed; the worker lives on
         logger.exception("run %s step %s failed", run_id, next_step)
         inference.trainer_close()
+        # What the attempt persisted stays, marked: a retry writes the step's groups anew beside it.
+        TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(
+            failed_attempt=True)
         run_log(run_id=run_id, step=next_step, level="ERROR", message=traceback.format_exc()[-5000:])
         run.refresh_from_db()
         run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.FAILED,
@@ -362,6 +387,12 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     scenarios = _sample_scenarios(run, cfg, step, "train", cfg.scenarios_per_step)
     try:
         results = _rollouts(run, cfg, scenarios, policy, server, hb, cfg.group_size, timings=timings)
+    except TooManyErrors as exc:
+        failed = sum(1 for g in exc.groups for t in g.trajectories if t.get("error"))
+        _persist_groups(run, step, "train", scenarios, exc.groups, me=hb.me, failed=True)
+        raise StepFailed(f"{failed} of {len(scenarios) * cfg.group_size} rollouts failed, more than "
+                         f"max_exceptions={cfg.max_exceptions:g} allows; the rollouts are kept under step {step} "
+                         f"in the trajectory inspector. First error:\n{_first_error(exc.groups)[:2000]}") from exc
     except Exception as exc:
         if type(exc).__name__ == "Cancelled":
             raise StepAborted(hb.stop_reason()) from exc
@@ -369,10 +400,11 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     timings["rollouts"] = time.perf_counter() - t
     check()
     stats = _reward_stats(results)
-    if stats["rollouts"] and stats["rollout_errors"] / stats["rollouts"] > cfg.max_exceptions:
-        first = next(t["error"] for r in results for t in r.trajectories if t.get("error"))
-        raise RuntimeError(f"{stats['rollout_errors']} of {stats['rollouts']} rollouts failed "
-                           f"(max_exceptions={cfg.max_exceptions}). First error:\n{first[:2000]}")
+    if stats["rollouts"] and stats["rollout_errors"] == stats["rollouts"]:
+        _persist_groups(run, step, "train", scenarios, results, me=hb.me, failed=True)
+        raise StepFailed(f"All {stats['rollouts']} rollouts failed, so there is nothing to train on; they are "
+                         f"kept under step {step} in the trajectory inspector. First error:\n"
+                         f"{_first_error(results)[:2000]}")
 
     # 2. Persist the groups (replacing any left by a crashed attempt of this step).
     t = time.perf_counter()
@@ -469,6 +501,10 @@ def no_signal_warn(*, run: Run, step: int) -> RunEvent | None:
         "so GRPO had nothing to compare and the model did not change. Check that the reward function "
         "gives partial credit (spread within a group), or raise temperature or group_size; "
         "the example groups show what the rollouts answered."))
+
+
+def _first_error(results) -> str:
+    return next((t["error"] for r in results for t in r.trajectories if t.get("error")), "")
 
 
 def _fmt(x):

@@ -82,6 +82,7 @@ def test_it_pauses_and_resumes(alice, enqueued):
 
 def test_it_retries_a_failed_run_from_its_last_step(alice, enqueued):
     run = RunFactory(owner=alice, status=S.FAILED, steps_done=2, error="boom")
+    CheckpointFactory(run=run, step=2)
     run_retry(run=run, actor=alice)
     assert run.status == S.QUEUED and run.error == "" and run.steps_done == 2
     assert "step 2" in run.events.last().message
