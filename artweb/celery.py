@@ -3,6 +3,7 @@
 import os
 
 from celery import Celery
+from celery.signals import worker_ready
 from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
@@ -19,8 +20,13 @@ app.conf.task_routes = {
     "training.tasks.run_step_task": {"queue": "gpu"},
     "rollouts.tasks.dry_run_task": {"queue": "gpu"},
 }
-# Beat (embedded in the "default" worker with -B) requeues runs whose GPU worker stopped heartbeating.
-app.conf.beat_schedule = {
-    "runs-requeue-stale": {"task": "training.tasks.runs_requeue_stale_task", "schedule": 10.0},
-}
 app.autodiscover_tasks()
+
+
+@worker_ready.connect
+def _start_sweeper(**kwargs) -> None:
+    # Every worker runs the periodic sweep (requeue stale runs, send owed messages) in a thread of its
+    # main process, one worker at a time under a Redis lock: no beat process to forget (training.sweeper).
+    from training.sweeper import Sweeper
+
+    Sweeper.start()

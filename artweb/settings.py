@@ -218,6 +218,8 @@ ARTWEB = {
     "TRAINER_BACKEND": env.str("ARTWEB_TRAINER_BACKEND", default="peft"),
     "DEVICE": env.str("ARTWEB_DEVICE", default="cpu"),
     "HEARTBEAT_SECONDS": env.int("ARTWEB_HEARTBEAT_SECONDS", default=15),
+    # How often a worker sweeps for stale runs and owed messages (training.sweeper); 0 turns it off.
+    "SWEEP_SECONDS": env.float("ARTWEB_SWEEP_SECONDS", default=10.0),
     # How user code is isolated (rollouts.runtime.jail): "jail" (bubblewrap + cgroups; the worker must run
     # as root) or "insecure-no-jail", a development opt-out that leaves the worker ownable by any script
     # and marks every run that uses it with a warning event.

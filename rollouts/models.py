@@ -191,6 +191,8 @@ class DryRun(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     result = models.JSONField(null=True, blank=True, help_text="Trajectories with rewards, logs and errors.")
     error = models.TextField(blank=True)
+    # When the broker took this dry run's message; null while one is owed (the sweep sends it).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -251,7 +251,16 @@ def dry_run_create(*, owner, script_version: RolloutScriptVersion, base_model,
                                field_errors={"scenarios": ["list of objects required"]})
     dry_run = DryRun.objects.create(owner=owner, script_version=script_version, reward_version=reward_version,
                                     base_model=base_model, scenarios=scenarios[:MAX_DRY_RUN_SCENARIOS])
+    dry_run_enqueue(dry_run)
+    return dry_run
+
+
+def dry_run_enqueue(dry_run: DryRun) -> None:
+    """Send the dry run's message after commit; when the broker cannot take it, the sweep sends it later."""
+    from django.utils import timezone
+
+    from artweb.dispatch import publish_on_commit
     from rollouts.tasks import dry_run_task
 
-    dry_run_task.delay_on_commit(dry_run.id)
-    return dry_run
+    publish_on_commit(dry_run_task, args=(dry_run.id,), sent=lambda: DryRun.objects.filter(id=dry_run.id).update(
+        dispatched_at=timezone.now()))

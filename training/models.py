@@ -70,6 +70,8 @@ class Run(models.Model):
     # Worker bookkeeping: who holds the run and when it last said so.
     worker = models.CharField(max_length=200, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # When the broker last took this run's step message; null while one is owed (the sweep sends it).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     pause_requested = models.BooleanField(default=False)
 

@@ -13,9 +13,11 @@ def run_step_task(run_id: int, step: int | None = None) -> None:
 
 @shared_task(name="training.tasks.runs_requeue_stale_task", ignore_result=True)
 def runs_requeue_stale_task() -> None:
-    from training.services.steps import runs_requeue_stale
+    """The sweep as a task, for an operator who schedules it with beat too; every worker already runs it
+    on its own (training.sweeper)."""
+    from training.sweeper import sweep
 
-    runs_requeue_stale()
+    sweep()
 
 
 from training.exports import tasks as _export_tasks  # noqa: E402,F401 - registers the export tasks

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.django_db
 def enqueued():
     """dry_run_create queues dry_run_task after commit for a GPU worker; none runs in API tests, so the
     queueing call is replaced and recorded."""
-    with mock.patch("rollouts.tasks.dry_run_task.delay_on_commit") as delay:
-        yield delay
+    with mock.patch("artweb.dispatch.transaction.on_commit", side_effect=lambda send: send()), \
+            mock.patch("rollouts.tasks.dry_run_task.apply_async") as send:
+        yield send
 
 
 def test_it_queues_a_dry_run_and_polls_it(alice_api, alice_assets, enqueued):
@@ -25,7 +26,7 @@ def test_it_queues_a_dry_run_and_polls_it(alice_api, alice_assets, enqueued):
         "scenario_set": "alice-scenarios"}, format="json")
     assert response.status_code == 201, response.json()
     body = response.json()
-    enqueued.assert_called_once_with(body["id"])
+    enqueued.assert_called_once_with(args=(body["id"],), kwargs={})
     assert body["status"] == "queued" and len(body["scenarios"]) == 4
     DryRun.objects.filter(id=body["id"]).update(status="done", result={"trajectories": []})
     polled = alice_api.get(f"/api/v1/dry-runs/{body['id']}/").json()

@@ -23,8 +23,9 @@ def create_payload(assets, **overrides):
 def enqueued():
     """run_create queues run_step_task after commit; no worker runs in these tests, so the queueing call
     itself is replaced and recorded (the test transaction never commits, so it would not fire anyway)."""
-    with mock.patch("training.tasks.run_step_task.delay_on_commit") as delay:
-        yield delay
+    with mock.patch("artweb.dispatch.transaction.on_commit", side_effect=lambda send: send()), \
+            mock.patch("training.tasks.run_step_task.apply_async") as send:
+        yield send
 
 
 # --- list and detail ---------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def test_it_creates_and_queues_a_run_by_names(alice_api, alice_assets, enqueued)
     assert run.status == Run.Status.QUEUED and run.num_steps == 5 and run.tags == ["demo"]
     assert run.script_version == alice_assets["script"] and run.reward_version == alice_assets["reward"]
     assert body["config"]["num_steps"] == 5 and body["config"]["group_size"] == 6  # defaults filled in
-    enqueued.assert_called_once_with(run.id)
+    enqueued.assert_called_once_with(args=(run.id,), kwargs={})
     assert RunEvent.objects.filter(run=run, kind="created").count() == 1
 
 
@@ -205,7 +206,7 @@ def test_it_pauses_resumes_and_retries(alice_api, alice, enqueued):
     run = RunFactory(owner=alice)
     assert alice_api.post(f"/api/v1/runs/{run.id}/pause/").json()["status"] == "paused"
     assert alice_api.post(f"/api/v1/runs/{run.id}/resume/").json()["status"] == "queued"
-    enqueued.assert_called_once_with(run.id)
+    enqueued.assert_called_once_with(args=(run.id,), kwargs={})
     assert_error(alice_api.post(f"/api/v1/runs/{run.id}/retry/"), 400, contains="failed or cancelled")
     Run.objects.filter(id=run.id).update(status=Run.Status.FAILED, error="boom")
     body = alice_api.post(f"/api/v1/runs/{run.id}/retry/").json()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from artweb.dispatch import publish_on_commit
 from artweb.errors import ApplicationError
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
 from rollouts.runtime.validation import script_sets_reward
@@ -51,9 +52,16 @@ def run_transition(*, run: Run, from_statuses, to_status: str, message: str = ""
 
 
 def _enqueue(run: Run) -> None:
+    """Owe the run a step message and send it after commit; a broker that cannot take it leaves the run
+    queued with the message owed, and the sweep sends it later (artweb.dispatch)."""
     from training.tasks import run_step_task
 
-    run_step_task.delay_on_commit(run.id)
+    Run.objects.filter(id=run.id).update(dispatched_at=None)
+    publish_on_commit(run_step_task, args=(run.id,), sent=lambda: run_dispatched(run.id))
+
+
+def run_dispatched(run_id: int) -> None:
+    Run.objects.filter(id=run_id).update(dispatched_at=timezone.now())
 
 
 def _owned(obj, owner, what: str):

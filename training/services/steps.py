@@ -14,9 +14,9 @@ import logging
 import math
 import os
 import random
+import shutil
 import socket
 import statistics
-import shutil
 import threading
 import time
 import traceback
@@ -30,6 +30,7 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
+from artweb.dispatch import publish
 from artweb.errors import ApplicationError
 from artweb.logging import log_context
 from rollouts.models import Scenario, Trajectory, TrajectoryGroup
@@ -67,12 +68,29 @@ def stale_after() -> timedelta:
 
 
 def run_claim(*, run_id: int, me: str) -> bool:
-    """Take the run's lease if it is free, ours, or its holder stopped heartbeating."""
+    """Take the run's lease if it is free, ours, or its holder stopped heartbeating, or is a process of
+    this host that no longer exists (a pool child killed mid-step: its step message comes back to another
+    child at once, long before the dead one's heartbeat goes stale)."""
     now = timezone.now()
-    return Run.objects.filter(
-        Q(worker="") | Q(worker=me) | Q(heartbeat_at__lt=now - stale_after()),
-        id=run_id, status__in=Run.ACTIVE_STATUSES,
-    ).update(worker=me, heartbeat_at=now) == 1
+    free = Q(worker="") | Q(worker=me) | Q(heartbeat_at__lt=now - stale_after())
+    holder = Run.objects.filter(id=run_id).values_list("worker", flat=True).first()
+    if holder and _dead_here(holder):
+        free |= Q(worker=holder)
+    return Run.objects.filter(free, id=run_id, status__in=Run.ACTIVE_STATUSES).update(worker=me, heartbeat_at=now) == 1
+
+
+def _dead_here(worker: str) -> bool:
+    """The worker name is a process of this host that has exited."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
 
 
 def run_release(*, run_id: int, me: str) -> None:
@@ -599,7 +617,7 @@ def _after_step(run_id: int, me: str) -> None:
     next_step = run.steps_done + 1
     with transaction.atomic():
         run_release(run_id=run_id, me=me)
-        transaction.on_commit(lambda: run_step_task.apply_async(args=[run_id], kwargs={"step": next_step}))
+        transaction.on_commit(lambda: publish(run_step_task, args=(run_id,), kwargs={"step": next_step}))
 
 
 def runs_requeue_stale() -> list[int]:
@@ -627,6 +645,6 @@ def runs_requeue_stale() -> list[int]:
             run_event(run=run, kind="requeued", message=message,
                       data={"worker": run.worker, "steps_done": run.steps_done})
             transaction.on_commit(
-                lambda rid=run.id, nxt=run.steps_done + 1: run_step_task.apply_async(args=[rid], kwargs={"step": nxt}))
+                lambda rid=run.id, nxt=run.steps_done + 1: publish(run_step_task, args=(rid,), kwargs={"step": nxt}))
         requeued.append(run.id)
     return requeued

@@ -29,7 +29,7 @@ def test_it_requeues_a_run_whose_worker_stopped_heartbeating(alice, sent, django
         assert runs_requeue_stale() == [run.id]
     run.refresh_from_db()
     assert run.worker == "" and run.status == S.RUNNING
-    assert sent == [{"args": [run.id], "kwargs": {"step": 3}}]
+    assert sent == [{"args": (run.id,), "kwargs": {"step": 3}}]
     event = run.events.get(kind="requeued")
     assert "host:1 stopped heartbeating" in event.message and event.data["steps_done"] == 2
 
@@ -42,7 +42,7 @@ def test_it_requeues_a_run_left_between_steps_by_a_dead_worker(alice, sent, djan
         assert runs_requeue_stale() == [run.id]
         # The requeue counts as activity: the next sweep leaves it alone for another stale period.
         assert runs_requeue_stale() == []
-    assert sent == [{"args": [run.id], "kwargs": {"step": 3}}]
+    assert sent == [{"args": (run.id,), "kwargs": {"step": 3}}]
     assert run.events.get(kind="requeued").message == "No worker took step 3; queued it again."
 
 
@@ -56,3 +56,32 @@ def test_it_leaves_live_paused_and_finished_runs_alone(alice, sent, django_captu
     with django_capture_on_commit_callbacks(execute=True):
         assert runs_requeue_stale() == []
     assert sent == []
+
+
+def test_a_pool_child_takes_over_the_step_of_a_dead_sibling_at_once(alice):
+    """A prefork child killed mid-step: its message comes back to a new child while the dead one's
+    heartbeat is still fresh. A process of this host that no longer exists holds nothing."""
+    import socket
+    import subprocess
+    import sys
+
+    from django.utils import timezone
+
+    from training.services.steps import run_claim
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        host = socket.gethostname()
+        run = RunFactory(owner=alice, status=Run.Status.RUNNING, worker=f"{host}:{alive.pid}",
+                         heartbeat_at=timezone.now())
+        assert not run_claim(run_id=run.id, me=f"{host}:999999")  # a live holder keeps it
+        Run.objects.filter(id=run.id).update(worker=f"other-host:{dead.pid}")
+        assert not run_claim(run_id=run.id, me=f"{host}:999999")  # another host's process: only by staleness
+        Run.objects.filter(id=run.id).update(worker=f"{host}:{dead.pid}")
+        assert run_claim(run_id=run.id, me=f"{host}:999999")
+        assert Run.objects.get(id=run.id).worker == f"{host}:999999"
+    finally:
+        alive.kill()
+        alive.wait()

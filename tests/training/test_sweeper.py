@@ -1,0 +1,115 @@
+"""Recovery that runs by itself: a broker that is down when a run or dry run is created costs the request
+nothing (201, the row saved and queued), and the sweep that every worker runs sends the owed message once
+the broker is back; the sweeper thread requeues a run whose worker stopped heartbeating without anyone
+calling it. The broker is the real Redis the tests use; "down" is a port where nothing listens."""
+
+import json
+import time
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from artweb.celery import app
+from rollouts.models import DryRun
+from tests.api.conftest import token_client
+from tests.factories import (
+    BaseModelFactory,
+    RewardFunctionVersionFactory,
+    RolloutScriptVersionFactory,
+    RunFactory,
+    ScenarioSetFactory,
+)
+from training.models import Run
+from training.sweeper import Sweeper, dispatch_owed
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the messages leave on commit, as in production
+
+
+def _reset_producers():
+    """Drop the app's connections, so the next message connects to whatever broker_url says now."""
+    app.amqp._producer_pool = None
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+
+
+@pytest.fixture
+def broker_down():
+    saved = {k: app.conf[k] for k in ("broker_url", "broker_connection_timeout", "task_publish_retry")}
+    app.conf.update(broker_url="redis://127.0.0.1:1/0", broker_connection_timeout=1, task_publish_retry=False)
+    _reset_producers()
+    yield
+    app.conf.update(saved)
+    _reset_producers()
+
+
+def _queued_messages(queue: str) -> list[dict]:
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    return [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
+
+
+def _take_message(queue: str, task: str, obj_id: int) -> bool:
+    """Remove our message from the queue (no worker runs here); True if it was there."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    for raw in client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        if message["headers"]["task"] == task and f"({obj_id}," in message["headers"]["argsrepr"]:
+            client.lrem(queue, 1, raw)
+            return True
+    return False
+
+
+def test_a_run_created_while_the_broker_is_down_is_saved_queued_and_sent_later(alice, broker_down):
+    api = token_client(alice)
+    payload = {"name": "offline", "base_model": BaseModelFactory().name,
+               "script": RolloutScriptVersionFactory(asset__owner=alice, asset__name="s").asset.name,
+               "reward": RewardFunctionVersionFactory(asset__owner=alice, asset__name="r").asset.name,
+               "scenario_set": ScenarioSetFactory(owner=alice, name="sc").name}
+    response = api.post("/api/v1/runs/create/", payload, format="json")
+    assert response.status_code == 201, response.content
+    run = Run.objects.get(id=response.json()["id"])
+    assert run.status == Run.Status.QUEUED and run.dispatched_at is None
+
+    assert dispatch_owed()["runs"] == []  # too recent: its first message may still be on its way
+    Run.objects.filter(id=run.id).update(created_at=timezone.now() - timedelta(minutes=1))
+    assert dispatch_owed()["runs"] == []  # the broker is still down: still owed, nothing lost
+    assert Run.objects.get(id=run.id).dispatched_at is None
+
+
+def test_the_sweep_sends_what_is_owed_once_the_broker_is_back(alice):
+    run = RunFactory(owner=alice, status=Run.Status.QUEUED, dispatched_at=None)
+    dry = DryRun.objects.create(owner=alice, script_version=RolloutScriptVersionFactory(asset__owner=alice),
+                                base_model=BaseModelFactory(), scenarios=[{"prompt": "x"}])
+    old = timezone.now() - timedelta(minutes=1)
+    Run.objects.filter(id=run.id).update(created_at=old)
+    DryRun.objects.filter(id=dry.id).update(created_at=old)
+    try:
+        assert dispatch_owed() == {"runs": [run.id], "dry_runs": [dry.id]}
+        assert Run.objects.get(id=run.id).dispatched_at is not None
+        assert DryRun.objects.get(id=dry.id).dispatched_at is not None
+        assert dispatch_owed() == {"runs": [], "dry_runs": []}  # sent once
+    finally:
+        assert _take_message("gpu", "training.tasks.run_step_task", run.id)
+        assert _take_message("gpu", "rollouts.tasks.dry_run_task", dry.id)
+
+
+def test_the_sweeper_thread_requeues_a_run_whose_worker_died_without_being_asked(alice, settings):
+    settings.ARTWEB = {**settings.ARTWEB, "SWEEP_SECONDS": 0.3, "HEARTBEAT_SECONDS": 1}
+    run = RunFactory(owner=alice, status=Run.Status.RUNNING, steps_done=2, worker="gone-host:1",
+                     heartbeat_at=timezone.now() - timedelta(minutes=5), dispatched_at=timezone.now())
+    redis.Redis.from_url(settings.REDIS_URL).delete("artweb:sweep")
+    with mock.patch.object(Sweeper, "_started", False):
+        sweeper = Sweeper.start()
+    try:
+        deadline = time.monotonic() + 15
+        while Run.objects.get(id=run.id).worker and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        sweeper.stop()
+    assert Run.objects.get(id=run.id).worker == ""
+    assert run.events.filter(kind="requeued").exists()
+    assert _take_message("gpu", "training.tasks.run_step_task", run.id)
