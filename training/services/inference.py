@@ -104,6 +104,11 @@ def inference_server(base_model):
         return _server
 
 
+def server_died() -> bool:
+    """The inference server (or the judge's) was started and its process has exited since."""
+    return any(s is not None and s._proc is not None and not s.is_alive() for s in (_server, _judge))
+
+
 def _new_server(base_model, *, port: int | None, adapter_mode: str):
     from rollouts.runtime.vllm_server import VLLMServer
 

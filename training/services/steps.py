@@ -380,6 +380,8 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
         # What the attempt persisted stays, marked: a retry writes the step's groups anew beside it.
         TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(
             failed_attempt=True)
+        if inference.server_died() and _retry_after_inference_death(run_id, next_step, me, exc):
+            return
         run_log(run_id=run_id, step=next_step, level="ERROR", message=traceback.format_exc()[-5000:])
         run.refresh_from_db()
         run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.FAILED,
@@ -519,6 +521,30 @@ def no_signal_warn(*, run: Run, step: int) -> RunEvent | None:
         "so GRPO had nothing to compare and the model did not change. Check that the reward function "
         "gives partial credit (spread within a group), or raise temperature or group_size; "
         "the example groups show what the rollouts answered."))
+
+
+INFERENCE_RETRIES = 2  # attempts at one step after the inference server died under it
+INFERENCE_RESTARTED_EVENT = "inference_restarted"
+
+
+def _retry_after_inference_death(run_id: int, step: int, me: str, exc: Exception) -> bool:
+    """The inference server died during the step: queue the step again (the next attempt restarts the
+    server with the policy it served) unless this step already had INFERENCE_RETRIES such retries."""
+    from training.tasks import run_step_task
+
+    run = Run.objects.get(id=run_id)
+    tried = run.events.filter(kind=INFERENCE_RESTARTED_EVENT, data__step=step).count()
+    if tried >= INFERENCE_RETRIES or run.status not in Run.ACTIVE_STATUSES:
+        return False
+    with transaction.atomic():
+        run_event(run=run, kind=INFERENCE_RESTARTED_EVENT, data={"step": step, "retry": tried + 1,
+                                                                 "level": "warning"}, message=(
+            f"The inference server stopped during step {step} ({type(exc).__name__}: {str(exc)[:300]}); it is "
+            f"restarted and the step tried again (retry {tried + 1} of {INFERENCE_RETRIES}). The failed attempt's "
+            "rollouts are kept in the trajectory inspector."))
+        run_release(run_id=run_id, me=me)
+        transaction.on_commit(lambda: publish(run_step_task, args=(run_id,), kwargs={"step": step}))
+    return True
 
 
 def _first_error(results) -> str:

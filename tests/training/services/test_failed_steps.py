@@ -8,6 +8,7 @@ that says the step got past its rollouts (no step here is meant to train).
 """
 
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 from rest_framework.authtoken.models import Token
@@ -144,3 +145,22 @@ def test_a_worker_never_continues_from_a_fresh_adapter_when_the_checkpoint_is_go
     CheckpointFactory(run=run, step=2, path="/nonexistent/ck", state=Checkpoint.State.DELETED)
     run = execute(run)
     assert run.status == Run.Status.FAILED and "checkpoint of step 2" in run.error and "was deleted" in run.error
+
+
+def test_a_step_whose_inference_server_died_is_retried_a_bounded_number_of_times(alice, monkeypatch):
+    # The server's death is what this test cannot cause without a vLLM server (minutes to start here):
+    # the check that reads the server's process is replaced; the retry around it is real.
+    monkeypatch.setattr(inference, "server_died", lambda: True)
+    sent = []
+    monkeypatch.setattr(steps, "publish", lambda task, args, kwargs: sent.append((args, kwargs)))
+    run = make_run(alice, ALL_FAIL, 1.0)
+    for attempt in range(1, steps.INFERENCE_RETRIES + 1):
+        with mock.patch("django.db.transaction.on_commit", side_effect=lambda fn: fn()):
+            run = execute(run)
+        assert run.status == Run.Status.RUNNING and run.worker == "" and sent[-1] == ((run.id,), {"step": 1})
+        event = run.events.filter(kind=steps.INFERENCE_RESTARTED_EVENT).last()
+        assert f"retry {attempt} of {steps.INFERENCE_RETRIES}" in event.message
+    run = execute(run)  # one death too many: the run fails, saying why
+    assert run.status == Run.Status.FAILED and "All 4 rollouts failed" in run.error
+    assert len(sent) == steps.INFERENCE_RETRIES
+    assert TrajectoryGroup.objects.filter(run=run, step=1, failed_attempt=True).count() == 2 * 3
