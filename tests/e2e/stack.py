@@ -77,8 +77,10 @@ def start(name: str, args: list[str], env: dict, log_dir: Path) -> Proc:
     return Proc(name=name, popen=popen, log=log)
 
 
-def start_gpu_worker(env: dict, log_dir: Path, name: str = "gpu-worker") -> Proc:
-    return start(name, [sys.executable, "-m", "celery", "-A", "artweb", "worker", "-Q", "gpu", "--pool", "solo",
+def start_gpu_worker(env: dict, log_dir: Path, name: str = "gpu-worker", pool: str = "solo") -> Proc:
+    """A GPU worker; pool="prefork" starts it as the launcher and the Docker image do (one pool child that
+    runs the steps, under a parent that survives it)."""
+    return start(name, [sys.executable, "-m", "celery", "-A", "artweb", "worker", "-Q", "gpu", "--pool", pool,
                         "--concurrency", "1", "--prefetch-multiplier", "1", "-n", f"{name}-{free_port()}@%h",
                         "--without-gossip", "--without-mingle", "--loglevel", "INFO"], env, log_dir)
 

@@ -50,8 +50,6 @@ def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, so
 
 
 def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, stack_env, procs, tmp_path):
-    from training.services.steps import runs_requeue_stale
-
     run = run_create(name="fault", config={**SMALL, "val_every": 0}, **example_run_inputs)
     first = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="worker-a")
     procs.append(first)
@@ -68,8 +66,12 @@ def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, 
     second = stack.start_gpu_worker({**stack_env, "ARTWEB_VLLM_PORT": str(stack.free_port())}, tmp_path / "logs",
                                     name="worker-b")
     procs.append(second)
-    # The beat task does this every 10 s in a deployment; here the test calls it once the lease is stale.
-    stack.wait_for(lambda: runs_requeue_stale(), timeout=60, interval=1, what="the stale run to be requeued")
+    # Nobody calls the sweep: the second worker's own sweeper requeues the run once the lease is stale.
+    killed_at = time.monotonic()
+    stack.wait_for(lambda: RunEvent.objects.filter(run=run, kind="requeued").exists(), timeout=120, interval=0.5,
+                   procs=[second], what="the stale run to be requeued by the worker's sweeper")
+    stale_s = 4 * int(stack_env["ARTWEB_HEARTBEAT_SECONDS"])
+    print(f"requeued {time.monotonic() - killed_at:.1f} s after the kill (stale period {stale_s} s)")
     stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
                    procs=[second], what="the run to finish on the second worker")
     run.refresh_from_db()
@@ -143,3 +145,60 @@ def test_pause_resume_lease_loss_and_cancel_with_a_live_worker(example_run_input
     assert latency < 15, f"cancel took {latency:.1f}s"
     assert run.events.filter(kind="status", message__startswith=f"Cancelled after {done} steps").exists()
     assert procs[-1].popen.poll() is None  # the worker lives on for the next run
+
+
+def _descendants(proc: stack.Proc):
+    import psutil
+
+    return psutil.Process(proc.popen.pid).children(recursive=True)
+
+
+def test_a_pool_child_killed_mid_step_is_replaced_at_once(example_run_inputs, stack_env, procs, tmp_path):
+    """The GPU worker as the launcher starts it (prefork): its pool child is SIGKILLed in the middle of step 2.
+    The parent starts a new child, the step's message comes back to it, and it takes the dead child's
+    lease at once; every step is recorded exactly once."""
+    import psutil
+
+    run = run_create(name="prefork", config={**SMALL, "val_every": 0}, **example_run_inputs)
+    worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="prefork", pool="prefork")
+    procs.append(worker)
+    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
+                   what="step 1")
+    stack.wait_for(lambda: Run.objects.filter(id=run.id, steps_done=1).exclude(worker="").exists(), timeout=60,
+                   interval=0.1, what="step 2 started")
+    holder = Run.objects.get(id=run.id).worker
+    child = psutil.Process(int(holder.rsplit(":", 1)[1]))
+    assert child.ppid() == worker.popen.pid  # the pool child, not the worker's main process
+    child.kill()
+    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
+                   procs=[worker], what="the run to finish on a new pool child")
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, (run.error, worker.tail())
+    assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
+    assert run.groups.filter(split="train", failed_attempt=False).count() == 3 * SMALL["scenarios_per_step"]
+    assert not RunEvent.objects.filter(run=run, kind="requeued").exists()  # taken over, not swept
+
+
+def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(example_run_inputs, stack_env, procs,
+                                                                           tmp_path):
+    run = run_create(name="vllm-dies", config={**SMALL, "val_every": 0, "max_tokens": 48}, **example_run_inputs)
+    worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="vllm-dies")
+    procs.append(worker)
+    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
+                   what="step 1")
+    stack.wait_for(lambda: Run.objects.filter(id=run.id, steps_done=1).exclude(worker="").exists(), timeout=60,
+                   interval=0.1, what="step 2 started")
+    vllm = [p for p in _descendants(worker) if "--served-model-name" in p.cmdline()]
+    pids = {p.pid for p in vllm}
+    servers = [p for p in vllm if p.ppid() not in pids]  # the API server, not its engine process
+    assert len(servers) == 1, [p.cmdline() for p in _descendants(worker)]
+    servers[0].kill()
+    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
+                   procs=[worker], what="the run to finish after the restart")
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, (run.error, worker.tail())
+    assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
+    restarted = RunEvent.objects.filter(run=run, kind="inference_restarted")
+    assert restarted.count() == 1 and restarted.get().data["step"] == 2
+    assert run.groups.filter(split="train", step=2, failed_attempt=True).exists()
+    assert run.groups.filter(split="train", step=2, failed_attempt=False).count() == SMALL["scenarios_per_step"]
