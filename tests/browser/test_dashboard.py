@@ -235,3 +235,23 @@ def test_it_compares_two_runs(signed_in, user):
     assert "train.learning_rate" in diff and "group_size" not in diff
     shot(page, "compare")
     assert_no_console_errors(page)
+
+
+def test_a_failed_steps_rollouts_are_shown_with_their_errors_in_the_inspector(signed_in, user):
+    page = signed_in
+    run = RunFactory(owner=user, name="failed-step", num_steps=3, steps_done=1, status=Run.Status.FAILED,
+                     error="StepFailed: 2 of 2 rollouts failed")
+    group = TrajectoryGroupFactory(run=run, step=2, reward_mean=None, reward_std=None, error_count=2,
+                                   failed_attempt=True)
+    for i in range(2):
+        TrajectoryFactory(group=group, index=i, reward=None, error=f"RuntimeError: rollout {i} broke",
+                          logs=[f"rollout {i} starting"])
+    page.goto(f"/runs/{run.id}/trajectories/?step=2")
+    head = page.inner_text(".group")
+    assert "failed attempt" in head and "2 errors" in head
+    page.locator(".group a.traj").nth(1).click()
+    page.wait_for_selector("#trajectory")
+    body = page.inner_text("main")
+    assert "RuntimeError: rollout 1 broke" in body and "rollout 1 starting" in body
+    shot(page, "failed-attempt")
+    assert_no_console_errors(page)

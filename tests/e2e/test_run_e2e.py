@@ -153,6 +153,18 @@ def _descendants(proc: stack.Proc):
     return psutil.Process(proc.popen.pid).children(recursive=True)
 
 
+def _running(proc: stack.Proc, name: str) -> bool:
+    import psutil
+
+    for p in _descendants(proc):
+        try:
+            if p.name() == name:
+                return True
+        except psutil.NoSuchProcess:  # a sandbox that just ended
+            continue
+    return False
+
+
 def test_a_pool_child_killed_mid_step_is_replaced_at_once(example_run_inputs, stack_env, procs, tmp_path):
     """The GPU worker as the launcher starts it (prefork): its pool child is SIGKILLed in the middle of step 2.
     The parent starts a new child, the step's message comes back to it, and it takes the dead child's
@@ -186,8 +198,9 @@ def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(exa
     procs.append(worker)
     stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
                    what="step 1")
-    stack.wait_for(lambda: Run.objects.filter(id=run.id, steps_done=1).exclude(worker="").exists(), timeout=60,
-                   interval=0.1, what="step 2 started")
+    # Mid-rollouts: step 2's sandbox (bubblewrap) is up, its rollouts calling the server.
+    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"), timeout=120,
+                   interval=0.05, what="step 2's rollouts")
     vllm = [p for p in _descendants(worker) if "--served-model-name" in p.cmdline()]
     pids = {p.pid for p in vllm}
     servers = [p for p in vllm if p.ppid() not in pids]  # the API server, not its engine process

@@ -388,6 +388,8 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
                        message=f"Step {next_step} failed: {type(exc).__name__}: {exc}"[:1000],
                        error=f"{type(exc).__name__}: {exc}"[:5000], worker="")
         return
+    finally:
+        inference.release_memory()
     _after_step(run_id, me)
 
 
