@@ -269,6 +269,9 @@ class VLLMServer:
                 return
             if self._proc is not None:
                 logger.warning("vLLM exited with status %s; restarting", self._proc.returncode)
+                # Its engine and worker processes outlive a server that was killed: end them, so they give
+                # back their memory and nothing answers on the port but the new server.
+                _kill_group(self._proc.pid)
             previous = dict(self.adapters)
             self.start()
             for name, path in previous.items():
@@ -283,6 +286,8 @@ class VLLMServer:
                 except subprocess.TimeoutExpired:
                     os.killpg(self._proc.pid, signal.SIGKILL)
                     self._proc.wait(timeout=10)
+            if self._proc is not None:
+                _kill_group(self._proc.pid)  # whatever of it is left (a server that died alone)
             self._proc = None
             if self._log_file:
                 self._log_file.close()
@@ -370,6 +375,14 @@ class VLLMServer:
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may import between fork and exec
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a server's process group (the server leads its own session)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 _PR_SET_PDEATHSIG = 1
 
 

