@@ -255,3 +255,29 @@ def test_a_failed_steps_rollouts_are_shown_with_their_errors_in_the_inspector(si
     assert "RuntimeError: rollout 1 broke" in body and "rollout 1 starting" in body
     shot(page, "failed-attempt")
     assert_no_console_errors(page)
+
+
+def test_the_launch_form_follows_the_chosen_script_and_model(signed_in, user):
+    from tests.factories import RewardFunctionVersionFactory, RolloutScriptVersionFactory, ScenarioSetFactory
+
+    page = signed_in
+    BaseModelFactory(name="a-small", recommended_train={"learning_rate": 0.0002})
+    BaseModelFactory(name="b-plain", source="org/plain")
+    plain = RolloutScriptVersionFactory(asset__owner=user, asset__name="a-plain")
+    paired = RolloutScriptVersionFactory(asset__owner=user, asset__name="b-paired")
+    RewardFunctionVersionFactory(asset__owner=user, asset__name="a-other")
+    companion = RewardFunctionVersionFactory(asset__owner=user, asset__name="b-companion")
+    paired.asset.companion_reward = companion.asset
+    paired.asset.save()
+    ScenarioSetFactory(owner=user)
+
+    page.goto("/runs/new/")
+    assert page.input_value("#id_script_version") == str(plain.id)
+    assert page.input_value("#id_reward_version") == ""  # the first script has no companion
+    assert "Recommended for a-small: learning_rate 0.0002" in page.inner_text("#recommended-train")
+    page.select_option("#id_script_version", str(paired.id))
+    assert page.input_value("#id_reward_version") == str(companion.id)
+    page.select_option("#id_base_model", label="b-plain")
+    assert "no recommendations are stored for this model" in page.inner_text("#recommended-train")
+    shot(page, "launch-defaults")
+    assert_no_console_errors(page)
