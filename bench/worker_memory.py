@@ -4,7 +4,9 @@ of the worker's process tree (the worker, its pool child, the vLLM server) after
 
     python -m bench.worker_memory --steps 50
 
-Prints the memory after each step and the ratio of step N's to step 5's (target: within 15 %).
+Prints the memory after each step and the ratio of step N's to step 5's (target: within 15 %). A sample is
+taken as soon as a step is recorded, while the next step starts, so single samples swing with the phase
+the worker is in; the medians of five steps around step 5 and of the last five are printed as well.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -87,10 +90,13 @@ def main() -> int:
         print(f"run ended {run.status}: {run.error}\n{worker.tail()}")
         return 1
     total = {k: sum(v.values()) for k, v in samples.items()}
+    early = statistics.median(total[k] for k in range(3, 8) if k in total)
+    late = statistics.median(total[k] for k in range(args.steps - 4, args.steps + 1) if k in total)
     print(f"\n{_cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"worker tree resident memory: step 5 {total[5]:.2f} GiB, step {args.steps} {total[args.steps]:.2f} GiB, "
           f"ratio {total[args.steps] / total[5]:.3f} (peak {max(total.values()):.2f} GiB at step "
           f"{max(total, key=total.get)})")
+    print(f"medians: steps 3-7 {early:.2f} GiB, steps {args.steps - 4}-{args.steps} {late:.2f} GiB, ratio {late / early:.3f}")
     return 0
 
 

