@@ -176,7 +176,8 @@ def test_the_cli_drives_a_run_against_a_live_server(server, alice_login, tmp_pat
     archive = tmp_path / "adapter.tar.gz"
     cli("checkpoints", "download", str(checkpoint.id), "--out", str(archive))
     with tarfile.open(archive) as tar:
-        assert sorted(tar.getnames()) == ["step-3/adapter_config.json", "step-3/adapter_model.safetensors"]
+        top = f"run{run.id}-step3"
+        assert sorted(tar.getnames()) == [f"{top}/adapter_config.json", f"{top}/adapter_model.safetensors"]
     assert "promoted" in cli("checkpoints", "promote", str(checkpoint.id)).stdout
 
     second = write_run_file(tmp_path / "second.json", model="smol", num_steps=2)
