@@ -1,6 +1,7 @@
 """Whole-system runs with the real parts: PostgreSQL, Redis, a Celery worker process that starts a vLLM
 CPU server with the default model, the sandboxed example task, the PEFT trainer, and a WebSocket client
-connected to the ASGI server."""
+connected to the ASGI server. The fault tests start their workers as `make run` does (prefork pool) and
+never call the sweep: the workers' own sweepers recover."""
 
 import signal
 import time
@@ -51,7 +52,7 @@ def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, so
 
 def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, stack_env, procs, tmp_path):
     run = run_create(name="fault", config={**SMALL, "val_every": 0}, **example_run_inputs)
-    first = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="worker-a")
+    first = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="worker-a", pool="prefork")
     procs.append(first)
     # Kill it in the middle of step 2: after step 1 is recorded and the worker has claimed step 2.
     stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
@@ -64,7 +65,7 @@ def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, 
     assert Run.objects.get(id=run.id).status == Run.Status.RUNNING
 
     second = stack.start_gpu_worker({**stack_env, "ARTWEB_VLLM_PORT": str(stack.free_port())}, tmp_path / "logs",
-                                    name="worker-b")
+                                    name="worker-b", pool="prefork")
     procs.append(second)
     # Nobody calls the sweep: the second worker's own sweeper requeues the run once the lease is stale.
     killed_at = time.monotonic()
@@ -194,7 +195,7 @@ def test_a_pool_child_killed_mid_step_is_replaced_at_once(example_run_inputs, st
 def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(example_run_inputs, stack_env, procs,
                                                                            tmp_path):
     run = run_create(name="vllm-dies", config={**SMALL, "val_every": 0, "max_tokens": 48}, **example_run_inputs)
-    worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="vllm-dies")
+    worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="vllm-dies", pool="prefork")
     procs.append(worker)
     stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
                    what="step 1")
@@ -274,7 +275,7 @@ def test_redis_restarted_mid_run_loses_nothing(example_run_inputs, stack_env, pr
         Run.objects.filter(id=run.id).update(dispatched_at=None)  # owed: the worker's sweeper sends it
         env = {**stack_env, "REDIS_URL": private.url, "CELERY_BROKER_URL": private.url,
                "ARTWEB_SWEEP_SECONDS": "2"}
-        worker = stack.start_gpu_worker(env, tmp_path / "logs", name="redis-restart")
+        worker = stack.start_gpu_worker(env, tmp_path / "logs", name="redis-restart", pool="prefork")
         procs.append(worker)
         stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
                        timeout=600, interval=0.05, procs=procs, what="step 2's rollouts")
@@ -298,7 +299,7 @@ def test_postgresql_unavailable_mid_run_loses_nothing(example_run_inputs, stack_
     from django.db import connection
 
     run = run_create(name="pg-restart", config={**SMALL, "val_every": 0}, **example_run_inputs)
-    worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="pg-restart")
+    worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="pg-restart", pool="prefork")
     procs.append(worker)
     stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
                    timeout=600, interval=0.05, procs=procs, what="step 2's rollouts")

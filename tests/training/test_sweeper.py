@@ -30,11 +30,13 @@ pytestmark = pytest.mark.django_db(transaction=True)  # the messages leave on co
 
 
 def _reset_producers():
-    """Drop the app's connections, so the next message connects to whatever broker_url says now."""
+    """Drop every pooled connection and producer (the app's and kombu's process-wide registries, which
+    other tests may have filled), so the next message connects to whatever broker_url says now."""
+    from kombu import pools
+
+    pools.reset()
+    app._pool = None
     app.amqp._producer_pool = None
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
 
 
 @pytest.fixture
