@@ -34,14 +34,18 @@ def _page(request, *, form=None, judge_form=None):
         judge.key_shown = secret_mask(judge.key_last4) if judge.key_encrypted else "none"
     return render(request, "training/model_list.html", {
         "nav": "models", "models": base_model_visible(request.user).select_related("owner"),
-        "form": form or BaseModelForm(), "judges": judges, "judge_form": judge_form or JudgeEndpointForm(),
+        "form": form or BaseModelForm(), "judges": judges,
+        "judge_form": judge_form or JudgeEndpointForm(prefix=JUDGE_PREFIX),
     })
+
+
+JUDGE_PREFIX = "judge"  # the page holds two forms: their fields must not share names and ids
 
 
 @login_required
 @require_POST
 def judge_create_view(request):
-    form = JudgeEndpointForm(request.POST)
+    form = JudgeEndpointForm(request.POST, prefix=JUDGE_PREFIX)
     if form.is_valid():
         try:
             judge = judge_endpoint_create(owner=request.user, **form.cleaned_data)

@@ -153,12 +153,14 @@ def test_the_key_is_write_only_in_the_api_and_kept_when_left_out(alice, bob):
 
 def test_judges_are_added_and_deleted_from_the_models_page(client, alice):
     client.force_login(alice)
-    response = client.post(reverse("judge-create"), {"name": "ext", "base_url": "https://93.184.215.14/v1",
-                                                     "model": "judge", "api_key": USER_KEY})
+    response = client.post(reverse("judge-create"), {"judge-name": "ext", "judge-base_url": "https://93.184.215.14/v1",
+                                                     "judge-model": "judge", "judge-api_key": USER_KEY})
     assert response.status_code == 302
     page = client.get(reverse("model-list")).content.decode()
     assert "endpoint:ext" in page and "••••0042" in page and USER_KEY not in page
-    bad = client.post(reverse("judge-create"), {"name": "lan", "base_url": "http://127.0.0.1/v1", "model": "m"})
+    bad = client.post(reverse("judge-create"), {"judge-name": "lan", "judge-base_url": "http://127.0.0.1/v1",
+                                                "judge-model": "m"})
+    assert 'id="id_judge-name"' in bad.content.decode() and 'id="id_name"' in bad.content.decode()
     assert bad.status_code == 200 and "private address" in bad.content.decode()
     endpoint = JudgeEndpoint.objects.get()
     assert client.post(reverse("judge-delete", args=[endpoint.id])).status_code == 302
