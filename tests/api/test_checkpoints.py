@@ -77,3 +77,26 @@ def test_first_downloads_at_once_each_get_a_whole_archive_and_it_goes_with_its_c
     with django_capture_on_commit_callbacks(execute=True):
         checkpoint_delete(checkpoint=checkpoint)
     assert not paths[0].exists() and not Path(checkpoint.path).exists()
+
+
+def test_abandoned_attempt_directories_are_removed_and_committed_ones_kept(alice, settings, tmp_path):
+    import os
+    import time
+
+    from training.services.checkpoints import checkpoint_apply_retention
+
+    settings.DATA_DIR = tmp_path / "data"
+    run = RunFactory(owner=alice, status=Run.Status.RUNNING, steps_done=1)
+    root = tmp_path / "data" / "checkpoints" / f"run-{run.id}"
+    committed, abandoned, fresh, staging = (root / "step-000001-aaaaaaaa", root / "step-000002-bbbbbbbb",
+                                            root / "step-000002-cccccccc", root / ".step-000002-dddddddd.tmp-1")
+    for path in (committed, abandoned, fresh, staging):
+        path.mkdir(parents=True)
+        (path / "adapter_model.safetensors").write_bytes(b"x")
+    CheckpointFactory(run=run, step=1, path=str(committed))
+    old = time.time() - 2 * 3600
+    for path in (committed, abandoned, staging):
+        os.utime(path, (old, old))
+    checkpoint_apply_retention(run=run)
+    assert committed.exists() and fresh.exists()  # named by a checkpoint; maybe still being written
+    assert not abandoned.exists() and not staging.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -96,7 +97,29 @@ def checkpoint_apply_retention(*, run: Run, keep_last: int | None = None, keep_b
     if keep_last < 1:
         raise ApplicationError("Retention must keep at least the newest checkpoint (keep_last ≥ 1).")
     _, delete = checkpoint_retention_plan(run=run, keep_last=keep_last, keep_best=keep_best)
-    return [checkpoint_delete(checkpoint=c, actor=actor, reason="deleted by retention") for c in delete]
+    deleted = [checkpoint_delete(checkpoint=c, actor=actor, reason="deleted by retention") for c in delete]
+    checkpoint_remove_abandoned(run=run)
+    return deleted
+
+
+ABANDONED_AFTER_SECONDS = 3600
+
+
+def checkpoint_remove_abandoned(*, run: Run, older_than_s: float = ABANDONED_AFTER_SECONDS) -> list[Path]:
+    """Remove the run's checkpoint directories that no checkpoint row names and that nobody has written
+    to for older_than_s: attempts of a worker killed between writing its checkpoint and committing the
+    step (each attempt writes a directory of its own, so these never hold a committed step)."""
+    root = Path(settings.DATA_DIR) / "checkpoints" / f"run-{run.id}"
+    if not root.is_dir():
+        return []
+    named = {Path(p).resolve() for p in Checkpoint.objects.filter(run=run).values_list("path", flat=True)}
+    cutoff = time.time() - older_than_s
+    removed = []
+    for path in root.iterdir():
+        if path.is_dir() and path.resolve() not in named and path.stat().st_mtime < cutoff:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def checkpoint_archive(*, checkpoint: Checkpoint) -> Path:
