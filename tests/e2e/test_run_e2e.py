@@ -112,8 +112,9 @@ def test_pause_resume_lease_loss_and_cancel_with_a_live_worker(example_run_input
 
     # Another worker takes the lease mid-step (as after a network partition): this worker notices at its
     # next heartbeat, drops the step and leaves the run alone: still running, the other worker's.
-    time.sleep(1.0)  # the next step was queued as the last one committed; its rollouts take several seconds
     done = Run.objects.get(id=run.id).steps_done
+    worker = procs[-1]
+    stack.wait_for(lambda: _running(worker, "bwrap"), timeout=60, interval=0.05, what="the next step's rollouts")
     Run.objects.filter(id=run.id).update(worker="elsewhere:1", heartbeat_at=timezone.now())
     worker_log = procs[-1].log
     stack.wait_for(lambda: f"step {done + 1} stopped: lease lost" in worker_log.read_text(), timeout=60,
@@ -130,8 +131,8 @@ def test_pause_resume_lease_loss_and_cancel_with_a_live_worker(example_run_input
 
     # Cancel while the next step's rollouts are in flight: it stops within that rollout batch, and the
     # interrupted step leaves no row, no groups, no checkpoint.
-    time.sleep(1.0)  # the next step was queued as the last one committed; its rollouts take several seconds
     done = Run.objects.get(id=run.id).steps_done
+    stack.wait_for(lambda: _running(worker, "bwrap"), timeout=60, interval=0.05, what="the next step's rollouts")
     requested = time.monotonic()
     run_cancel(run=Run.objects.get(id=run.id))
     stack.wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED, timeout=120, interval=0.2,

@@ -262,8 +262,12 @@ def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], 
     with transaction.atomic():
         # Only while this worker holds the lease, checked under the run's row lock: the heartbeat notices a
         # lost lease only every few seconds, and a batch can finish in less.
-        if not Run.objects.select_for_update().filter(id=run.id, worker=me).exists():
+        held = Run.objects.select_for_update().filter(id=run.id, worker=me).values_list(
+            "cancel_requested", flat=True).first()
+        if held is None:
             raise StepAborted("lease lost")
+        if held and not failed:  # cancelled while the rollouts ran: the step ends here
+            raise StepAborted("cancel")
         # A crashed earlier attempt of this step may have left its groups: replace them. Those of an attempt
         # that failed (and said so) stay, marked.
         TrajectoryGroup.objects.filter(run=run, step=step, split=split, failed_attempt=False).delete()
@@ -372,6 +376,10 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
             _execute(run, cfg, next_step, server, hb)
     except StepAborted as exc:
         logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
+        # Groups it persisted before stopping were never trained on: kept, marked (only while ours).
+        if Run.objects.filter(id=run_id, worker=me).exists():
+            TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(
+                failed_attempt=True)
         _finish_if_requested(Run.objects.get(id=run_id), me, reason=exc.reason)
         return
     except (OperationalError, InterfaceError) as exc:
