@@ -137,15 +137,11 @@ def _launch_form(request, data=None, initial=None) -> RunLaunchForm:
 def _launch_hints(form: RunLaunchForm) -> dict:
     """What the launch page's script reads: each script version's companion reward version (the newest
     version of the reward function written for that script) and each base model's recommended settings."""
-    versions = form.fields["script_version"].queryset.select_related("asset__companion_reward")
-    latest = {}
-    for version in versions:
-        companion = version.asset.companion_reward
-        if companion is not None and companion.id not in latest:
-            newest = companion.versions.order_by("-number").first()
-            latest[companion.id] = newest.id if newest else None
-    companions = {str(v.id): latest.get(v.asset.companion_reward_id) for v in versions
-                  if v.asset.companion_reward_id and latest.get(v.asset.companion_reward_id)}
+    newest = {}  # reward function id -> its newest version the person may pick (the list runs newest first)
+    for version in form.fields["reward_version"].queryset:
+        newest.setdefault(version.asset_id, version.id)
+    companions = {str(v.id): newest[v.asset.companion_reward_id] for v in form.fields["script_version"].queryset
+                  if v.asset.companion_reward_id in newest}
     recommended = {str(m.id): {"name": m.name, "train": m.recommended_train}
                    for m in form.fields["base_model"].queryset}
     return {"companions": companions, "recommended": recommended}
@@ -192,9 +188,11 @@ def run_launch_view(request):
             form = _launch_form(request, initial=_initial_from(run_get(user=request.user, run_id=int(source))))
         else:
             form = _launch_form(request)
-            form.initial = _fresh_initial(form, _launch_hints(form))
+    hints = _launch_hints(form)
+    if request.method != "POST" and not form.initial:
+        form.initial = _fresh_initial(form, hints)
     return render(request, "training/run_launch.html", {
-        "nav": "launch", "form": form, "train_reference": train_config_reference(), "hints": _launch_hints(form),
+        "nav": "launch", "form": form, "train_reference": train_config_reference(), "hints": hints,
     })
 
 
