@@ -158,6 +158,10 @@ class Trajectory(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     duration_ms = models.PositiveIntegerField(default=0)
+    reward_ms = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Time the reward function took for this trajectory (a group reward's "
+                                          "time shared among its trajectories); null when none ran.")
+    truncated = models.BooleanField(default=False, help_text="The last completion stopped at max_tokens.")
     # Concatenated message text for the inspector's text search.
     search_text = models.TextField(blank=True)
 
@@ -188,6 +192,9 @@ class DryRun(models.Model):
     )
     base_model = models.ForeignKey("training.BaseModel", on_delete=models.CASCADE, related_name="+")
     scenarios = models.JSONField(help_text="The scenario objects tried.")
+    samples = models.PositiveSmallIntegerField(
+        default=1, help_text="Rollouts per scenario: with more than one, the result shows the reward's spread "
+                             "within each scenario, the signal GRPO trains on.")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     result = models.JSONField(null=True, blank=True, help_text="Trajectories with rewards, logs and errors.")
     error = models.TextField(blank=True)

@@ -13,6 +13,44 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from artweb.errors import ApplicationError
 
 
+class AlertRules(BaseModel):
+    """When a run warns that it is not learning, or is learning the wrong thing. Each rule raises one alert
+    per streak (an event and a banner on the run page, with example trajectories); a threshold of 0 turns
+    its rule off. Editable while the run goes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    no_signal_steps: int = Field(
+        3, ge=0, le=10_000, description="Steps in a row in which every group's rollouts got the same reward.")
+    flat_reward_steps: int = Field(
+        10, ge=0, le=10_000, description="Steps over which the train reward moved less than flat_reward_delta.")
+    flat_reward_delta: float = Field(
+        0.01, ge=0.0, le=1e9, description="How far the train reward must move (max - min of the step means) "
+                                          "within flat_reward_steps not to count as flat.")
+    entropy_collapse: float = Field(
+        0.1, ge=0.0, le=1.0, description="Share of the first step's token entropy below which the policy "
+                                         "counts as collapsed (it samples nearly one answer).")
+    truncation_share: float = Field(
+        0.5, ge=0.0, le=1.0, description="Share of a step's rollouts stopped by max_tokens above which the run "
+                                         "warns (1 never warns).")
+    heldout_divergence: int = Field(
+        3, ge=0, le=1000, description="Validations in a row in which the train reward rose while the held-out "
+                                      "reward fell: the policy fits the training scenarios, not the task.")
+    length_drift: float = Field(
+        2.0, ge=0.0, le=1000.0, description="Factor by which the mean completion length may grow or shrink from "
+                                            "the first steps' before the run warns.")
+    component_share: float = Field(
+        0.8, ge=0.0, le=1.0, description="Share of the total reward one component may carry; components are the "
+                                         "trajectory metrics named in reward_components, or, when none are "
+                                         "named, metrics that add up to the reward.")
+    reward_components: list[str] = Field(
+        default_factory=list, max_length=50, description="Trajectory metrics that make up the reward.")
+    repeated_answer_share: float = Field(
+        0.5, ge=0.0, le=1.0, description="Share of a step's scenarios in which one and the same final answer "
+                                         "text appears, above which the run warns (1 never warns).")
+    pause_on_alert: bool = Field(False, description="Pause the run when an alert fires (resume from its page).")
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +83,7 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for scenario sampling and training.")
     keep_last_checkpoints: int = Field(2, ge=1, le=1000, description="Retention: newest checkpoints kept.")
     keep_best_checkpoints: int = Field(1, ge=0, le=1000, description="Retention: best by validation reward kept.")
+    alerts: AlertRules = Field(default_factory=AlertRules, description="When the run warns (see AlertRules).")
     train: dict[str, Any] = Field(default_factory=dict, validate_default=True,
                                   description="Engine TrainConfig (learning rate, LoRA, loss…); defaults filled in.")
 

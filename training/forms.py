@@ -12,6 +12,7 @@ from dataclasses import fields as dataclass_fields
 from typing import ClassVar, get_origin
 
 from django import forms
+from pydantic import BaseModel as PydanticModel
 
 from artweb.errors import ApplicationError
 from training.config import RunConfig
@@ -126,6 +127,8 @@ def config_form_field(name: str, info) -> forms.Field:
     """A form field for one RunConfig field: its default as initial, its bounds as min/max."""
     b = _bounds(info)
     default = info.get_default(call_default_factory=True)
+    if isinstance(default, PydanticModel):
+        default = default.model_dump()
     help_parts = [info.description or ""]
     bounds = _bounds_text(b)
     if bounds:
@@ -146,6 +149,13 @@ def config_form_field(name: str, info) -> forms.Field:
                                 widget=forms.NumberInput(attrs=attrs), **common)
     if annotation is str:
         return forms.CharField(max_length=b.get("max_length"), **common)
+    if isinstance(annotation, type) and issubclass(annotation, PydanticModel):  # a group of settings, as JSON
+        example = next(iter(annotation.model_fields))
+        common["initial"] = ""
+        common["help_text"] = (f"{info.description or ''} A JSON object of the settings to change; the rest keep "
+                               f"their defaults: {json.dumps(default)}.")
+        return forms.CharField(widget=forms.Textarea(attrs={
+            "rows": 3, "placeholder": json.dumps({example: default[example]})}), **common)
     if get_origin(annotation) is dict or annotation is dict:
         common["initial"] = json.dumps(default) if default else ""
         return forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "placeholder": '{"learning_rate": 1e-5}'}),
@@ -212,8 +222,8 @@ class RunLaunchForm(forms.Form):
     def clean_tags(self) -> list[str]:
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
 
-    def clean_train(self) -> dict:
-        raw = (self.cleaned_data.get("train") or "").strip()
+    def _json_object(self, name: str, example: str) -> dict:
+        raw = (self.cleaned_data.get(name) or "").strip()
         if not raw:
             return {}
         try:
@@ -221,8 +231,14 @@ class RunLaunchForm(forms.Form):
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.")
         if not isinstance(value, dict):
-            raise forms.ValidationError('Give a JSON object, e.g. {"learning_rate": 1e-5}.')
+            raise forms.ValidationError(f"Give a JSON object, e.g. {example}.")
         return value
+
+    def clean_train(self) -> dict:
+        return self._json_object("train", '{"learning_rate": 1e-5}')
+
+    def clean_alerts(self) -> dict:
+        return self._json_object("alerts", '{"no_signal_steps": 5}')
 
     def config_fields(self):
         return [self[name] for name in CONFIG_FIELDS if name != "train"]
@@ -234,7 +250,7 @@ class RunLaunchForm(forms.Form):
             value = self.cleaned_data.get(name)
             if isinstance(self.fields[name], forms.BooleanField):
                 out[name] = bool(value)
-            elif value not in (None, ""):
+            elif value not in (None, "", {}) or name == "train":
                 out[name] = value
         return out
 

@@ -242,3 +242,55 @@ class JudgeEndpoint(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.model} at {self.base_url})"
+
+
+class Rescore(models.Model):
+    """A run's stored trajectories scored again by another reward function version (or RULER), without
+    touching training: each trajectory's old and new reward, how well they agree, and the reward curve the
+    run would have had. Runs on the default queue; the run may be finished or still training."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rescores")
+    reward_version = models.ForeignKey(
+        "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    use_ruler = models.BooleanField(default=False)
+    ruler_judge = models.CharField(max_length=200, blank=True)
+    split = models.CharField(max_length=12, default="train")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    trajectories_total = models.PositiveIntegerField(default=0)
+    trajectories_done = models.PositiveIntegerField(default=0)
+    summary = models.JSONField(default=dict, blank=True, help_text="Agreement figures and the re-scored curve.")
+    error = models.TextField(blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"Re-score #{self.pk} of {self.run}"
+
+
+class RescoreScore(models.Model):
+    """One trajectory's reward under the run and under the re-score."""
+
+    rescore = models.ForeignKey(Rescore, on_delete=models.CASCADE, related_name="scores")
+    trajectory = models.ForeignKey("rollouts.Trajectory", on_delete=models.CASCADE, related_name="+")
+    step = models.PositiveIntegerField()
+    old_reward = models.FloatField(null=True)
+    new_reward = models.FloatField(null=True)
+    error = models.TextField(blank=True)
+    reward_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["step", "trajectory_id"]
+        constraints = [models.UniqueConstraint(fields=["rescore", "trajectory"], name="uniq_rescore_trajectory")]
+        indexes = [models.Index(fields=["rescore", "step"])]

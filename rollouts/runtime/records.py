@@ -86,4 +86,6 @@ def check_trajectory(record: Any, *, vocab_size: int | None) -> dict:
         raise RecordError("logs must be a list of strings")
     for key in ("duration_ms", "prompt_tokens", "completion_tokens"):
         _int(record.get(key), key)
+    if record.get("reward_ms") is not None:
+        _int(record["reward_ms"], "reward_ms")
     return record

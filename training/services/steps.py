@@ -35,13 +35,16 @@ from artweb.errors import ApplicationError
 from artweb.logging import log_context
 from rollouts.models import Scenario, Trajectory, TrajectoryGroup
 from rollouts.runtime import TooManyErrors
+from training import signals
 from training.config import RunConfig
 from training.models import BaseModel, Checkpoint, Run, RunEvent, Step
 from training.services import inference
-from training.services.broadcast import group_message, run_broadcast
+from training.services.alerts import run_alerts_check
+from training.services.broadcast import final_answer, group_message, run_broadcast
 from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
 from training.services.logs import run_log
 from training.services.runs import run_event, run_transition
+from training.signals import truncated
 
 logger = logging.getLogger(__name__)
 S = Run.Status
@@ -288,6 +291,7 @@ def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], 
                     metadata=t.get("metadata") or {}, logs=t.get("logs") or [], error=t.get("error") or "",
                     prompt_tokens=t.get("prompt_tokens") or 0, completion_tokens=t.get("completion_tokens") or 0,
                     duration_ms=t.get("duration_ms") or 0, search_text=_search_text(t.get("messages") or []),
+                    reward_ms=t.get("reward_ms"), truncated=truncated(t.get("messages") or []),
                 )
                 for i, t in enumerate(trajs)
             ])
@@ -302,11 +306,13 @@ def _no_signal(result) -> bool:
     return len(set(rewards)) <= 1
 
 
-def _reward_stats(results) -> dict:
+def _reward_stats(results, cfg: RunConfig | None = None) -> dict:
+    """The step's reward and signal figures, from its scored groups (before the update)."""
     trajs = [t for r in results for t in r.trajectories]
     rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
-    completion = [t.get("completion_tokens") or 0 for t in trajs if not t.get("error")]
-    return {
+    finished = [t for t in trajs if not t.get("error")]
+    completion = [t.get("completion_tokens") or 0 for t in finished]
+    stats = {
         "groups": len(results),
         "groups_no_signal": sum(1 for r in results if _no_signal(r)),
         "reward_mean": statistics.fmean(rewards) if rewards else None,
@@ -316,6 +322,14 @@ def _reward_stats(results) -> dict:
         "completion_tokens_mean": statistics.fmean(completion) if completion else 0.0,
         "completion_tokens_total": sum(completion),
     }
+    stats["dead_group_share"] = stats["groups_no_signal"] / len(results) if results else None
+    stats["truncation_rate"] = (sum(1 for t in finished if truncated(t.get("messages") or [])) / len(finished)
+                                if finished else None)
+    stats.update(signals.answer_repeat([[final_answer(t.get("messages")) for t in r.trajectories if not t.get("error")]
+                                        for r in results]))
+    names = cfg.alerts.reward_components if cfg is not None else []
+    stats.update(signals.component_shares(finished, names))
+    return stats
 
 
 def _checkpoint_dir(run: Run, step: int) -> Path:
@@ -436,7 +450,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         raise
     timings["rollouts"] = time.perf_counter() - t
     check()
-    stats = _reward_stats(results)
+    stats = _reward_stats(results, cfg)
     if stats["rollouts"] and stats["rollout_errors"] == stats["rollouts"]:
         _persist_groups(run, step, "train", scenarios, results, me=hb.me, failed=True)
         raise StepFailed(f"All {stats['rollouts']} rollouts failed, so there is nothing to train on; they are "
@@ -467,6 +481,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     timings["train"] = time.perf_counter() - t
     advantages = train_metrics.pop("advantages", None) or []
     _store_advantages(groups, advantages)
+    stats.update(signals.advantage_stats(advantages))
 
     # 4. Checkpoint, then the new policy into the inference server.
     t = time.perf_counter()
@@ -501,43 +516,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         if not Checkpoint.objects.filter(run=run, step=step, path=str(ckpt_dir)).exists():
             shutil.rmtree(ckpt_dir, ignore_errors=True)
         raise
-    no_signal_warn(run=run, step=step)
-
-
-NO_SIGNAL_EVENT = "no_signal"
-NO_SIGNAL_STEPS = 3  # steps in a row without a group that carries signal before the run warns
-EXAMPLE_GROUPS = 3
-
-
-def _dead(step_row: Step) -> bool:
-    m = step_row.metrics
-    return bool(m.get("groups")) and m.get("groups_no_signal") == m["groups"]
-
-
-def no_signal_warn(*, run: Run, step: int) -> RunEvent | None:
-    """Warn once per streak when NO_SIGNAL_STEPS steps in a row ending at `step` had no group with any
-    spread of reward: the updates changed nothing, and every further step costs the same for nothing."""
-    rows = list(Step.objects.filter(run=run, step__gt=step - NO_SIGNAL_STEPS - 1, step__lte=step).order_by("-step"))
-    streak = []
-    for row in rows:
-        if row.step != step - len(streak) or not _dead(row):
-            break
-        streak.append(row.step)
-    if len(streak) != NO_SIGNAL_STEPS:  # not yet, or warned already when the streak reached it
-        return None
-    first, last = min(streak), max(streak)
-    examples = list(TrajectoryGroup.objects.filter(run=run, split="train", step__in=streak)
-                    .order_by("-step", "id").values_list("id", "step", "reward_mean")[:EXAMPLE_GROUPS])
-    rewards = sorted({round(r, 4) for _, _, r in examples if r is not None})
-    same = f" (every rollout scored {rewards[0]:g})" if len(rewards) == 1 else ""
-    return run_event(run=run, kind=NO_SIGNAL_EVENT, data={
-        "level": "warning", "steps": sorted(streak), "group_ids": [g for g, _, _ in examples],
-        "link": reverse("run-trajectories", args=[run.id]) + f"?step={last}&split=train",
-    }, message=(
-        f"No learning signal in steps {first}-{last}: in every group all rollouts got the same reward{same}, "
-        "so GRPO had nothing to compare and the model did not change. Check that the reward function "
-        "gives partial credit (spread within a group), or raise temperature or group_size; "
-        "the example groups show what the rollouts answered."))
+    run_alerts_check(run=run, step=step)
 
 
 DATABASE_WAIT_SECONDS = 120

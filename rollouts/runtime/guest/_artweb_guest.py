@@ -275,8 +275,9 @@ class Batch:
             started = time.monotonic()
             trajectory, error = None, self.load_error
             scenario = Scenario(copy.deepcopy(group["scenario"]))
+            timing: dict[str, int] = {}
             if error is None:
-                trajectory, error = await self._rollout_and_reward(scenario)
+                trajectory, error = await self._rollout_and_reward(scenario, timing)
             record = trajectory.to_record() if trajectory is not None else _empty_record()
             record.update(
                 logs=log.finish() + record["logs"],
@@ -284,12 +285,15 @@ class Batch:
                 duration_ms=int((time.monotonic() - started) * 1000),
                 prompt_tokens=usage.prompt_tokens,
                 completion_tokens=usage.completion_tokens,
+                **timing,
             )
             if error is not None:
                 record["reward"] = None
             return _bounded(record), trajectory
 
-    async def _rollout_and_reward(self, scenario: Scenario) -> tuple[Trajectory | None, str | None]:
+    async def _rollout_and_reward(self, scenario: Scenario, timing: dict) -> tuple[Trajectory | None, str | None]:
+        """Runs the rollout and then, when it is per trajectory, the reward function; the reward's time goes
+        to timing["reward_ms"], for the run's reward-health panel."""
         task = asyncio.current_task()
         self.watchdog.deadlines[task] = time.monotonic() + self.timeout_s
         trajectory, stage = None, "rollout"
@@ -301,7 +305,11 @@ class Batch:
                     raise TypeError(f"rollout() must return an art.Trajectory, not {type(bad).__name__}")
                 stage = "reward"
                 if self.reward_kind == "trajectory":
-                    trajectory.reward = check_reward(await call_maybe_async(self.reward, trajectory, scenario))
+                    reward_started = time.monotonic()
+                    try:
+                        trajectory.reward = check_reward(await call_maybe_async(self.reward, trajectory, scenario))
+                    finally:
+                        timing["reward_ms"] = int((time.monotonic() - reward_started) * 1000)
                 elif self.reward_kind is None:
                     trajectory.reward = check_reward(trajectory.reward)
                     if trajectory.reward is None and not self.ruler:
@@ -328,6 +336,7 @@ class Batch:
             return
         scenario = Scenario(copy.deepcopy(group["scenario"]))
         error = None
+        started = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout_s):
                 rewards = await call_maybe_async(self.reward, TrajectoryGroup(t for _, t in scored), scenario)
@@ -339,7 +348,9 @@ class Batch:
             error = f"Timed out: score_group did not finish within {self.timeout_s:g} s (wall clock)."
         except Exception as exc:  # noqa: BLE001
             error = _stage_error("reward", exc, self.user_files)
+        share_ms = int((time.monotonic() - started) * 1000 / len(scored))
         for i, (record, traj) in enumerate(scored):
+            record["reward_ms"] = share_ms
             if error is None:
                 traj.reward = rewards[i]
                 record.update(reward=rewards[i], metrics={**record["metrics"], **_plain_metrics(traj)})

@@ -23,7 +23,9 @@ from tests.factories import (
 )
 from training.engine.default_model import RECOMMENDED_TRAIN
 from training.services import base_model_recommend, base_model_register, run_create
-from training.services.steps import NO_SIGNAL_EVENT, NO_SIGNAL_STEPS, no_signal_warn
+from training.services.alerts import run_alerts_check
+
+NO_SIGNAL_STEPS = 3  # the default rule
 
 pytestmark = pytest.mark.django_db
 
@@ -122,7 +124,8 @@ def test_a_companion_must_be_the_script_owners_own():
 
 
 def _step(run, step, *, dead: bool, reward=0.0):
-    StepFactory(run=run, step=step, metrics={"groups": 4, "groups_no_signal": 4 if dead else 1})
+    StepFactory(run=run, step=step, reward_mean=reward, reward_std=0.0 if dead else 0.2,
+                metrics={"groups": 4, "groups_no_signal": 4 if dead else 1})
     TrajectoryGroupFactory(run=run, step=step, split="train", reward_mean=reward, reward_std=0.0 if dead else 0.2)
 
 
@@ -132,11 +135,11 @@ def test_a_run_warns_once_when_no_group_carried_signal_for_several_steps(client)
     events = []
     for step in range(2, 2 + NO_SIGNAL_STEPS + 2):
         _step(run, step, dead=True)
-        events.append(no_signal_warn(run=run, step=step))
+        events.append(next(iter(run_alerts_check(run=run, step=step)), None))
     fired = [e for e in events if e is not None]
     assert len(fired) == 1 and events[NO_SIGNAL_STEPS - 1] is fired[0]  # when the streak reached its length
     warning = fired[0]
-    assert warning.kind == NO_SIGNAL_EVENT and warning.data["level"] == "warning"
+    assert warning.kind == "no_signal" and warning.data["level"] == "warning"
     assert warning.data["steps"] == [2, 3, 4]
     assert "steps 2-4" in warning.message and "every rollout scored 0" in warning.message
     assert len(warning.data["group_ids"]) == 3
@@ -151,9 +154,9 @@ def test_a_step_with_signal_breaks_the_streak():
     run = RunFactory()
     for step, dead in enumerate([True, True, False, True, True], start=1):
         _step(run, step, dead=dead)
-        assert no_signal_warn(run=run, step=step) is None
+        assert run_alerts_check(run=run, step=step) == []
     _step(run, 6, dead=True)
-    assert no_signal_warn(run=run, step=6) is not None  # steps 4-6: a new streak
+    assert [e.kind for e in run_alerts_check(run=run, step=6)] == ["no_signal"]  # steps 4-6: a new streak
 
 
 def test_a_companion_is_set_from_the_script_page(client):
