@@ -15,6 +15,13 @@ export const RUN_CHARTS = [
   { id: "len", title: "Completion length (tokens)", series: "completion_tokens_mean" },
   { id: "tps", title: "Tokens per second", series: "tokens_per_second" },
   { id: "time", title: "Step time (s)", series: "duration_s" },
+  // The learning-signal monitor: is there anything to learn from, and is the policy still exploring?
+  { id: "dead", title: "Dead groups (share with all rewards equal)", series: "dead_group_share", signal: true },
+  { id: "effective", title: "Effective batch (trajectories with an advantage)", series: "effective_batch", signal: true },
+  { id: "adv", title: "Advantage spread (std)", series: "advantage_std", signal: true },
+  { id: "mismatch", title: "Sampler/trainer log-prob mismatch (KL)", series: "sampler_kl", signal: true },
+  { id: "trunc", title: "Truncated at max_tokens (share)", series: "truncation_rate", signal: true },
+  { id: "entropy", title: "Token entropy", series: "entropy", signal: true },
 ];
 
 const PALETTE = ["#2f6fde", "#e4572e", "#29a36a", "#a05bd8", "#d4a017", "#17a2b8", "#d63384", "#6c757d"];

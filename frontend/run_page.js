@@ -112,7 +112,7 @@ function addWarning(msg) {
   if (msg.link) {
     const a = document.createElement("a");
     a.href = msg.link;
-    a.textContent = "See example groups";
+    a.textContent = "See examples";
     banner.append(" ", a);
   }
   box.prepend(banner);

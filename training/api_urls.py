@@ -22,6 +22,7 @@ urlpatterns = [
     path("runs/<int:run_id>/pause/", runs.RunPauseApi.as_view(), name="api-run-pause"),
     path("runs/<int:run_id>/resume/", runs.RunResumeApi.as_view(), name="api-run-resume"),
     path("runs/<int:run_id>/retry/", runs.RunRetryApi.as_view(), name="api-run-retry"),
+    path("runs/<int:run_id>/alerts/", runs.RunAlertsApi.as_view(), name="api-run-alerts"),
     path("runs/<int:run_id>/metrics/", runs.RunMetricsApi.as_view(), name="api-run-metrics"),
     path("runs/<int:run_id>/events/", runs.RunEventListApi.as_view(), name="api-run-events"),
     path("runs/<int:run_id>/logs/", runs.RunLogListApi.as_view(), name="api-run-logs"),

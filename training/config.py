@@ -32,7 +32,7 @@ class AlertRules(BaseModel):
                                          "counts as collapsed (it samples nearly one answer).")
     truncation_share: float = Field(
         0.5, ge=0.0, le=1.0, description="Share of a step's rollouts stopped by max_tokens above which the run "
-                                         "warns (1 never warns).")
+                                         "warns.")
     heldout_divergence: int = Field(
         3, ge=0, le=1000, description="Validations in a row in which the train reward rose while the held-out "
                                       "reward fell: the policy fits the training scenarios, not the task.")
@@ -47,7 +47,7 @@ class AlertRules(BaseModel):
         default_factory=list, max_length=50, description="Trajectory metrics that make up the reward.")
     repeated_answer_share: float = Field(
         0.5, ge=0.0, le=1.0, description="Share of a step's scenarios in which one and the same final answer "
-                                         "text appears, above which the run warns (1 never warns).")
+                                         "text appears, above which the run warns.")
     pause_on_alert: bool = Field(False, description="Pause the run when an alert fires (resume from its page).")
 
 

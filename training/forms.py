@@ -15,7 +15,7 @@ from django import forms
 from pydantic import BaseModel as PydanticModel
 
 from artweb.errors import ApplicationError
-from training.config import RunConfig
+from training.config import AlertRules, RunConfig
 from training.models import Run
 
 SORTS = [
@@ -156,6 +156,10 @@ def config_form_field(name: str, info) -> forms.Field:
                                f"their defaults: {json.dumps(default)}.")
         return forms.CharField(widget=forms.Textarea(attrs={
             "rows": 3, "placeholder": json.dumps({example: default[example]})}), **common)
+    if get_origin(annotation) is list:
+        common["initial"] = ", ".join(default)
+        common["help_text"] += " Comma-separated."
+        return forms.CharField(**common)
     if get_origin(annotation) is dict or annotation is dict:
         common["initial"] = json.dumps(default) if default else ""
         return forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "placeholder": '{"learning_rate": 1e-5}'}),
@@ -290,3 +294,29 @@ class TrajectoryFilterForm(forms.Form):
             "all_steps": bool(data.get("all_steps")),
             "traj": data.get("traj"),
         }
+
+
+class AlertRulesForm(forms.Form):
+    """A run's alert rules (RunConfig.alerts), edited on its page while it runs. Generated from AlertRules,
+    like the launch form from RunConfig; the service validates the values again."""
+
+    def __init__(self, *args, rules: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, info in AlertRules.model_fields.items():
+            field = config_form_field(name, info)
+            value = rules.get(name, field.initial)
+            field.initial = ", ".join(value) if isinstance(value, list) else value
+            self.fields[name] = field
+
+    def changes(self) -> dict:
+        """The submitted rules; blank numbers keep their current value, a blank list empties it."""
+        out = {}
+        for name, field in self.fields.items():
+            value = self.cleaned_data.get(name)
+            if isinstance(field, forms.BooleanField):
+                out[name] = bool(value)
+            elif get_origin(AlertRules.model_fields[name].annotation) is list:
+                out[name] = [v.strip() for v in (value or "").split(",") if v.strip()]
+            elif value not in (None, ""):
+                out[name] = value
+        return out

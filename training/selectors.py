@@ -19,6 +19,8 @@ COLUMN_SERIES = ("reward_mean", "reward_std", "val_reward", "duration_s")
 DEFAULT_SERIES = (
     "reward_mean", "reward_std", "val_reward", "loss", "kl", "grad_norm", "completion_tokens_mean",
     "tokens_per_second", "duration_s",
+    # The learning-signal monitor (training/signals.py computes them at each step).
+    "dead_group_share", "effective_batch", "advantage_std", "sampler_kl", "truncation_rate", "entropy",
 )
 
 

@@ -11,6 +11,7 @@ urlpatterns = [
     path("runs/<int:run_id>/trajectories/", trajectories.trajectory_inspector_view, name="run-trajectories"),
     path("runs/<int:run_id>/checkpoints/<int:checkpoint_id>/download/", runs.checkpoint_download_view,
          name="checkpoint-download"),
+    path("runs/<int:run_id>/alerts/", runs.run_alerts_view, name="run-alerts"),
     path("runs/<int:run_id>/<slug:action>/", runs.run_action_view, name="run-action"),
     path("compare/", compare.run_compare_view, name="run-compare"),
     path("models/", models.model_list_view, name="model-list"),

@@ -34,6 +34,12 @@ def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, so
     step3 = Step.objects.get(run=run, step=3)
     assert step3.val_reward is not None and step3.metrics["tokens_trained"] > 0
     assert {"rollouts", "train", "checkpoint", "adapter_load"} <= set(step3.timings)
+    # The learning-signal monitor's figures, stored with each step (and sent live: below).
+    monitor = ("dead_group_share", "effective_batch", "advantage_std", "truncation_rate", "sampler_kl", "entropy")
+    assert all(name in step3.metrics for name in monitor), step3.metrics
+    assert 0 <= step3.metrics["effective_batch"] <= step3.metrics["rollouts"]
+    scored = run.trajectories.filter(group__split="train", error="")
+    assert scored.exists() and not scored.filter(reward_ms__isnull=True).exists()  # the example reward was timed
     for ckpt in Checkpoint.objects.filter(run=run):
         assert (Path(ckpt.path) / "adapter_model.safetensors").exists()
         assert ckpt.size_bytes > 0
@@ -47,6 +53,7 @@ def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, so
 
     stack.wait_for(lambda: len(sock.of_type("step")) == 3, timeout=10, what="three step messages on the socket")
     assert [m["step"] for m in sock.of_type("step")] == [1, 2, 3]
+    assert all(name in sock.of_type("step")[-1]["metrics"] for name in monitor)
     assert sock.of_type("status")[-1]["status"] == "completed"
 
 

@@ -29,6 +29,7 @@ from training.apis.common import (
     resolve_script_version,
 )
 from training.models import Run
+from training.services.alerts import alert_rules, run_alert_rules_update
 
 MAX_INT = 2**31 - 1
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
@@ -171,6 +172,25 @@ class RunRetryApi(_RunActionApi):
     @extend_schema(operation_id="runs_retry", request=None, responses={200: RunDetailOutput, **ERRORS})
     def post(self, request, run_id: int):
         return self.act(request, run_id)
+
+
+class RunAlertsApi(WriteApi):
+    """A run's alert rules (RunConfig.alerts): read them, or change some while the run goes."""
+
+    class OutputSerializer(serializers.Serializer):
+        alerts = serializers.DictField(help_text="Every rule with its value (AlertRules).")
+
+    @extend_schema(operation_id="runs_alerts_retrieve", responses={200: OutputSerializer, 404: ErrorSerializer})
+    def get(self, request, run_id: int):
+        run = _run(request.user, run_id)
+        return Response({"alerts": alert_rules(run)})
+
+    @extend_schema(operation_id="runs_alerts_update", request=serializers.DictField(),
+                   responses={200: OutputSerializer, **ERRORS})
+    def patch(self, request, run_id: int):
+        run = _run(request.user, run_id)
+        rules = run_alert_rules_update(run=run, changes=request.data, actor=request.user)
+        return Response({"alerts": rules.model_dump()})
 
 
 SERIES_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,64}$")

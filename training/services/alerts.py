@@ -31,6 +31,7 @@ from training.services.runs import run_event, run_pause
 
 EXAMPLES = 3  # example trajectories (or groups) named by an alert
 LENGTH_WINDOW = 3  # steps averaged at each end to compare completion lengths
+COLUMNS = ("reward_mean", "reward_std", "val_reward")  # Step columns, also in its metrics since they exist
 
 
 @dataclass
@@ -45,8 +46,8 @@ class Alert:
 
 def _m(row: Step, name: str) -> float | None:
     value = (row.metrics or {}).get(name)
-    if value is None and name == "val_reward":
-        value = row.val_reward
+    if value is None and name in COLUMNS:
+        value = getattr(row, name)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
@@ -108,7 +109,7 @@ def entropy_collapse(rules: AlertRules, rows: Sequence[Step]) -> Alert | None:
 
 def truncation(rules: AlertRules, rows: Sequence[Step]) -> Alert | None:
     share = _m(rows[-1], "truncation_rate")
-    if rules.truncation_share >= 1 or share is None or share <= rules.truncation_share:
+    if not 0 < rules.truncation_share < 1 or share is None or share <= rules.truncation_share:
         return None
     return Alert("truncation", (
         f"{share:.0%} of step {rows[-1].step}'s rollouts stopped at max_tokens (more than "
@@ -137,7 +138,7 @@ def heldout_divergence(rules: AlertRules, rows: Sequence[Step]) -> Alert | None:
             return None
     steps = [rows[i].step for i, _ in points]
     return Alert("heldout_divergence", (
-        f"Over the last {n} validations (steps {steps[0]}-{steps[-1]}) the train reward rose "
+        f"Across the last {n + 1} validations (steps {', '.join(map(str, steps))}) the train reward rose "
         f"({trains[0]:.3f} → {trains[-1]:.3f}) while the held-out reward fell ({points[0][1]:.3f} → "
         f"{points[-1][1]:.3f}): the policy is fitting the training scenarios (or gaming their reward) rather "
         "than the task. Compare the held-out answers with earlier ones."),
@@ -167,7 +168,7 @@ def length_drift(rules: AlertRules, rows: Sequence[Step]) -> Alert | None:
 def component_dominance(rules: AlertRules, rows: Sequence[Step]) -> Alert | None:
     m = rows[-1].metrics or {}
     share, name = _m(rows[-1], "component_top_share"), m.get("component_top")
-    if rules.component_share >= 1 or share is None or share <= rules.component_share or not name:
+    if not 0 < rules.component_share < 1 or share is None or share <= rules.component_share or not name:
         return None
     return Alert("component_dominance", (
         f"One part of the reward, {name!s:.100}, carries {share:.0%} of it at step {rows[-1].step}: the policy "
@@ -179,7 +180,7 @@ def component_dominance(rules: AlertRules, rows: Sequence[Step]) -> Alert | None
 def repeated_answer(rules: AlertRules, rows: Sequence[Step]) -> Alert | None:
     m = rows[-1].metrics or {}
     share, text = _m(rows[-1], "answer_repeat_share"), m.get("answer_repeat_text")
-    if rules.repeated_answer_share >= 1 or share is None or share <= rules.repeated_answer_share or not text:
+    if not 0 < rules.repeated_answer_share < 1 or share is None or share <= rules.repeated_answer_share or not text:
         return None
     return Alert("repeated_answer", (
         f"The same answer appears in {share:.0%} of step {rows[-1].step}'s scenarios: {str(text)[:120]!r}. "
@@ -248,6 +249,11 @@ def run_alerts_check(*, run: Run, step: int) -> list[RunEvent]:
         except ApplicationError:
             pass  # finished or stopping meanwhile: nothing left to pause
     return events
+
+
+def alert_rules(run: Run) -> dict:
+    """Every rule of the run with its value (defaults for runs started before a rule existed)."""
+    return RunConfig.model_validate(run.config).alerts.model_dump()
 
 
 def run_alert_rules_update(*, run: Run, changes: dict, actor=None) -> AlertRules:

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 from artweb.errors import ApplicationError
 from rollouts.selectors import reward_version_list, scenario_set_list, script_version_list
 from training import services
-from training.forms import RunFilterForm, RunLaunchForm, apply_service_errors, train_config_reference
+from training.forms import AlertRulesForm, RunFilterForm, RunLaunchForm, apply_service_errors, train_config_reference
 from training.selectors import (
     GROUPS_SHOWN,
     base_model_visible,
@@ -28,6 +28,7 @@ from training.selectors import (
     run_logs_recent,
     run_warnings,
 )
+from training.services.alerts import run_alert_rules_update
 from training.services.broadcast import run_group_messages
 from training.services.checkpoints import checkpoint_archive
 from training.views.assets import plotly_url
@@ -94,6 +95,7 @@ def run_detail_view(request, run_id: int):
         "logs": logs,
         "checkpoints": checkpoint_list(run=run),
         "config_json": json.dumps(run.config, indent=2, sort_keys=True),
+        "alerts_form": AlertRulesForm(rules=run.config.get("alerts", {})),
         "plotly_url": plotly_url(),
         "admin_checkpoints_url": reverse("admin:index") + f"training/checkpoint/?run__id__exact={run.id}",
     })
@@ -121,6 +123,24 @@ def run_action_view(request, run_id: int, action: str):
         except ApplicationError as exc:
             messages.error(request, exc.message)
     return redirect("run-detail", run_id=run.id)
+
+
+@login_required
+@require_POST
+def run_alerts_view(request, run_id: int):
+    """Save the run's alert rules from the Config tab; they apply from the next step on."""
+    run = run_get(user=request.user, run_id=run_id)
+    form = AlertRulesForm(request.POST, rules=run.config.get("alerts", {}))
+    if not form.is_valid():
+        problems = "; ".join(f"{name}: {errs[0]}" for name, errs in form.errors.items())
+        messages.error(request, f"Alert rules not saved: {problems}")
+    else:
+        try:
+            run_alert_rules_update(run=run, changes=form.changes(), actor=request.user)
+            messages.success(request, "Alert rules saved; they apply from the next step on.")
+        except ApplicationError as exc:
+            messages.error(request, f"Alert rules not saved: {exc.message}")
+    return redirect(reverse("run-detail", args=[run.id]) + "#config")
 
 
 def _launch_form(request, data=None, initial=None) -> RunLaunchForm:

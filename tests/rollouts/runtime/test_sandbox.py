@@ -121,3 +121,17 @@ def test_it_enforces_the_batch_timeout(request_for):
     results = run_rollouts(request_for(blocking, limits=SandboxLimits(rollout_timeout_s=1, batch_timeout_s=6)))
     assert time.monotonic() - started < 20
     assert all("6 s limit" in t["error"] for t in results[0].trajectories)
+
+
+def test_it_times_the_reward_function_per_trajectory_and_shares_a_group_rewards_time(request_for):
+    slow = "import time\n\ndef reward(trajectory, scenario):\n    time.sleep(0.3)\n    return 1.0\n"
+    results = run_rollouts(request_for(script("pass"), reward=slow, scenarios=[{"i": 1}]))
+    timed = [t["reward_ms"] for t in results[0].trajectories]
+    assert all(300 <= ms < 3000 for ms in timed), timed
+    assert all(t["duration_ms"] >= t["reward_ms"] for t in results[0].trajectories)
+
+    group = ("import time\n\ndef score_group(group, scenario):\n    time.sleep(0.4)\n"
+             "    return [1.0 for _ in group]\n")
+    results = run_rollouts(request_for(script("pass"), reward=group, scenarios=[{"i": 1}]))
+    shares = [t["reward_ms"] for t in results[0].trajectories]
+    assert len(shares) == 2 and all(200 <= ms < 2000 for ms in shares), shares  # 0.4 s over two trajectories
