@@ -28,3 +28,20 @@ function showRecommended() {
 }
 model?.addEventListener("change", showRecommended);
 showRecommended();
+
+// "Score the base model's answers": a dry run form (new tab) prefilled with what this form has chosen,
+// 4 samples on 8 scenarios, so the person sees whether the reward gives spread before launching.
+const scoreLink = document.getElementById("score-base-answers");
+const scenarioSet = document.getElementById("id_scenario_set");
+
+function updateScoreLink() {
+  if (!scoreLink) return;
+  const query = new URLSearchParams({ samples: "4", scenario_count: "8" });
+  for (const [name, el] of [["script_version", script], ["reward_version", reward], ["base_model", model],
+                            ["scenario_set", scenarioSet]]) {
+    if (el && el.value) query.set(name, el.value);
+  }
+  scoreLink.href = `${scoreLink.dataset.baseUrl}?${query}`;
+}
+for (const el of [script, reward, model, scenarioSet]) el?.addEventListener("change", updateScoreLink);
+updateScoreLink();

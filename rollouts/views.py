@@ -13,7 +13,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from artweb.errors import ApplicationError
 from rollouts import selectors, services
@@ -193,8 +193,11 @@ def scenario_set_detail_view(request, scenario_set_id: int):
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def dry_run_create_view(request):
+    if request.method == "GET":  # the form alone, prefilled from the link's query (the launch page's)
+        form = _dry_run_form(request, initial=DryRunForm.prefill(request.GET))
+        return render(request, "rollouts/dry_run_form.html", {"nav": "scripts", "dry_run_form": form})
     form = _dry_run_form(request, request.POST)
     if form.is_valid():
         try:
@@ -213,6 +216,7 @@ def _dry_run_trajectories(result) -> list[dict]:
     for i, t in enumerate(items):
         t = t if isinstance(t, dict) else {"messages": [], "error": str(t)}
         out.append({"index": i, "reward": t.get("reward"), "error": t.get("error") or "",
+                    "scenario_index": t.get("scenario_index"),
                     "logs": t.get("logs") or [], "metrics": t.get("metrics") or {},
                     "scenario": t.get("scenario"), "turns": transcript(t.get("messages"))})
     return out
@@ -221,8 +225,10 @@ def _dry_run_trajectories(result) -> list[dict]:
 @login_required
 def dry_run_detail_view(request, dry_run_id: int):
     dry_run = selectors.dry_run_get(user=request.user, dry_run_id=dry_run_id)
+    spread = dry_run.result.get("spread") if isinstance(dry_run.result, dict) else None
     return render(request, "rollouts/dry_run_detail.html", {
         "nav": "scripts", "dry_run": dry_run, "trajectories": _dry_run_trajectories(dry_run.result),
+        "spread": spread if isinstance(spread, dict) else None,
         "finished": dry_run.status in ("done", "failed"),
     })
 

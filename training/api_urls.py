@@ -6,6 +6,7 @@ One view per operation; writes are POSTs to a named action (HackSoft style).
 from django.urls import path
 
 from training.apis import base_models, checkpoints, dry_runs, exports, judges, runs, tokens, trajectories
+from training.apis.health import RunRewardHealthApi
 
 urlpatterns = [
     path("tokens/", tokens.TokenCreateApi.as_view(), name="api-token-create"),
@@ -24,6 +25,7 @@ urlpatterns = [
     path("runs/<int:run_id>/retry/", runs.RunRetryApi.as_view(), name="api-run-retry"),
     path("runs/<int:run_id>/alerts/", runs.RunAlertsApi.as_view(), name="api-run-alerts"),
     path("runs/<int:run_id>/metrics/", runs.RunMetricsApi.as_view(), name="api-run-metrics"),
+    path("runs/<int:run_id>/reward-health/", RunRewardHealthApi.as_view(), name="api-run-reward-health"),
     path("runs/<int:run_id>/events/", runs.RunEventListApi.as_view(), name="api-run-events"),
     path("runs/<int:run_id>/logs/", runs.RunLogListApi.as_view(), name="api-run-logs"),
     path("runs/<int:run_id>/groups/", trajectories.GroupListApi.as_view(), name="api-run-groups"),

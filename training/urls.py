@@ -3,6 +3,7 @@
 from django.urls import include, path
 
 from training.views import assets, compare, exports, models, runs, trajectories
+from training.views.health import run_reward_health_view
 
 urlpatterns = [
     path("", runs.run_list_view, name="run-list"),
@@ -12,6 +13,7 @@ urlpatterns = [
     path("runs/<int:run_id>/checkpoints/<int:checkpoint_id>/download/", runs.checkpoint_download_view,
          name="checkpoint-download"),
     path("runs/<int:run_id>/alerts/", runs.run_alerts_view, name="run-alerts"),
+    path("runs/<int:run_id>/health/", run_reward_health_view, name="run-reward-health"),
     path("runs/<int:run_id>/<slug:action>/", runs.run_action_view, name="run-action"),
     path("compare/", compare.run_compare_view, name="run-compare"),
     path("models/", models.model_list_view, name="model-list"),

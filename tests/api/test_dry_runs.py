@@ -43,7 +43,7 @@ def test_it_takes_given_scenarios(alice_api, alice_assets, enqueued):
 @pytest.mark.parametrize("payload, field", [
     ({"scenarios": []}, "scenarios"),
     ({"scenarios": [1]}, "scenarios"),
-    ({"scenarios": [{}] * 5}, "scenarios"),
+    ({"scenarios": [{}] * 9}, "scenarios"),
     ({}, "scenario_set"),
     ({"scenario_set": "nope"}, "scenario_set"),
     ({"script": "bob-script", "scenarios": [{"a": 1}]}, "script"),

@@ -148,8 +148,8 @@ def judge_endpoint(base_model, *, server, policy_name: str):
     every adapter, and in "merged" mode it does while the policy is the base model itself (step 0). In
     merged mode with a step's weights loaded it answers to that step's name only, so the judge is a
     second server of the base model, started on first need (minutes on CPU) and kept for later steps.
-    (Merged mode on a GPU puts both servers on one card: each then needs a smaller
-    --gpu-memory-utilization in ARTWEB_VLLM_EXTRA_ARGS.)
+    (Merged mode on a GPU puts both servers on one card, beside the trainer: each takes its weights and a
+    KV cache of ARTWEB_VLLM_KV_CACHE_GB, see VLLMServer.command.)
     """
     from rollouts.runtime.proxy import Upstream
 
@@ -245,18 +245,23 @@ def dry_run_execute(*, dry_run_id: int) -> None:
 
     from rollouts.models import DryRun
     from rollouts.runtime.sandbox import dry_run
+    from rollouts.services import dry_run_spread, dry_run_timeout_s
 
     if DryRun.objects.filter(id=dry_run_id, status=DryRun.Status.QUEUED).update(status=DryRun.Status.RUNNING) != 1:
         return
     obj = DryRun.objects.select_related("script_version", "reward_version", "base_model").get(id=dry_run_id)
     try:
         server = inference_server(obj.base_model)
+        # Each scenario is one group of `samples` rollouts, as a training step would roll it out.
         result = dry_run(
             script=obj.script_version.content,
             reward=obj.reward_version.content if obj.reward_version else None,
-            scenarios=obj.scenarios, base_url=server.base_url, model_name=server.ensure_base(),
+            scenarios=obj.scenarios, max_scenarios=len(obj.scenarios), group_size=obj.samples,
+            timeout_s=dry_run_timeout_s(rollouts=len(obj.scenarios) * obj.samples),
+            base_url=server.base_url, model_name=server.ensure_base(),
             api_key=server.api_key, jail=jail_config(), vocab_size=vocab_size(obj.base_model),
         )
+        result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
         DryRun.objects.filter(id=dry_run_id).update(status=DryRun.Status.DONE, result=result,
                                                     finished_at=timezone.now())
     except Exception as exc:  # noqa: BLE001 - the person sees the failure on the dry-run page
