@@ -6,6 +6,8 @@ One view per operation; writes are POSTs to a named action (HackSoft style).
 from django.urls import path
 
 from training.apis import base_models, checkpoints, dry_runs, exports, judges, runs, tokens, trajectories
+from training.apis import rescores
+from training.apis.heatmap import RunHeatmapApi
 from training.apis.health import RunRewardHealthApi
 
 urlpatterns = [
@@ -26,7 +28,11 @@ urlpatterns = [
     path("runs/<int:run_id>/alerts/", runs.RunAlertsApi.as_view(), name="api-run-alerts"),
     path("runs/<int:run_id>/metrics/", runs.RunMetricsApi.as_view(), name="api-run-metrics"),
     path("runs/<int:run_id>/reward-health/", RunRewardHealthApi.as_view(), name="api-run-reward-health"),
+    path("runs/<int:run_id>/heatmap/", RunHeatmapApi.as_view(), name="api-run-heatmap"),
     path("runs/<int:run_id>/events/", runs.RunEventListApi.as_view(), name="api-run-events"),
+    path("runs/<int:run_id>/rescores/", rescores.RunRescoreListApi.as_view(), name="api-run-rescores"),
+    path("rescores/<int:rescore_id>/", rescores.RescoreDetailApi.as_view(), name="api-rescore"),
+    path("rescores/<int:rescore_id>/scores/", rescores.RescoreScoreListApi.as_view(), name="api-rescore-scores"),
     path("runs/<int:run_id>/logs/", runs.RunLogListApi.as_view(), name="api-run-logs"),
     path("runs/<int:run_id>/groups/", trajectories.GroupListApi.as_view(), name="api-run-groups"),
     path("runs/<int:run_id>/groups/<int:group_id>/", trajectories.GroupDetailApi.as_view(), name="api-run-group"),

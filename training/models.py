@@ -289,6 +289,10 @@ class RescoreScore(models.Model):
     new_reward = models.FloatField(null=True)
     error = models.TextField(blank=True)
     reward_ms = models.PositiveIntegerField(null=True, blank=True)
+    metrics = models.JSONField(default=dict, blank=True, help_text="What the new reward put in the trajectory's "
+                                                                   "metrics (RULER: the judge's reason).")
+    rank_gap = models.FloatField(null=True, blank=True, help_text="|rank under the new reward - rank under the "
+                                                                  "old| among the scored pairs, set when it is done.")
 
     class Meta:
         ordering = ["step", "trajectory_id"]

@@ -6,8 +6,8 @@ the thread takes a Redis lock that lets one worker in the whole deployment sweep
 
 - requeues active runs whose worker stopped heartbeating or that no worker holds
   (training.services.steps.runs_requeue_stale);
-- sends the messages owed to queued runs and dry runs whose dispatch failed (the broker was down when
-  they were created, resumed or retried; see artweb.dispatch).
+- sends the messages owed to queued runs, dry runs and re-scores whose dispatch failed (the broker was
+  down when they were created, resumed or retried; see artweb.dispatch).
 """
 
 from __future__ import annotations
@@ -28,16 +28,17 @@ OWED_AFTER = timedelta(seconds=5)
 
 
 def dispatch_owed() -> dict[str, list[int]]:
-    """Send the messages owed to queued runs and dry runs (dispatched_at null, older than OWED_AFTER)."""
+    """Send the messages owed to queued runs, dry runs and re-scores (dispatched_at null, older than OWED_AFTER)."""
     from artweb.dispatch import publish
     from rollouts.models import DryRun
     from rollouts.tasks import dry_run_task
-    from training.models import Run
+    from training.models import Rescore, Run
+    from training.services.rescores import rescore_dispatched
     from training.services.runs import run_dispatched
-    from training.tasks import run_step_task
+    from training.tasks import rescore_execute_task, run_step_task
 
     cutoff = timezone.now() - OWED_AFTER
-    sent: dict[str, list[int]] = {"runs": [], "dry_runs": []}
+    sent: dict[str, list[int]] = {"runs": [], "dry_runs": [], "rescores": []}
     for run_id in Run.objects.filter(status=Run.Status.QUEUED, dispatched_at__isnull=True,
                                      created_at__lt=cutoff).values_list("id", flat=True):
         if publish(run_step_task, args=(run_id,)):
@@ -48,6 +49,11 @@ def dispatch_owed() -> dict[str, list[int]]:
         if publish(dry_run_task, args=(dry_id,)):
             DryRun.objects.filter(id=dry_id).update(dispatched_at=timezone.now())
             sent["dry_runs"].append(dry_id)
+    for rescore_id in Rescore.objects.filter(status=Rescore.Status.QUEUED, dispatched_at__isnull=True,
+                                             created_at__lt=cutoff).values_list("id", flat=True):
+        if publish(rescore_execute_task, args=(rescore_id,)):
+            rescore_dispatched(rescore_id)
+            sent["rescores"].append(rescore_id)
     return sent
 
 

@@ -11,6 +11,15 @@ def run_step_task(run_id: int, step: int | None = None) -> None:
     run_step_execute(run_id=run_id, step=step)
 
 
+@shared_task(name="training.tasks.rescore_execute_task", acks_late=True, reject_on_worker_lost=True,
+             time_limit=6 * 3600)
+def rescore_execute_task(rescore_id: int) -> None:
+    """Default queue: user code runs in the jail and no model is needed (RULER uses a judge endpoint)."""
+    from training.services.rescores import rescore_execute
+
+    rescore_execute(rescore_id=rescore_id)
+
+
 @shared_task(name="training.tasks.runs_requeue_stale_task", ignore_result=True)
 def runs_requeue_stale_task() -> None:
     """The sweep as a task, for an operator who schedules it with beat too; every worker already runs it

@@ -3,6 +3,8 @@
 from django.urls import include, path
 
 from training.views import assets, compare, exports, models, runs, trajectories
+from training.views import rescores
+from training.views.heatmap import run_heatmap_view
 from training.views.health import run_reward_health_view
 
 urlpatterns = [
@@ -14,6 +16,9 @@ urlpatterns = [
          name="checkpoint-download"),
     path("runs/<int:run_id>/alerts/", runs.run_alerts_view, name="run-alerts"),
     path("runs/<int:run_id>/health/", run_reward_health_view, name="run-reward-health"),
+    path("runs/<int:run_id>/heatmap/", run_heatmap_view, name="run-heatmap"),
+    path("runs/<int:run_id>/rescores/", rescores.run_rescores_view, name="run-rescores"),
+    path("rescores/<int:rescore_id>/", rescores.rescore_detail_view, name="rescore-detail"),
     path("runs/<int:run_id>/<slug:action>/", runs.run_action_view, name="run-action"),
     path("compare/", compare.run_compare_view, name="run-compare"),
     path("models/", models.model_list_view, name="model-list"),

@@ -22,16 +22,17 @@ def _no_constants(name: str):
     raise RecordError(f"the record holds {name}, which JSON does not allow")
 
 
-def parse_line(line: bytes) -> dict:
-    """One protocol line → a message dict ({"kind": "trajectory" | "done", ...})."""
+def parse_line(line: bytes, kinds: tuple[str, ...] = ("trajectory", "done")) -> dict:
+    """One protocol line → a message dict ({"kind": one of kinds, ...}); a re-scoring batch sends "score"
+    and "done" lines instead of trajectories."""
     try:
         message = json.loads(line, parse_constant=_no_constants)
     except RecordError:
         raise
     except ValueError as exc:
         raise RecordError(f"a line of its output is not JSON ({exc})") from None
-    if not isinstance(message, dict) or message.get("kind") not in ("trajectory", "done"):
-        raise RecordError("a line of its output is not a trajectory or done message")
+    if not isinstance(message, dict) or message.get("kind") not in kinds:
+        raise RecordError(f"a line of its output is not a {' or '.join(kinds)} message")
     return message
 
 
@@ -89,3 +90,40 @@ def check_trajectory(record: Any, *, vocab_size: int | None) -> dict:
     if record.get("reward_ms") is not None:
         _int(record["reward_ms"], "reward_ms")
     return record
+
+
+MAX_SCORE_ERROR_CHARS = 20_000
+
+
+def check_score(record: Any) -> dict:
+    """A re-scored trajectory's result ({"reward", "metrics", "error", "reward_ms"}) with the types and
+    ranges artweb stores; else RecordError. Only these four keys are kept."""
+    if not isinstance(record, dict):
+        raise RecordError("the score is not an object")
+    reward = record.get("reward")
+    if reward is not None:
+        reward = _finite(reward, "reward")
+    error = record.get("error")
+    if error is not None and not isinstance(error, str):
+        raise RecordError("error must be a string or null")
+    metrics = record.get("metrics")
+    if not isinstance(metrics, dict):
+        raise RecordError("metrics must be an object")
+    reward_ms = record.get("reward_ms")
+    if reward_ms is not None:
+        _int(reward_ms, "reward_ms")
+    if error is not None:
+        reward = None  # a failed score has no reward, whatever the record says
+    return {"reward": reward, "metrics": _without_nul(metrics),
+            "error": _without_nul(error[:MAX_SCORE_ERROR_CHARS]) if error else error, "reward_ms": reward_ms}
+
+
+def _without_nul(value: Any) -> Any:
+    """PostgreSQL stores no NUL character in text or jsonb: drop them rather than lose the score."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value

@@ -37,7 +37,7 @@ from pathlib import Path
 from rollouts.runtime import Cancelled, TooManyErrors
 from rollouts.runtime.jail import Jail, JailConfig, JailLimits, guest_python_args
 from rollouts.runtime.proxy import InferenceProxy, Upstream
-from rollouts.runtime.records import MAX_LINE_BYTES, RecordError, check_trajectory, parse_line
+from rollouts.runtime.records import MAX_LINE_BYTES, RecordError, check_score, check_trajectory, parse_line
 from rollouts.runtime.validation import validate_reward
 
 logger = logging.getLogger(__name__)
@@ -373,6 +373,27 @@ class _BatchFiles:
         }
         (d / "batch.json").write_text(json.dumps(spec))
 
+    def write_scores(self, k: int, request: ScoreRequest, groups: list[int], reward_kind: str | None, *,
+                     concurrency: int) -> None:
+        """A score-mode sandbox's files: the reward function (if any) and its groups' stored trajectories."""
+        d = self.box(k)
+        d.mkdir(mode=0o700)
+        if request.reward is not None:
+            (d / "reward.py").write_text(request.reward, encoding="utf-8")
+        spec = {
+            "mode": "score",
+            "groups": [{"index": g, "scenario": request.groups[g].scenario,
+                        "trajectories": request.groups[g].trajectories} for g in groups],
+            "model_name": request.judge_model or "none",
+            "reward_kind": reward_kind,
+            "ruler": request.ruler,
+            "judge_model": request.judge_model,
+            "concurrency": concurrency,
+            "rollout_timeout_s": request.limits.rollout_timeout_s,
+            "max_processes": request.limits.max_processes,
+        }
+        (d / "batch.json").write_text(json.dumps(spec))
+
     def hand_over(self, uid: int) -> None:
         """The jail's files to the sandbox uid (bwrap runs as it); the logs stay the worker's."""
         self.root.chmod(0o711)  # bwrap must pass through; nobody may list it
@@ -615,3 +636,206 @@ class _Sandbox:
             os.close(self.read_fd)
         except OSError:
             pass
+
+
+# --- score-only mode: stored trajectories scored again ------------------------------------------------
+
+
+@dataclass
+class ScoreGroup:
+    scenario: dict
+    trajectories: list[dict]  # stored records: messages, tools, metrics, metadata (as run_rollouts returned them)
+
+
+@dataclass
+class ScoreRequest:
+    """Stored trajectories scored again in the jail: no rollout script, no policy. The reward function runs
+    as it does in a step (reward(trajectory, scenario) per trajectory, or score_group(group, scenario) per
+    group), or, with ruler, the judge scores each group side by side through the proxy.
+
+    Carries the names _Sandbox.start reads from a RolloutRequest (limits, python, env …), so both modes
+    start their processes the same way."""
+
+    groups: list[ScoreGroup]
+    reward: str | None = None  # the reward function's source; None with ruler
+    ruler: bool = False
+    judge_model: str | None = None  # the name the judge answers to at its upstream
+    judge: Upstream | None = None  # where the proxy sends the judge's requests; the key stays outside
+    concurrency: int = 16  # scores in flight across the batch (they matter for async rewards and RULER)
+    limits: SandboxLimits = field(default_factory=SandboxLimits)  # rollout_timeout_s: per reward call
+    sandboxes: int | None = None
+    python: str | None = None
+    jail: JailConfig = field(default_factory=JailConfig)
+    step: int = 0
+    sampling: dict = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    egress_hosts: tuple[str, ...] = ()
+    vocab_size: int | None = None
+
+    @property
+    def scenarios(self) -> list[dict]:
+        return [g.scenario for g in self.groups]
+
+    @property
+    def group_size(self) -> int:
+        return max((len(g.trajectories) for g in self.groups), default=1)
+
+
+def failed_score(error: str) -> dict:
+    return {"reward": None, "metrics": {}, "error": error, "reward_ms": None}
+
+
+def run_scores(request: ScoreRequest, should_stop: Callable[[], bool] = lambda: False) -> list[list[dict]]:
+    """Score stored trajectories again in jailed sandbox processes; per group, per trajectory, in order:
+    {"reward", "metrics", "error", "reward_ms"}.
+
+    Every line the sandboxes send is checked (records.check_score); a sandbox that breaks the protocol
+    (a score for a trajectory it was not given, twice the same one, garbage) is killed and every score it
+    sent is void: its trajectories get the error instead. Raises Cancelled when should_stop() says so and
+    JailUnavailable (before any user code runs) when the jail cannot be built here.
+    """
+    if request.ruler and not request.judge_model:
+        raise ValueError("a batch scored by RULER needs a judge_model")
+    if not request.ruler and request.reward is None:
+        raise ValueError("a score batch needs a reward function or RULER")
+    n_groups = len(request.groups)
+    if n_groups == 0:
+        return []
+    limits = request.limits
+    total = sum(len(g.trajectories) for g in request.groups)
+    concurrency = max(1, request.concurrency)
+    batch_timeout = limits.batch_timeout_s or (limits.rollout_timeout_s * (math.ceil(total / concurrency) + 1) + 60.0)
+    reward_kind = None
+    if request.reward is not None:
+        reward_kind = validate_reward(request.reward)[0] or "trajectory"
+    n_sandboxes = max(1, min(request.sandboxes or default_sandboxes(), n_groups))
+    scores: list[list[dict | None]] = [[None] * len(g.trajectories) for g in request.groups]
+
+    workroot = Path(tempfile.mkdtemp(prefix="artweb-score-"))
+    socket_path = workroot / "sock" / "inference.sock"
+    proxy = inference_proxy()
+    jail: Jail | None = None
+    sandboxes: list[_ScoreSandbox] = []
+    selector = selectors.DefaultSelector()
+    try:
+        layout = _BatchFiles(workroot, n_sandboxes)
+        for k in range(n_sandboxes):
+            layout.write_scores(k, request, list(range(k, n_groups, n_sandboxes)), reward_kind,
+                                concurrency=math.ceil(concurrency / n_sandboxes))
+        if request.jail.jailed:
+            jail = Jail(config=request.jail, root=workroot, socket_dir=socket_path.parent,
+                        guest_dir=GUEST_DIR, fallbacks_dir=FALLBACKS_DIR, python=request.python or sys.executable,
+                        limits=JailLimits(memory_mb=limits.memory_mb,
+                                          processes=limits.max_processes + 32 * n_sandboxes,
+                                          cpus=limits.cpus or float(n_sandboxes), scratch_mb=limits.scratch_mb))
+            layout.hand_over(jail.uid)
+        # Only the judge passes, and only under RULER; a reward function reaches no model.
+        proxy.open(socket_path, {request.judge_model: request.judge} if request.ruler and request.judge else {})
+        cpu_seconds = limits.cpu_seconds or int(batch_timeout) + 10
+        for k in range(n_sandboxes):
+            box = _ScoreSandbox.start(request, layout, k, jail, cpu_seconds=cpu_seconds)
+            box.sizes = {g: len(request.groups[g].trajectories) for g in box.groups}
+            sandboxes.append(box)
+            selector.register(box.read_fd, selectors.EVENT_READ, box)
+        deadline = time.monotonic() + batch_timeout
+        while any(not box.finished for box in sandboxes):
+            if should_stop():
+                raise Cancelled("the re-scoring was cancelled")
+            if time.monotonic() > deadline:
+                for box in sandboxes:
+                    box.kill(f"The batch did not finish within its {batch_timeout:g} s limit; this trajectory "
+                             "was not scored.")
+                break
+            for key, _ in selector.select(timeout=0.2):
+                key.data.read()
+                if key.data.eof or key.data.finished:
+                    selector.unregister(key.fd)
+            for box in sandboxes:
+                box.check_exit()
+                for group, index, score in box.take():
+                    scores[group][index] = score
+        for box in sandboxes:
+            for group, index, score in box.take():
+                scores[group][index] = score
+            if box.void:
+                # A sandbox that broke the protocol may have forged any of its lines: none of them counts.
+                for g in box.groups:
+                    scores[g] = [None] * len(scores[g])
+        reasons = {g: box.exit_reason for box in sandboxes for g in box.groups}
+        note = ""
+        if jail is not None and (kills := jail.cgroup.oom_kills()):
+            note = (f"\n\nDuring this batch the kernel killed {kills} process(es) that went past the batch's "
+                    f"memory limit of {limits.memory_mb} MB.")
+        return [[(s if s["error"] is None else {**s, "error": s["error"] + note}) if s is not None
+                 else failed_score(reasons.get(g) or "The sandbox sent no score for this trajectory.")
+                 for s in group] for g, group in enumerate(scores)]
+    finally:
+        selector.close()
+        for box in sandboxes:
+            box.cleanup()
+        if jail is not None:
+            jail.close()
+        proxy.close(socket_path)
+        shutil.rmtree(workroot, ignore_errors=True)
+
+
+class _ScoreSandbox(_Sandbox):
+    """A sandbox in score mode: it answers for the trajectories of its own groups, each exactly once."""
+
+    sizes: dict[int, int]
+    void = False
+
+    def read(self) -> None:
+        # The same bounded reading, with "score" lines in place of trajectories.
+        if self.finished and self.exit_reason is not None:
+            return
+        try:
+            chunk = os.read(self.read_fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.eof = True
+            return
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        if len(self._buffer) > MAX_LINE_BYTES:
+            self._violation(f"it sent a line larger than {MAX_LINE_BYTES >> 20} MB")
+            return
+        for line in lines:
+            try:
+                self._accept(parse_line(line, kinds=("score", "done")))
+            except RecordError as exc:
+                self._violation(str(exc))
+                return
+
+    def _accept(self, message: dict) -> None:
+        if self._done:
+            raise RecordError("it kept writing after it said it was done")
+        if message["kind"] == "done":
+            self._done = True
+            return
+        group, index = message.get("group"), message.get("index")
+        if isinstance(group, bool) or group not in self.sizes:
+            raise RecordError(f"it sent a score for group {group!r:.40}, which is not one of its groups")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < self.sizes[group]:
+            raise RecordError(f"it sent a score for trajectory {index!r:.40} of group {group}, which it was not given")
+        if (group, index) in self._seen:
+            raise RecordError(f"it sent the score of trajectory {index} of group {group} twice")
+        self._seen.add((group, index))
+        try:
+            score = check_score(message.get("score"))
+        except RecordError as exc:
+            score = failed_score(f"The sandbox sent an invalid score: {exc}.")
+        self._ready.append((group, index, score))
+
+    def _describe_exit(self, code: int | None) -> str:
+        return super()._describe_exit(code).replace(
+            "running this rollout stopped before the rollout finished", "stopped before this trajectory was scored")
+
+    def _violation(self, why: str) -> None:
+        self.void = True
+        self.kill(f"The sandbox scoring this trajectory broke artweb's result protocol ({why}) and was stopped; "
+                  "no score it sent counts. A reward function gives its score by returning it.")
+        self._buffer = b""

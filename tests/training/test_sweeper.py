@@ -90,10 +90,10 @@ def test_the_sweep_sends_what_is_owed_once_the_broker_is_back(alice):
     Run.objects.filter(id=run.id).update(created_at=old)
     DryRun.objects.filter(id=dry.id).update(created_at=old)
     try:
-        assert dispatch_owed() == {"runs": [run.id], "dry_runs": [dry.id]}
+        assert dispatch_owed() == {"runs": [run.id], "dry_runs": [dry.id], "rescores": []}
         assert Run.objects.get(id=run.id).dispatched_at is not None
         assert DryRun.objects.get(id=dry.id).dispatched_at is not None
-        assert dispatch_owed() == {"runs": [], "dry_runs": []}  # sent once
+        assert dispatch_owed() == {"runs": [], "dry_runs": [], "rescores": []}  # sent once
     finally:
         assert _take_message("gpu", "training.tasks.run_step_task", run.id)
         assert _take_message("gpu", "rollouts.tasks.dry_run_task", dry.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, render
 
@@ -16,26 +17,45 @@ LIST_FIELDS = ("id", "group_id", "step", "index", "reward", "advantage", "error"
 MAX_FLAT_RESULTS = 200
 
 
+class InspectorFilterForm(TrajectoryFilterForm):
+    """The inspector's filters and one more: a scenario, by its index (what the heatmap links to)."""
+
+    scenario = forms.IntegerField(required=False, min_value=0, label="Scenario #",
+                                  widget=forms.NumberInput(attrs={"style": "width: 6rem"}))
+
+    def filters(self) -> dict:
+        data = self.cleaned_data if self.is_valid() else {}
+        return {**super().filters(), "scenario": data.get("scenario")}
+
+
+def _prefixed(group_filter: dict) -> dict:
+    """A filter on groups, applied to trajectories through their group."""
+    return {f"group__{key}": value for key, value in group_filter.items()}
+
+
 @login_required
 def trajectory_inspector_view(request, run_id: int):
     run = run_get(user=request.user, run_id=run_id)
     steps = run_trajectory_steps(run=run)
-    form = TrajectoryFilterForm(request.GET or None, steps=steps)
+    form = InspectorFilterForm(request.GET or None, steps=steps)
     f = form.filters()
     step = f["step"] if f["step"] in steps else (steps[-1] if steps else None)
     filters = {"split": f["split"], "min_reward": f["min_reward"], "max_reward": f["max_reward"], "q": f["q"],
                "has_error": f["has_error"]}
 
+    # Scenario indexes are unique within the run's scenario set, so the index names one scenario.
+    same_scenario = {} if f["scenario"] is None else {"scenario__index": f["scenario"]}
     groups, flat = [], []
     if f["all_steps"]:
-        flat = list(trajectory_list(run=run, **filters).only(*LIST_FIELDS)[:MAX_FLAT_RESULTS])
+        flat = list(trajectory_list(run=run, **filters).filter(**_prefixed(same_scenario))
+                    .only(*LIST_FIELDS)[:MAX_FLAT_RESULTS])
     elif step is not None:
-        trajs = trajectory_list(run=run, step=step, **filters).only(*LIST_FIELDS)
+        trajs = trajectory_list(run=run, step=step, **filters).filter(**_prefixed(same_scenario)).only(*LIST_FIELDS)
         by_group: dict[int, list] = {}
         for t in trajs:
             by_group.setdefault(t.group_id, []).append(t)
         groups = [{"group": g, "trajectories": by_group.get(g.id, [])}
-                  for g in group_list(run=run, step=step, split=f["split"])]
+                  for g in group_list(run=run, step=step, split=f["split"]).filter(**same_scenario)]
 
     selected = None
     if f["traj"]:
