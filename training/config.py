@@ -38,7 +38,8 @@ class AlertRules(BaseModel):
                                       "reward fell: the policy fits the training scenarios, not the task.")
     length_drift: float = Field(
         2.0, ge=0.0, le=1000.0, description="Factor by which the mean completion length may grow or shrink from "
-                                            "the first steps' before the run warns.")
+                                            "the first steps' before the run warns (unless the held-out "
+                                            "reward has improved meanwhile).")
     component_share: float = Field(
         0.8, ge=0.0, le=1.0, description="Share of the total reward one component may carry; components are the "
                                          "trajectory metrics named in reward_components, or, when none are "

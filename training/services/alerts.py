@@ -156,12 +156,19 @@ def length_drift(rules: AlertRules, rows: Sequence[Step]) -> Alert | None:
     before, now = statistics.fmean(start), statistics.fmean(end)
     if before <= 0 or (now <= f * before and now * f >= before):
         return None
+    # A length change that comes with a better held-out reward is the task being learned (a reward for
+    # brevity shortens answers); one without it is what a gamed reward looks like.
+    vals = [v for r in rows if (v := _m(r, "val_reward")) is not None]
+    if len(vals) >= 2 and vals[-1] > vals[0]:
+        return None
+    held_out = (f"while the held-out reward did not improve ({vals[0]:.3f} → {vals[-1]:.3f})" if len(vals) >= 2
+                else "with no validation to show whether the task is being learned")
     way = "grew" if now > before else "shrank"
     return Alert("length_drift", (
         f"Completions {way} from {before:.1f} tokens on average (steps {rows[0].step}-"
         f"{rows[LENGTH_WINDOW - 1].step}) to {now:.1f} (steps {rows[-LENGTH_WINDOW].step}-{rows[-1].step}), "
-        f"more than a factor {f:g}: the reward may be paying for length rather than quality. Read the longest "
-        "(or shortest) answers."), {"step": rows[-1].step, "split": "train"},
+        f"more than a factor {f:g}, {held_out}: the reward may be paying for length rather than quality. Read "
+        f"the {'longest' if now > before else 'shortest'} answers."), {"step": rows[-1].step, "split": "train"},
         data={"example": "longest" if now > before else "shortest"})
 
 

@@ -74,10 +74,21 @@ def test_completion_length_drift_names_the_longest_answers():
     fired = [s for s, kinds in raised.items() if "alert_length_drift" in kinds]
     assert fired == [7]  # steps 5-7 average 50 tokens against 20 at steps 1-3: more than 2x
     event = RunEvent.objects.get(run=run, kind="alert_length_drift")
-    assert "grew from 20.0 tokens" in event.message
+    assert "grew from 20.0 tokens" in event.message and "no validation" in event.message
     longest = Step.objects.get(run=run, step=7)
     assert event.data["trajectory_ids"][0] == run.trajectories.filter(step=longest.step).order_by(
         "-completion_tokens").first().id
+
+
+def test_a_length_change_that_comes_with_a_better_held_out_reward_is_learning():
+    run = RunFactory()
+    rows = [{"completion_tokens_mean": n, **({"val_reward": v} if v is not None else {})}
+            for n, v in [(30, 0.3), (29, None), (28, None), (20, 0.4), (14, None), (13, None), (12, 0.6)]]
+    assert not any("alert_length_drift" in kinds for kinds in _steps(run, rows).values())
+    run = RunFactory()
+    rows[-1]["val_reward"] = 0.2  # the same drift, with the held-out reward falling: warned
+    assert [s for s, kinds in _steps(run, rows).items() if "alert_length_drift" in kinds] == [7]
+    assert "did not improve (0.300 → 0.200)" in RunEvent.objects.get(run=run, kind="alert_length_drift").message
 
 
 def test_flat_reward_entropy_collapse_and_truncation():
@@ -120,7 +131,6 @@ def test_a_rule_set_to_zero_is_off():
     assert not any(raised.values())
 
 
-@pytest.mark.skipif(not HEALTHY.exists(), reason="the recorded example run is missing")
 def test_the_shipped_examples_healthy_run_raises_no_alert():
     """Steps recorded from a real 20-step run of the shipped example with the launch form's defaults
     (python -m bench.alerts_healthy): every rule, evaluated at every step, stays silent."""
