@@ -5,10 +5,19 @@ One view per operation; writes are POSTs to a named action (HackSoft style).
 
 from django.urls import path
 
-from training.apis import base_models, checkpoints, dry_runs, exports, judges, runs, tokens, trajectories
-from training.apis import rescores
-from training.apis.heatmap import RunHeatmapApi
+from training.apis import (
+    base_models,
+    checkpoints,
+    dry_runs,
+    exports,
+    judges,
+    rescores,
+    runs,
+    tokens,
+    trajectories,
+)
 from training.apis.health import RunRewardHealthApi
+from training.apis.heatmap import RunHeatmapApi
 
 urlpatterns = [
     path("tokens/", tokens.TokenCreateApi.as_view(), name="api-token-create"),

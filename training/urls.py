@@ -2,10 +2,9 @@
 
 from django.urls import include, path
 
-from training.views import assets, compare, exports, models, runs, trajectories
-from training.views import rescores
-from training.views.heatmap import run_heatmap_view
+from training.views import assets, compare, exports, models, rescores, runs, trajectories
 from training.views.health import run_reward_health_view
+from training.views.heatmap import run_heatmap_view
 
 urlpatterns = [
     path("", runs.run_list_view, name="run-list"),

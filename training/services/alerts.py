@@ -17,11 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
-from pydantic import ValidationError
-
 from django.db import transaction
 from django.db.models import F
 from django.urls import reverse
+from pydantic import ValidationError
 
 from artweb.errors import ApplicationError
 from rollouts.models import Trajectory, TrajectoryGroup
