@@ -1,4 +1,4 @@
-"""The stale-run sweep (the beat task every 10 s): runs nobody works on are queued again, exactly once."""
+"""The stale-run sweep that every worker runs: runs nobody works on are queued again, exactly once."""
 
 from datetime import timedelta
 
