@@ -89,7 +89,7 @@ def check_trajectory(record: Any, *, vocab_size: int | None) -> dict:
         _int(record.get(key), key)
     if record.get("reward_ms") is not None:
         _int(record["reward_ms"], "reward_ms")
-    return record
+    return _without_nul(record)  # PostgreSQL's text and jsonb refuse NUL characters: the step could not save it
 
 
 MAX_SCORE_ERROR_CHARS = 20_000

@@ -135,3 +135,13 @@ def test_it_times_the_reward_function_per_trajectory_and_shares_a_group_rewards_
     results = run_rollouts(request_for(script("pass"), reward=group, scenarios=[{"i": 1}]))
     shares = [t["reward_ms"] for t in results[0].trajectories]
     assert len(shares) == 2 and all(200 <= ms < 2000 for ms in shares), shares  # 0.4 s over two trajectories
+
+
+def test_nul_characters_in_a_trajectory_are_dropped_so_the_step_can_store_it(request_for):
+    nul = ("import art\n\nasync def rollout(model, scenario):\n"
+           "    return art.Trajectory(reward=1.0, messages_and_choices=[{'role': 'user', 'content': 'a\\x00b'}],\n"
+           "                          metadata={'k\\x00': 'v\\x00'}, logs=['line\\x00'])\n")
+    results = run_rollouts(request_for(nul, scenarios=[{"i": 0}]))
+    t = results[0].trajectories[0]
+    assert t["error"] is None and t["messages"][0]["content"] == "ab"
+    assert t["metadata"] == {"k": "v"} and "\x00" not in str(t["logs"])
