@@ -94,7 +94,8 @@ def run_metrics(*, run: Run, series: list[str] | None = None, since_step: int | 
 
 
 def run_events_since(*, run: Run, after_id: int = 0, limit: int = 500) -> list[RunEvent]:
-    return list(RunEvent.objects.filter(run=run, id__gt=after_id).order_by("id")[:limit])
+    # The actor comes along: the events API names who acted on each event.
+    return list(RunEvent.objects.filter(run=run, id__gt=after_id).select_related("actor").order_by("id")[:limit])
 
 
 def run_logs_since(*, run: Run, after_id: int = 0, limit: int = 500) -> list[RunLog]:

@@ -1,19 +1,22 @@
 """Structured logs: run and step ids on every line, JSON in production, readable in development."""
 
+import io
 import json
 import logging
+import logging.config
+import runpy
+from pathlib import Path
 
 import pytest
 from celery import shared_task
 
+from artweb import settings as artweb_settings
 from artweb.logging import ConsoleFormatter, ContextFilter, JsonFormatter, log_context
 
 
 @pytest.fixture
 def lines():
     """A handler wired like settings.LOGGING's, on the root logger; yields (records, set_formatter)."""
-    import io
-
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.addFilter(ContextFilter())
@@ -97,16 +100,72 @@ def test_development_lines_are_readable(lines):
     assert line.endswith("INFO    training.services.steps [run 7 step 3] step done")
 
 
-def test_the_settings_logging_dict_builds(settings):
-    import logging.config
+SETTINGS_FILE = Path(artweb_settings.__file__)
+QUIET_LOGGERS = ("wandb", "weave", "httpx", "axes")
 
-    config = {
-        "version": 1, "disable_existing_loggers": False,
-        "filters": {"context": {"()": "artweb.logging.ContextFilter"}},
-        "formatters": {"json": {"()": "artweb.logging.JsonFormatter"},
-                       "console": {"()": "artweb.logging.ConsoleFormatter"}},
-        "handlers": {"null": {"class": "logging.NullHandler", "formatter": "json", "filters": ["context"]}},
-        "loggers": {"tests.logging-config": {"handlers": ["null"], "propagate": False}},
-    }
-    logging.config.dictConfig(config)
-    logging.getLogger("tests.logging-config").info("fine")
+
+def settings_logging(monkeypatch, **env) -> dict:
+    """settings.LOGGING as the settings module builds it under this environment (the module is run afresh;
+    the settings of this test session are left as they are)."""
+    for name in ("DEBUG", "LOG_FORMAT", "LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return runpy.run_path(str(SETTINGS_FILE))["LOGGING"]
+
+
+@pytest.fixture
+def configured():
+    """Apply a LOGGING dict as Django does at start-up; yields apply(config) -> the lines its handler wrote.
+    The process's own logging is put back afterwards."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+
+    def apply(config: dict):
+        logging.config.dictConfig(config)
+        (handler,) = root.handlers
+        stream = io.StringIO()
+        handler.setStream(stream)
+        return lambda: stream.getvalue().splitlines()
+
+    yield apply
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    for handler in saved[0]:
+        root.addHandler(handler)
+    root.setLevel(saved[1])
+    for name, level in saved[2].items():
+        logging.getLogger(name).setLevel(level)
+
+
+def test_production_settings_write_json_lines_with_the_run_and_step(monkeypatch, configured):
+    lines = configured(settings_logging(monkeypatch, DEBUG="false", SECRET_KEY="s" * 50))
+    with log_context(run_id=7, step=3):
+        logging.getLogger("training.services.steps").info("step done")
+    (line,) = (json.loads(x) for x in lines())
+    assert (line["message"], line["level"], line["logger"]) == ("step done", "INFO", "training.services.steps")
+    assert (line["run_id"], line["step"]) == (7, 3)
+
+
+def test_development_settings_write_readable_lines(monkeypatch, configured):
+    lines = configured(settings_logging(monkeypatch))
+    with log_context(run_id=7, step=3):
+        logging.getLogger("training.services.steps").info("step done")
+    (line,) = lines()
+    assert line.endswith("INFO    training.services.steps [run 7 step 3] step done")
+
+
+def test_log_format_and_log_level_choose_the_format_and_the_threshold(monkeypatch, configured):
+    lines = configured(settings_logging(monkeypatch, LOG_FORMAT="json", LOG_LEVEL="WARNING"))
+    logging.getLogger("training.tasks").info("routine")
+    logging.getLogger("training.tasks").warning("worth reading")
+    assert [json.loads(x)["message"] for x in lines()] == ["worth reading"]
+
+
+def test_chatty_libraries_are_quiet_below_warnings(monkeypatch, configured):
+    lines = configured(settings_logging(monkeypatch, LOG_FORMAT="json"))
+    for name in QUIET_LOGGERS:
+        logging.getLogger(f"{name}.client").info("sent a request")
+        logging.getLogger(name).warning(f"{name} failed")
+    logging.getLogger("training.tasks").info("ours")
+    assert [json.loads(x)["message"] for x in lines()] == [f"{n} failed" for n in QUIET_LOGGERS] + ["ours"]

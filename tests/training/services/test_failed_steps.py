@@ -21,7 +21,7 @@ from training.config import run_config_parse
 from training.models import Checkpoint, Run
 from training.services import inference, run_retry, steps
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # the heartbeat thread reads the run on its own connection
 
 # Every other rollout fails (the sandbox runs the groups in one process here, so the counter is shared).
 HALF_FAIL = """
