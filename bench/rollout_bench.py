@@ -1,8 +1,9 @@
 """Rollout throughput on the inference server: direct requests vs. the SDK in the sandbox (jailed, and
-with the development opt-out), base model vs. a step's adapter, at several concurrency levels; and the
-jail's start-up time.
+with the development opt-out), base model vs. a step's adapter, at several concurrency levels; the
+jail's start-up time; and a batch's sandbox start-up, cold and pre-started.
 
     python bench/rollout_bench.py                      # starts vLLM for the default model
+    python bench/rollout_bench.py --startup-only       # only the start-up figures: no inference server
     python bench/rollout_bench.py --adapter-mode lora  # the same with vLLM's runtime LoRA instead
     python bench/rollout_bench.py --base-url http://127.0.0.1:8000/v1 --model NAME --api-key KEY  # a running server
 
@@ -10,12 +11,18 @@ Every rollout is one chat completion of exactly --tokens tokens (ignore_eos), so
 like for like. Targets: the jailed sandbox (jail + inference proxy) ≥ 90% of direct requests (the
 sandbox before the jail called vLLM directly and measured the same as direct); jail start-up < 100 ms;
 adapter ≥ 70% of base.
+
+The sandbox start-up is the wall time of a batch shaped like the shipped example's step (4 groups of 6)
+whose rollouts only build their OpenAI client: started cold, and handed to processes pre-started a few
+seconds earlier, as a run's step pre-starts its next batch while it trains (the pre-start of the batch
+after it is inside the measured time, as it is inside a step's rollouts).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import sys
@@ -27,7 +34,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rollouts.runtime.jail import OPT_OUT, Jail, JailConfig, JailLimits
-from rollouts.runtime.sandbox import FALLBACKS_DIR, GUEST_DIR, RolloutRequest, SandboxLimits, run_rollouts
+from rollouts.runtime.sandbox import (
+    FALLBACKS_DIR,
+    GUEST_DIR,
+    RolloutRequest,
+    SandboxLimits,
+    default_sandboxes,
+    prestarted,
+    run_rollouts,
+)
 
 SCRIPT = """
 import art
@@ -39,6 +54,14 @@ async def rollout(model: art.Model, scenario) -> art.Trajectory:
     return art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=0.0)
 """
 
+
+STARTUP_SCRIPT = """
+import art
+
+async def rollout(model: art.Model, scenario) -> art.Trajectory:
+    model.openai_client()  # what a rollout does first; no request is sent
+    return art.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=0.0)
+"""
 
 KINDS = ("direct", "unjailed", "jailed")  # in-process client; sandbox with the opt-out; sandbox in its jail
 
@@ -120,6 +143,33 @@ def jail_startup(runs: int = 20) -> tuple[float, float]:
     return statistics.median(jailed) * 1000, statistics.median(plain) * 1000
 
 
+def sandbox_startup(runs: int = 5, settle_s: float = 3.0) -> tuple[float, float]:
+    """Median ms of the start-up batch (see the module's docstring), cold and pre-started settle_s earlier."""
+    request = RolloutRequest(
+        script=STARTUP_SCRIPT, reward=None, scenarios=[{"i": i} for i in range(4)], group_size=6,
+        base_url="http://127.0.0.1:9/v1", model_name="none", max_exceptions=0,
+        limits=SandboxLimits(rollout_timeout_s=120),
+    )
+    warm = dataclasses.replace(request, warm_key="bench-startup", prestart_next=True)
+    run_rollouts(warm)  # starts the first pre-started batch
+    cold_s, warm_s = [], []
+    try:
+        for _ in range(runs):
+            # Each measured batch starts settle_s after the previous one ended: the pre-started batch has
+            # imported what it imports, and nothing else of the benchmark runs beside the measured one.
+            time.sleep(settle_s)
+            started = time.perf_counter()
+            run_rollouts(warm)
+            warm_s.append(time.perf_counter() - started)
+            time.sleep(settle_s)
+            started = time.perf_counter()
+            run_rollouts(request)
+            cold_s.append(time.perf_counter() - started)
+    finally:
+        prestarted.discard()
+    return statistics.median(cold_s) * 1000, statistics.median(warm_s) * 1000
+
+
 def cpu_name() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -159,6 +209,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="rounds per concurrency level (median reported)")
     parser.add_argument("--no-adapter", action="store_true", help="measure the base model only")
     parser.add_argument("--data-dir", default=os.environ.get("ARTWEB_DATA_DIR", str(REPO / "data")))
+    parser.add_argument("--startup-only", action="store_true", help="measure start-up only; no inference server")
     args = parser.parse_args()
     sampling = {"max_tokens": args.tokens, "temperature": 1.0, "ignore_eos": True}
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -166,6 +217,11 @@ def main() -> None:
     jail_ms, plain_ms = jail_startup()
     print(f"jail start-up: {jail_ms:.1f} ms median (cgroup, staging, bwrap, /bin/true), plain subprocess "
           f"{plain_ms:.1f} ms", flush=True)
+    cold_ms, warm_ms = sandbox_startup()
+    print(f"sandbox start-up (a batch of 4 groups x 6 that builds its OpenAI client): cold {cold_ms:.0f} ms, "
+          f"pre-started {warm_ms:.0f} ms median ({default_sandboxes()} sandbox processes)", flush=True)
+    if args.startup_only:
+        return
 
     server = None
     base_url, base_name, api_key = args.base_url, args.model, args.api_key

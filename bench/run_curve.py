@@ -29,6 +29,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Sum
 
+from artweb.launcher.worker import gpu_worker_command, gpu_worker_env
 from rollouts.models import Trajectory
 from rollouts.services import reward_create, scenario_set_create, script_create
 from tests.e2e import stack
@@ -112,7 +113,9 @@ def run_artweb(*, steps: int, group_size: int, scenarios_per_step: int, max_toke
     env = stack.stack_env(db_name=db_name, data_dir=work / "data", ARTWEB_VLLM_PORT=str(stack.free_port()),
                           ARTWEB_VLLM_ENFORCE_EAGER=os.environ.get("ARTWEB_VLLM_ENFORCE_EAGER", "0"),
                           ARTWEB_HEARTBEAT_SECONDS="15")
-    worker = stack.start_gpu_worker(env, work / "logs")
+    # Pool, threads and preloads as `make run` starts its GPU worker.
+    worker = stack.start("gpu-worker", gpu_worker_command(f"gpu-worker-{stack.free_port()}@%h"), gpu_worker_env(env),
+                         work / "logs")
     started = time.time()
     try:
         with PeakMemory(worker.popen.pid) as memory:

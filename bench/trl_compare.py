@@ -89,6 +89,15 @@ def machine() -> str:
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
 
 
+def worker_settings() -> str:
+    """The GPU worker's pool, threads and preloads, as both `make run` and this benchmark start it."""
+    from artweb.launcher.worker import GPU_WORKER_OPTIONS, gpu_worker_env
+
+    env = gpu_worker_env(dict(os.environ))
+    return (f"celery {' '.join(GPU_WORKER_OPTIONS)}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, "
+            f"LD_PRELOAD={env.get('LD_PRELOAD') or '(none)'}")
+
+
 def _version(name: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -132,6 +141,7 @@ def report(args, artweb: dict, trl: dict, heldout: dict, updates: dict, command:
         f"- artweb: Celery worker + vLLM CPU server (graph compilation "
         f"{'off' if os.environ.get('ARTWEB_VLLM_ENFORCE_EAGER') == '1' else 'on'}), rollouts in the sandbox, PEFT "
         "trainer; the first step includes neither the worker's start nor vLLM's start-up.",
+        f"- artweb's GPU worker, started as `make run` starts it (artweb.launcher.worker): {worker_settings()}.",
         f"- TRL {_version('trl')}: `GRPOTrainer` generating with transformers (`{trl['generation']}`), its fastest "
         "mode that works here: `use_transformers_continuous_batching` took 19-21 s per step's generation instead "
         "of 10-12 s; the vLLM colocate mode starts on vLLM's CPU build but fails at its first weight sync "

@@ -49,6 +49,7 @@ from artweb.launcher.embedded import (
     stop_services,
     wait_until,
 )
+from artweb.launcher.worker import gpu_worker_command, gpu_worker_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 STOP_GRACE_SECONDS = 20
@@ -131,8 +132,8 @@ class Supervisor:
         self.env = env
         self.children: list[tuple[str, subprocess.Popen]] = []
 
-    def spawn(self, name: str, cmd: list[str]) -> None:
-        proc = subprocess.Popen(cmd, env=self.env, cwd=BASE_DIR, start_new_session=True,
+    def spawn(self, name: str, cmd: list[str], env: dict | None = None) -> None:
+        proc = subprocess.Popen(cmd, env=env or self.env, cwd=BASE_DIR, start_new_session=True,
                                 preexec_fn=_die_with_parent)  # noqa: PLW1509 (no threads here yet)
         self.children.append((name, proc))
 
@@ -272,10 +273,8 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
         supervisor.spawn("worker", [py, "-m", "celery", "-A", "artweb", "worker", "-Q", "default",
                                     "-n", "default@%h", "--loglevel", "INFO",
                                     "--concurrency", env.get("ARTWEB_WORKER_CONCURRENCY", "2")])
-        # One run step at a time per GPU set; prefork (not solo) so per-task time limits are enforced.
-        supervisor.spawn("gpu-worker", [py, "-m", "celery", "-A", "artweb", "worker", "-Q", "gpu",
-                                        "-n", "gpu@%h", "--loglevel", "INFO", "--concurrency", "1",
-                                        "--prefetch-multiplier", "1", "--pool", "prefork"])
+        # Pool, threads and preloads as the benchmarks start theirs (artweb.launcher.worker).
+        supervisor.spawn("gpu-worker", gpu_worker_command("gpu@%h", python=py), env=gpu_worker_env(env))
         if not wait_until(lambda: web_is_up(url) or any(p.poll() is not None for _, p in supervisor.children),
                           timeout=120, interval=0.5) or not web_is_up(url):
             raise LaunchError("The web server did not come up; see the output above.")

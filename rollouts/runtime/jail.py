@@ -369,9 +369,9 @@ def _bwrap_args(staged: list[tuple[str, str, str]], scratch_mb: int = 256) -> li
 
 
 def _child_setup(*, staged: list[tuple[str, str, str]], uid: int, procs: list[str], cpu_seconds: int,
-                 file_mb: int, address_space_mb: int | None = None) -> Callable[[], None]:
-    """What the child does between fork and exec, as root: join the batch's cgroups, set rlimits, stage
-    the sources (see _stage), then become the sandbox uid for good.
+                 file_mb: int, address_space_mb: int | None = None, nice: int = 0) -> Callable[[], None]:
+    """What the child does between fork and exec, as root: join the batch's cgroups, set rlimits and the
+    CPU priority (`nice`), stage the sources (see _stage), then become the sandbox uid for good.
 
     Only raw system calls here (open/write, setrlimit, unshare/mount through libc, set*id): no imports
     or locks that another thread of the worker could hold at fork time.
@@ -396,6 +396,8 @@ def _child_setup(*, staged: list[tuple[str, str, str]], uid: int, procs: list[st
             # One process asking for more than the whole batch may have gets a MemoryError at once,
             # rather than the kernel's kill when the batch's pages run out.
             resource.setrlimit(resource.RLIMIT_AS, (address_space_mb << 20, address_space_mb << 20))
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
         if _LIBC.unshare(_CLONE_NEWNS) != 0:
             fail("unshare(CLONE_NEWNS)")
         if _LIBC.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
@@ -473,16 +475,33 @@ class Jail:
                 "--remount-ro", "/",
                 "--chdir", SCRATCH, "--", *argv]
 
-    def preexec(self, *, cpu_seconds: int, file_mb: int) -> Callable[[], None]:
+    def preexec(self, *, cpu_seconds: int, file_mb: int, nice: int = 0) -> Callable[[], None]:
+        """`nice` > 0 starts the processes at a lower CPU priority; only this worker (root) can restore it
+        (renice), user code cannot."""
         return _child_setup(staged=self.staged, uid=self.uid, procs=self.cgroup.procs_files(),
-                            cpu_seconds=cpu_seconds, file_mb=file_mb, address_space_mb=self.limits.memory_mb)
+                            cpu_seconds=cpu_seconds, file_mb=file_mb, address_space_mb=self.limits.memory_mb,
+                            nice=nice)
+
+    def renice(self, nice: int = 0) -> None:
+        """Every thread of the batch to CPU priority `nice` (the priority is a thread's own in Linux)."""
+        for pid in self.cgroup.pids():
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:  # exited meanwhile
+                continue
+            for tid in tids:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+                except OSError:
+                    pass
 
     def close(self) -> None:
         self.cgroup.remove()
 
 
 def guest_python_args() -> list[str]:
-    """The guest's command line inside the jail (after the interpreter)."""
+    """The guest's command line inside the jail (after the interpreter). The guest reads its batch file
+    only once told to start (see the sandbox's hand-over)."""
     return ["-I", "-u", "-X", "utf8", f"{GUEST_ROOT}/guest/_artweb_guest.py", f"{BATCH_DIR}/batch.json"]
 
 

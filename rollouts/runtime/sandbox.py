@@ -13,10 +13,15 @@ Results come back as one JSON line per finished trajectory on a pipe, so a proce
 a segfault, a limit) loses only its unfinished rollouts, which are recorded as errors saying why. Every
 line is checked (rollouts.runtime.records) before it is believed; a sandbox that breaks the protocol
 (garbage, a flood, a record for a rollout it does not own) is killed and its unfinished rollouts fail.
+
+A run's next batch can be started ahead, while its step trains: a fresh jail whose interpreter has imported
+the SDK and the OpenAI client and waits for the batch; why this design, and why it keeps each batch as
+isolated as a cold one, is under "Pre-started batches" below.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -85,6 +90,10 @@ class RolloutRequest:
     # The judge for RULER: model_name or a key of extra_models. Scripts get it as art.rewards' default judge.
     judge_model: str | None = None
     ruler: bool = False  # the judge scores every group after its rollouts; its scores become the rewards
+    # The batches of one run: a batch takes the jail pre-started for its key (when it has the batch's shape),
+    # and, with prestart_next, pre-starts one for the key's next batch (see "Pre-started batches").
+    warm_key: str | None = None
+    prestart_next: bool = False
 
 
 # What a run's observability settings may put in the sandbox's environment (Weave tracing); nothing else
@@ -162,6 +171,10 @@ def run_rollouts(
     Cancelled is raised. on_trajectory(group, index, record) is called as each trajectory arrives.
     Raises TooManyErrors as soon as more rollouts failed than max_exceptions allows, and JailUnavailable
     (before any user code runs) when the jail cannot be built here.
+
+    With a warm_key, the batch takes the jail pre-started for that key when it has the batch's shape (see
+    "Pre-started batches" below), and, with prestart_next, pre-starts one for the key's next batch once it
+    has ended well.
     """
     if request.group_size < 1:
         raise ValueError("group_size must be at least 1")
@@ -169,21 +182,44 @@ def run_rollouts(
         raise ValueError(f"the judge {request.judge_model!r} is neither the batch's model nor one of its extra_models")
     if request.ruler and request.judge_model is None:
         raise ValueError("a batch scored by RULER needs a judge_model")
-    n_groups = len(request.scenarios)
-    if n_groups == 0:
+    if not request.scenarios:
         return []
+    shape, batch_timeout = _rollout_shape(request)
+    started = prestarted.take(request.warm_key, shape) if request.warm_key else None
+    results = _rollouts_in(started or _StartedBatch.start(shape, prefix="artweb-batch-"), request,
+                           batch_timeout, should_stop, on_trajectory)
+    if request.warm_key and request.prestart_next:
+        prestarted.add(request.warm_key, shape)
+    return results
+
+
+def _rollout_shape(request: RolloutRequest) -> tuple[BatchShape, float]:
+    """The batch's shape and its wall-clock limit in seconds."""
+    limits = request.limits
+    n_groups = len(request.scenarios)
+    total = n_groups * request.group_size
+    # Under RULER each group waits for its judge after its rollouts, bounded by the same limit: one more turn.
+    batch_timeout = limits.batch_timeout_s or (
+        limits.rollout_timeout_s * (math.ceil(total / max(1, request.concurrency)) + int(request.ruler)) + 60.0
+    )
+    n_sandboxes = max(1, min(request.sandboxes or default_sandboxes(), n_groups))
+    return BatchShape.of(request, n_sandboxes, limits.cpu_seconds or int(batch_timeout) + 10), batch_timeout
+
+
+def _rollouts_in(started: _StartedBatch, request: RolloutRequest, batch_timeout: float,
+                 should_stop: Callable[[], bool],
+                 on_trajectory: Callable[[int, int, dict], None] | None) -> list[GroupResult]:
+    """The batch, in the jail and processes `started` (closed when it ends, whatever happens)."""
+    n_groups = len(request.scenarios)
     limits = request.limits
     total = n_groups * request.group_size
     concurrency = max(1, request.concurrency)
-    # Under RULER each group waits for its judge after its rollouts, bounded by the same limit: one more turn.
-    batch_timeout = limits.batch_timeout_s or (
-        limits.rollout_timeout_s * (math.ceil(total / concurrency) + int(request.ruler)) + 60.0
-    )
     reward_kind = None
     if request.reward is not None:
         # An invalid reward file still runs: loading it fails in the sandbox, recorded on each rollout.
         reward_kind = validate_reward(request.reward)[0] or "trajectory"
-    n_sandboxes = max(1, min(request.sandboxes or default_sandboxes(), n_groups))
+    layout, jail, sandboxes = started.layout, started.jail, started.boxes
+    n_sandboxes = len(sandboxes)
     records: list[list[dict | None]] = [[None] * request.group_size for _ in range(n_groups)]
     budget = _exceptions_budget(request.max_exceptions, total)
     failures: list[str] = []
@@ -196,32 +232,19 @@ def run_rollouts(
             if on_trajectory is not None:
                 on_trajectory(group, index, record)
 
-    workroot = Path(tempfile.mkdtemp(prefix="artweb-batch-"))
-    socket_path = workroot / "sock" / "inference.sock"
+    socket_path = layout.root / "sock" / "inference.sock"
     proxy = inference_proxy()
-    jail: Jail | None = None
-    sandboxes: list[_Sandbox] = []
     selector = selectors.DefaultSelector()
     try:
-        layout = _BatchFiles(workroot, n_sandboxes)
         for k in range(n_sandboxes):
             layout.write(k, request, list(range(k, n_groups, n_sandboxes)), reward_kind,
                          concurrency=math.ceil(concurrency / n_sandboxes))
-        if request.jail.jailed:
-            jail = Jail(config=request.jail, root=workroot, socket_dir=socket_path.parent,
-                        guest_dir=GUEST_DIR, fallbacks_dir=FALLBACKS_DIR, python=request.python or sys.executable,
-                        limits=JailLimits(memory_mb=limits.memory_mb,
-                                          processes=limits.max_processes + 32 * n_sandboxes,
-                                          cpus=limits.cpus or float(n_sandboxes), scratch_mb=limits.scratch_mb))
-            layout.hand_over(jail.uid)
         proxy.open(socket_path, {request.model_name: Upstream(request.base_url, request.api_key),
                                  **request.extra_models})
         if request.egress_hosts:
             proxy.open_egress(socket_path.with_name("egress.sock"), request.egress_hosts)
-        cpu_seconds = limits.cpu_seconds or int(batch_timeout) + 10
-        for k in range(n_sandboxes):
-            box = _Sandbox.start(request, layout, k, jail, cpu_seconds=cpu_seconds)
-            sandboxes.append(box)
+        started.hand_over(request)
+        for box in sandboxes:
             selector.register(box.read_fd, selectors.EVENT_READ, box)
         deadline = time.monotonic() + batch_timeout
         while any(not box.finished for box in sandboxes):
@@ -254,14 +277,10 @@ def run_rollouts(
         return _results(request, records, None, sandboxes)
     finally:
         selector.close()
-        for box in sandboxes:
-            box.cleanup()
-        if jail is not None:
-            jail.close()
+        started.close()
         proxy.close(socket_path)
         if request.egress_hosts:
             proxy.close(socket_path.with_name("egress.sock"))
-        shutil.rmtree(workroot, ignore_errors=True)
 
 
 def _note_memory(records: list[list[dict | None]], kills: int, memory_mb: int) -> None:
@@ -349,6 +368,8 @@ class _BatchFiles:
         for d in (self.shared, self.logs, workroot / "sock"):
             d.mkdir(mode=0o700)
         self.n = n
+        for k in range(n):  # empty until the batch is handed over; bound into the jail before that
+            self.box(k).mkdir(mode=0o700)
 
     def box(self, k: int) -> Path:
         return self.shared / f"sandbox-{k}"
@@ -356,7 +377,6 @@ class _BatchFiles:
     def write(self, k: int, request: RolloutRequest, groups: list[int], reward_kind: str | None, *,
               concurrency: int) -> None:
         d = self.box(k)
-        d.mkdir(mode=0o700)
         (d / "rollout.py").write_text(request.script, encoding="utf-8")
         if request.reward is not None:
             (d / "reward.py").write_text(request.reward, encoding="utf-8")
@@ -377,7 +397,6 @@ class _BatchFiles:
                      concurrency: int) -> None:
         """A score-mode sandbox's files: the reward function (if any) and its groups' stored trajectories."""
         d = self.box(k)
-        d.mkdir(mode=0o700)
         if request.reward is not None:
             (d / "reward.py").write_text(request.reward, encoding="utf-8")
         spec = {
@@ -401,6 +420,175 @@ class _BatchFiles:
             os.chown(path, uid, uid)
 
 
+# --- pre-started batches ------------------------------------------------------------------------------
+#
+# A sandbox process spends about a CPU-second before it can run anything: the interpreter, the SDK and the
+# OpenAI client's import (pydantic models by the hundred; the .pyc files are already compiled, so a
+# compiled-module cache would save nothing: the time is the modules' own code running). The jail itself
+# costs tens of milliseconds. So every batch's processes are started in two halves: first the jail and
+# the interpreter, which imports all that and waits on a pipe; then the hand-over, which writes the batch's
+# files into its (already bound) directories, opens its proxy socket and sends the go with the batch's
+# environment. A batch started cold does both at once (and imports only what its code imports). A run's step pre-starts the first half for its next
+# batch once its rollouts are done, at the lowest CPU priority, so the imports use the cores the update
+# leaves idle; the hand-over restores normal priority before any user code is loaded.
+#
+# Isolation is that of a cold batch: a pre-started batch is a jail of its own (work root, cgroup, pid,
+# mount and network namespaces, scratch) built after the previous batch's jail was torn down, holds no user
+# code or data until its hand-over, is handed to exactly one batch of the key (the run) it was started for,
+# and is closed with that batch like any other. One that no batch takes (another shape, another worker
+# took the run, the run ended) is killed and removed, at the latest after PRESTART_MAX_AGE_S.
+
+PRESTART_MAX_AGE_S = 900.0  # an unused pre-started batch is discarded after this long
+PRESTART_NICE = 19  # CPU priority of a pre-started jailed batch until its hand-over
+PRESTART_CAPACITY = 2  # pre-started batches one worker process holds at most (a GPU worker runs one run)
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What a batch's jail and processes are built from, none of it the batch's own content: a batch can only
+    use processes started ahead of it when the shapes are equal."""
+
+    sandboxes: int  # processes
+    jail: JailConfig
+    python: str  # the sandbox interpreter
+    limits: SandboxLimits
+    cpu_seconds: int  # CPU time per process (RLIMIT_CPU, set when it starts)
+
+    @classmethod
+    def of(cls, request: RolloutRequest | ScoreRequest, sandboxes: int, cpu_seconds: int) -> BatchShape:
+        return cls(sandboxes, request.jail, request.python or sys.executable, request.limits, cpu_seconds)
+
+    def jail_limits(self) -> JailLimits:
+        return JailLimits(memory_mb=self.limits.memory_mb, processes=self.limits.max_processes + 32 * self.sandboxes,
+                          cpus=self.limits.cpus or float(self.sandboxes), scratch_mb=self.limits.scratch_mb)
+
+
+class _StartedBatch:
+    """A batch's work root, jail and waiting sandbox processes. Handed over to one batch, then closed."""
+
+    def __init__(self, shape: BatchShape, layout: _BatchFiles) -> None:
+        self.shape = shape
+        self.layout = layout
+        self.jail: Jail | None = None
+        self.boxes: list[_Sandbox] = []
+        self.started_at = time.monotonic()
+        self.expiry: threading.Timer | None = None
+        self._closed = False
+
+    @classmethod
+    def start(cls, shape: BatchShape, *, prefix: str, box_type: type[_Sandbox] | None = None,
+              ahead: bool = False) -> _StartedBatch:
+        """Raises JailUnavailable (before any process starts) when the jail cannot be built here."""
+        batch = cls(shape, _BatchFiles(Path(tempfile.mkdtemp(prefix=prefix)), shape.sandboxes))
+        try:
+            if shape.jail.jailed:
+                batch.jail = Jail(config=shape.jail, root=batch.layout.root, socket_dir=batch.layout.root / "sock",
+                                  guest_dir=GUEST_DIR, fallbacks_dir=FALLBACKS_DIR, python=shape.python,
+                                  limits=shape.jail_limits())
+                batch.layout.hand_over(batch.jail.uid)
+            for k in range(shape.sandboxes):
+                batch.boxes.append((box_type or _Sandbox).start(shape, batch.layout, k, batch.jail, ahead=ahead))
+        except BaseException:
+            batch.close()
+            raise
+        return batch
+
+    def alive(self) -> bool:
+        return not self._closed and all(box.proc.poll() is None for box in self.boxes)
+
+    def hand_over(self, request: RolloutRequest | ScoreRequest) -> None:
+        """The batch's files are written: hand them to the sandbox uid, restore normal CPU priority, and let
+        each process run its groups."""
+        if self.jail is not None:
+            self.layout.hand_over(self.jail.uid)
+            self.jail.renice(0)
+        n = len(self.boxes)
+        for k, box in enumerate(self.boxes):
+            box.begin(request, list(range(k, len(request.scenarios), n)), self.layout)
+
+    def close(self) -> None:
+        """Kill every process, remove the cgroup and every file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.expiry is not None:
+            self.expiry.cancel()
+        for box in self.boxes:
+            box.cleanup()
+        if self.jail is not None:
+            self.jail.close()
+        shutil.rmtree(self.layout.root, ignore_errors=True)
+
+
+class PrestartedBatches:
+    """The batches this process started ahead, at most one per key and `capacity` in all.
+
+    The processes are started from the calling thread: bwrap's --die-with-parent follows the thread that
+    forked it, so a short-lived thread would take them down with it.
+    """
+
+    def __init__(self, capacity: int = PRESTART_CAPACITY, max_age_s: float = PRESTART_MAX_AGE_S) -> None:
+        self.capacity = capacity
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._by_key: dict[str, _StartedBatch] = {}
+
+    def add(self, key: str, shape: BatchShape) -> None:
+        """Pre-start a batch of `shape` for the key's next batch. A failure is logged, never raised: that
+        batch then starts cold."""
+        self.discard(key)
+        try:
+            batch = _StartedBatch.start(shape, prefix="artweb-batch-", ahead=True)
+        except Exception:
+            logger.warning("could not pre-start the next sandbox batch of %s", key, exc_info=True)
+            return
+        batch.expiry = threading.Timer(self.max_age_s, self._expire, args=(key, batch))
+        batch.expiry.daemon = True
+        batch.expiry.start()
+        with self._lock:
+            self._by_key[key] = batch
+            oldest = sorted(self._by_key.items(), key=lambda item: item[1].started_at)
+            dropped = [self._by_key.pop(k) for k, _ in oldest[:max(0, len(oldest) - self.capacity)]]
+        for old in dropped:
+            old.close()
+
+    def take(self, key: str, shape: BatchShape) -> _StartedBatch | None:
+        """The batch pre-started for `key`, if it has this shape and is still whole; it leaves the pool
+        either way, so it is never offered twice."""
+        with self._lock:
+            batch = self._by_key.pop(key, None)
+        if batch is None:
+            return None
+        if batch.shape == shape and batch.alive() and time.monotonic() - batch.started_at < self.max_age_s:
+            if batch.expiry is not None:
+                batch.expiry.cancel()
+            return batch
+        batch.close()
+        return None
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._by_key)
+
+    def discard(self, key: str | None = None) -> None:
+        """Close the batch pre-started for `key` (None: all of them)."""
+        with self._lock:
+            batches = [self._by_key.pop(k) for k in list(self._by_key) if key is None or k == key]
+        for batch in batches:
+            batch.close()
+
+    def _expire(self, key: str, batch: _StartedBatch) -> None:
+        with self._lock:
+            if self._by_key.get(key) is not batch:
+                return
+            del self._by_key[key]
+        batch.close()
+
+
+prestarted = PrestartedBatches()
+atexit.register(prestarted.discard)
+
+
 # --- one sandbox process -----------------------------------------------------------------------------
 
 
@@ -418,17 +606,20 @@ def _unjailed_limits(limits: SandboxLimits, cpu_seconds: int) -> Callable[[], No
 
 
 class _Sandbox:
-    def __init__(self, groups: list[int], group_size: int, proc: subprocess.Popen, read_fd: int, log_path: Path,
-                 limits: SandboxLimits, cpu_seconds: int, jail: Jail | None, vocab_size: int | None) -> None:
-        self.groups = groups
-        self.group_size = group_size
+    """One sandbox process: started first (it imports the SDK and waits), then given its part of a batch."""
+
+    def __init__(self, proc: subprocess.Popen, read_fd: int, control_fd: int, log_path: Path, limits: SandboxLimits,
+                 cpu_seconds: int, jail: Jail | None) -> None:
+        self.groups: list[int] = []  # set by begin()
+        self.group_size = 0
+        self.vocab_size: int | None = None
         self.proc = proc
         self.read_fd = read_fd
+        self.control_fd = control_fd
         self.log_path = log_path
         self.limits = limits
         self.cpu_seconds = cpu_seconds
         self.jail = jail
-        self.vocab_size = vocab_size
         self.finished = False
         self.exit_reason: str | None = None
         self._buffer = b""
@@ -438,12 +629,14 @@ class _Sandbox:
         self.eof = False
 
     @classmethod
-    def start(cls, request: RolloutRequest, layout: _BatchFiles, k: int, jail: Jail | None, *,
-              cpu_seconds: int) -> _Sandbox:
-        limits = request.limits
-        groups = list(range(k, len(request.scenarios), layout.n))
-        python = request.python or sys.executable
+    def start(cls, shape: BatchShape, layout: _BatchFiles, k: int, jail: Jail | None, *,
+              ahead: bool = False) -> _Sandbox:
+        """Start the process of layout.box(k); it waits for begin(). Started ahead of its batch, it imports the
+        SDK and the OpenAI client meanwhile, at the lowest CPU priority (jailed: begin's hand-over restores it).
+        The environment here is the same for every batch; what is the batch's own goes with begin()."""
+        limits = shape.limits
         read_fd, write_fd = os.pipe()
+        control_read, control_write = os.pipe()
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8",
@@ -455,46 +648,71 @@ class _Sandbox:
             # the proxy holds the real one.
             "ARTWEB_PROXY_SOCKET": "/run/artweb/inference.sock" if jail else str(layout.root / "sock" / "inference.sock"),
             "OPENAI_API_KEY": "artweb",
-            "ARTWEB_SAMPLING": json.dumps(request.sampling),
             "ARTWEB_RESULT_FD": str(write_fd),
-            "ARTWEB_STEP": str(request.step),
-            # art.rewards' default judge; the proxy admits it for this batch.
-            "ARTWEB_JUDGE_MODEL": request.judge_model or "",
+            "ARTWEB_CONTROL_FD": str(control_read),
+            "ARTWEB_WARM_UP": "1" if ahead else "0",
             # W&B and Weave would otherwise send crash reports to an outside service.
             "WANDB_ERROR_REPORTING": "false",
         }
-        env.update({k: str(v) for k, v in request.env.items() if k in PASSED_ENV})
-        if request.egress_hosts:
-            # The guest relays a local port to this socket and names it as the HTTPS proxy (see open_egress).
-            env["ARTWEB_EGRESS_SOCKET"] = "/run/artweb/egress.sock" if jail else str(layout.root / "sock" / "egress.sock")
-        if "WEAVE_PROJECT" not in env:
-            # A script calling weave.init() gets a disabled client at once instead of a network error.
-            env["WEAVE_DISABLED"] = "true"
         if jail is not None:
             env.update(HOME="/tmp", TMPDIR="/tmp")
-            argv = jail.command(layout.box(k), [python, *guest_python_args()])
-            preexec = jail.preexec(cpu_seconds=cpu_seconds, file_mb=limits.file_mb)
+            argv = jail.command(layout.box(k), [shape.python, *guest_python_args()])
+            preexec = jail.preexec(cpu_seconds=shape.cpu_seconds, file_mb=limits.file_mb,
+                                   nice=PRESTART_NICE if ahead else 0)
             cwd = "/"
         else:
             box = layout.box(k)
             env.update(HOME=str(box), TMPDIR=str(box))
-            argv = [python, "-I", "-u", "-X", "utf8", str(GUEST), str(box / "batch.json")]
-            preexec = _unjailed_limits(limits, cpu_seconds)
+            argv = [shape.python, "-I", "-u", "-X", "utf8", str(GUEST), str(box / "batch.json")]
+            preexec = _unjailed_limits(limits, shape.cpu_seconds)
             cwd = str(box)
         log_path = layout.logs / f"sandbox-{k}.log"
         log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
         try:
             proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(write_fd,), start_new_session=True,
+                pass_fds=(write_fd, control_read), start_new_session=True,
                 preexec_fn=preexec,  # noqa: PLW1509
             )
+        except BaseException:
+            for fd in (read_fd, control_write):
+                os.close(fd)
+            raise
         finally:
             os.close(write_fd)
+            os.close(control_read)
             log.close()
         os.set_blocking(read_fd, False)
-        return cls(groups, request.group_size, proc, read_fd, log_path, limits, cpu_seconds, jail,
-                   request.vocab_size)
+        return cls(proc, read_fd, control_write, log_path, limits, shape.cpu_seconds, jail)
+
+    def begin(self, request: RolloutRequest | ScoreRequest, groups: list[int], layout: _BatchFiles) -> None:
+        """Tell the waiting process to run its groups (their files are in place), with the batch's environment."""
+        self.groups = groups
+        self.group_size = request.group_size
+        self.vocab_size = request.vocab_size
+        env = {
+            "ARTWEB_SAMPLING": json.dumps(request.sampling),
+            "ARTWEB_STEP": str(request.step),
+            # art.rewards' default judge; the proxy admits it for this batch.
+            "ARTWEB_JUDGE_MODEL": request.judge_model or "",
+        }
+        env.update({k: str(v) for k, v in request.env.items() if k in PASSED_ENV})
+        if request.egress_hosts:
+            # The guest relays a local port to this socket and names it as the HTTPS proxy (see open_egress).
+            env["ARTWEB_EGRESS_SOCKET"] = ("/run/artweb/egress.sock" if self.jail
+                                           else str(layout.root / "sock" / "egress.sock"))
+        if "WEAVE_PROJECT" not in env:
+            # A script calling weave.init() gets a disabled client at once instead of a network error.
+            env["WEAVE_DISABLED"] = "true"
+        view = memoryview((json.dumps({"env": env}) + "\n").encode())
+        try:
+            while view:
+                view = view[os.write(self.control_fd, view):]
+        except OSError:  # it died while waiting: check_exit says how
+            pass
+        finally:
+            os.close(self.control_fd)
+            self.control_fd = -1
 
     # --- reading what the sandbox says (all of it is the user's word) --------------------------------
 
@@ -632,10 +850,11 @@ class _Sandbox:
 
     def cleanup(self) -> None:
         self._kill_group()
-        try:
-            os.close(self.read_fd)
-        except OSError:
-            pass
+        for fd in (self.read_fd, self.control_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 # --- score-only mode: stored trajectories scored again ------------------------------------------------
@@ -711,31 +930,21 @@ def run_scores(request: ScoreRequest, should_stop: Callable[[], bool] = lambda: 
     n_sandboxes = max(1, min(request.sandboxes or default_sandboxes(), n_groups))
     scores: list[list[dict | None]] = [[None] * len(g.trajectories) for g in request.groups]
 
-    workroot = Path(tempfile.mkdtemp(prefix="artweb-score-"))
-    socket_path = workroot / "sock" / "inference.sock"
+    shape = BatchShape.of(request, n_sandboxes, limits.cpu_seconds or int(batch_timeout) + 10)
+    started = _StartedBatch.start(shape, prefix="artweb-score-", box_type=_ScoreSandbox)
+    layout, jail, sandboxes = started.layout, started.jail, started.boxes
+    socket_path = layout.root / "sock" / "inference.sock"
     proxy = inference_proxy()
-    jail: Jail | None = None
-    sandboxes: list[_ScoreSandbox] = []
     selector = selectors.DefaultSelector()
     try:
-        layout = _BatchFiles(workroot, n_sandboxes)
         for k in range(n_sandboxes):
             layout.write_scores(k, request, list(range(k, n_groups, n_sandboxes)), reward_kind,
                                 concurrency=math.ceil(concurrency / n_sandboxes))
-        if request.jail.jailed:
-            jail = Jail(config=request.jail, root=workroot, socket_dir=socket_path.parent,
-                        guest_dir=GUEST_DIR, fallbacks_dir=FALLBACKS_DIR, python=request.python or sys.executable,
-                        limits=JailLimits(memory_mb=limits.memory_mb,
-                                          processes=limits.max_processes + 32 * n_sandboxes,
-                                          cpus=limits.cpus or float(n_sandboxes), scratch_mb=limits.scratch_mb))
-            layout.hand_over(jail.uid)
         # Only the judge passes, and only under RULER; a reward function reaches no model.
         proxy.open(socket_path, {request.judge_model: request.judge} if request.ruler and request.judge else {})
-        cpu_seconds = limits.cpu_seconds or int(batch_timeout) + 10
-        for k in range(n_sandboxes):
-            box = _ScoreSandbox.start(request, layout, k, jail, cpu_seconds=cpu_seconds)
+        started.hand_over(request)
+        for box in sandboxes:
             box.sizes = {g: len(request.groups[g].trajectories) for g in box.groups}
-            sandboxes.append(box)
             selector.register(box.read_fd, selectors.EVENT_READ, box)
         deadline = time.monotonic() + batch_timeout
         while any(not box.finished for box in sandboxes):
@@ -771,12 +980,8 @@ def run_scores(request: ScoreRequest, should_stop: Callable[[], bool] = lambda: 
                  for s in group] for g, group in enumerate(scores)]
     finally:
         selector.close()
-        for box in sandboxes:
-            box.cleanup()
-        if jail is not None:
-            jail.close()
+        started.close()
         proxy.close(socket_path)
-        shutil.rmtree(workroot, ignore_errors=True)
 
 
 class _ScoreSandbox(_Sandbox):

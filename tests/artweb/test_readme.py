@@ -41,6 +41,8 @@ NOT_CONFIGURATION = {
     "ARTWEB_PROXY_SOCKET": "the sandbox to the guest: the inference proxy's socket",
     "ARTWEB_EGRESS_SOCKET": "the sandbox to the guest: the socket of a Weave export's HTTPS tunnel",
     "ARTWEB_CONTROL_FD": "the sandbox to the guest: the pipe the batch's settings arrive through",
+    "ARTWEB_WARM_UP": "the sandbox to the guest: import the SDK and the client before the batch arrives",
+    "LD_PRELOAD": "the system's own: libraries already preloaded into the GPU worker are kept",
     "WEAVE_PROJECT": "the sandbox to the guest: the run's Weave project, from its export target",
     "OPENAI_BASE_URL": "set inside the sandbox for user code: the relay to the inference proxy",
     "OPENAI_API_KEY": "set inside the sandbox for user code: a placeholder, the proxy holds the key",

@@ -199,10 +199,11 @@ def failures_allowed(share: float, rollouts: int) -> int:
 
 
 def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: str, server, hb: Heartbeat,
-              group_size: int, *, timings: dict[str, float] | None = None):
+              group_size: int, *, timings: dict[str, float] | None = None, warm: bool = False):
     """The batch's rollouts against `model_name`; timings, when given, gets the judge's share of them:
     "judge_server" (getting a judge server ready) and "ruler" (seconds the judge spent on the groups,
-    summed over groups, which are judged while other groups' rollouts still run)."""
+    summed over groups, which are judged while other groups' rollouts still run). warm: a step's training
+    batch, which takes the sandbox pre-started for it and pre-starts the next step's."""
     from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
     from training.exports.weave import export_rollout_env, rollout_egress_hosts
 
@@ -237,6 +238,8 @@ def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: s
         judge_model=judge,
         extra_models=extra_models,
         ruler=cfg.use_ruler,
+        warm_key=f"run-{run.id}" if warm else None,
+        prestart_next=warm and run.steps_done + 1 < run.num_steps,
     )
     results = run_rollouts(request, should_stop=hb.should_stop)
     if timings is not None and cfg.use_ruler:
@@ -437,7 +440,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     policy = _policy_model_name(run, server)
     scenarios = _sample_scenarios(run, cfg, step, "train", cfg.scenarios_per_step)
     try:
-        results = _rollouts(run, cfg, scenarios, policy, server, hb, cfg.group_size, timings=timings)
+        results = _rollouts(run, cfg, scenarios, policy, server, hb, cfg.group_size, timings=timings, warm=True)
     except TooManyErrors as exc:
         failed = sum(1 for g in exc.groups for t in g.trajectories if t.get("error"))
         _persist_groups(run, step, "train", scenarios, exc.groups, me=hb.me, failed=True)

@@ -1,9 +1,12 @@
 """The sandbox process: runs a person's rollout script and reward function on a batch of groups.
 
 Started by rollouts.runtime.sandbox with a clean environment, resource limits and a working directory
-of its own; never imported by artweb itself. Reads the batch description (a JSON file named on the
-command line), runs every rollout concurrently on one asyncio loop, and writes one JSON line per
-finished trajectory to the result pipe, so whatever was finished survives if this process dies.
+of its own; never imported by artweb itself. It may be started before its batch is known: it then
+first imports the SDK and the OpenAI client (about a CPU-second that the batch need not wait for). It
+waits for one line on its control pipe, the batch's environment, which says that the batch's files
+are in place. No user code is loaded before that line. Then it reads the batch description (a JSON file
+named on the command line), runs every rollout concurrently on one asyncio loop, and writes one JSON
+line per finished trajectory to the result pipe, so whatever was finished survives if this process dies.
 
 Timeouts: `asyncio.timeout` stops a rollout that waits too long; a rollout that blocks the loop
 itself (`while True: pass`) is interrupted by a watchdog thread, which signals the main thread so
@@ -625,7 +628,38 @@ def start_relay(socket_path: str) -> int:
     return found["port"]
 
 
+def warm_up() -> None:
+    """Import what every rollout script uses: the SDK (imported above), `art`, and the OpenAI client with
+    the modules its first chat completion loads. Nothing here opens a connection."""
+    import art  # noqa: F401
+    import httpx
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1", http_client=httpx.AsyncClient())
+    _ = client.chat.completions  # its first access imports the chat resources and the HTTP/1.1 stack
+
+
+MAX_CONTROL_BYTES = 1 << 20
+
+
+def wait_for_batch(fd: int) -> dict[str, str]:
+    """Block until the worker sends the batch's environment (one JSON line); exit quietly if it closes the
+    pipe instead (a pre-started process that no batch took)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 65536)
+        if not chunk or len(data) > MAX_CONTROL_BYTES:
+            os._exit(0)
+        data += chunk
+    os.close(fd)
+    message = json.loads(data)
+    return {str(k): str(v) for k, v in message["env"].items()}
+
+
 def main() -> None:
+    if os.environ.pop("ARTWEB_WARM_UP", "") == "1":  # started ahead of its batch: the imports are free now
+        warm_up()
+    os.environ.update(wait_for_batch(int(os.environ.pop("ARTWEB_CONTROL_FD"))))
     spec_path = Path(sys.argv[1])
     spec = json.loads(spec_path.read_text())
     pipe = ResultPipe(int(os.environ["ARTWEB_RESULT_FD"]))
