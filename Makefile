@@ -55,7 +55,8 @@ test: install browser-deps sandbox-deps
 	rc=$$?; if [ $$rc = 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 lint: install
-	$(PY) -m ruff check artweb training rollouts tests
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 bench: install sandbox-deps
 	@# The head-to-head benchmark against TRL (bench/trl_compare.py); writes bench/results/trl_compare.md.

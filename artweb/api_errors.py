@@ -76,16 +76,23 @@ def error_body(exc, data) -> dict:
             message = "Invalid input. " + "; ".join(general + parts)
         return {"message": message, "field_errors": field_errors}
     if isinstance(exc, exceptions.ParseError):
-        return {"message": f"The request body could not be read ({_text(data)}). Send a JSON object with "
-                           "'Content-Type: application/json', or a multipart form for file uploads.",
-                "field_errors": {}}
+        return {
+            "message": f"The request body could not be read ({_text(data)}). Send a JSON object with "
+            "'Content-Type: application/json', or a multipart form for file uploads.",
+            "field_errors": {},
+        }
     if isinstance(exc, exceptions.UnsupportedMediaType):
-        return {"message": f"{_text(data)} Send JSON ('Content-Type: application/json'); uploads also take "
-                           "'multipart/form-data' with a 'file' field.", "field_errors": {}}
+        return {
+            "message": f"{_text(data)} Send JSON ('Content-Type: application/json'); uploads also take "
+            "'multipart/form-data' with a 'file' field.",
+            "field_errors": {},
+        }
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
-        return {"message": f"{_text(data)} Send 'Authorization: Token <key>' (create a key with "
-                           "POST /api/v1/tokens/ or on the API tokens page).",
-                "field_errors": {}}
+        return {
+            "message": f"{_text(data)} Send 'Authorization: Token <key>' (create a key with "
+            "POST /api/v1/tokens/ or on the API tokens page).",
+            "field_errors": {},
+        }
     if isinstance(exc, exceptions.Throttled):
         wait = f" Try again in {int(exc.wait) + 1} seconds." if exc.wait is not None else ""
         return {"message": f"Too many requests of this kind.{wait}", "field_errors": {}}

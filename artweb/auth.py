@@ -34,14 +34,20 @@ def lockout_response(request: HttpRequest, original_response=None, credentials=N
     """AXES_LOCKOUT_CALLABLE: the sign-in page again with the lockout message, or the API's error shape."""
     retry_after = str(cool_off_minutes() * 60)
     if request.path.startswith("/api/"):
-        response = JsonResponse({"message": lockout_message(), "field_errors": {}},
-                                status=settings.AXES_HTTP_RESPONSE_CODE)
+        response = JsonResponse(
+            {"message": lockout_message(), "field_errors": {}}, status=settings.AXES_HTTP_RESPONSE_CODE
+        )
     else:
-        response = render(request, "registration/login.html", {
-            "form": AuthenticationForm(request, initial={"username": request.POST.get("username", "")}),
-            "lockout_message": lockout_message(),
-            "next": request.POST.get("next") or request.GET.get("next", ""),
-        }, status=settings.AXES_HTTP_RESPONSE_CODE)
+        response = render(
+            request,
+            "registration/login.html",
+            {
+                "form": AuthenticationForm(request, initial={"username": request.POST.get("username", "")}),
+                "lockout_message": lockout_message(),
+                "next": request.POST.get("next") or request.GET.get("next", ""),
+            },
+            status=settings.AXES_HTTP_RESPONSE_CODE,
+        )
     response["Retry-After"] = retry_after
     return response
 

@@ -30,8 +30,10 @@ class JsonSerializer:
         try:
             return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"The cache stores JSON values only: {exc}. Convert the value to plain "
-                            "dicts, lists, strings and numbers first.") from exc
+            raise TypeError(
+                f"The cache stores JSON values only: {exc}. Convert the value to plain "
+                "dicts, lists, strings and numbers first."
+            ) from exc
 
     def loads(self, data):
         try:

@@ -32,14 +32,21 @@ class ApiError(Exception):
 
 
 class Client:
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ):
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Token {token}"
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=headers, timeout=timeout,
-                                  transport=transport)
+        self._http = httpx.Client(
+            base_url=self.base_url + "/api/v1", headers=headers, timeout=timeout, transport=transport
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -82,11 +89,19 @@ class Client:
     # --- tokens -----------------------------------------------------------------------------------
 
     @classmethod
-    def token_create(cls, base_url: str, username: str, password: str, *, timeout: float = DEFAULT_TIMEOUT,
-                     transport: httpx.BaseTransport | None = None) -> str:
+    def token_create(
+        cls,
+        base_url: str,
+        username: str,
+        password: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> str:
         """Create (or replace) the user's API token with username and password; returns the key."""
-        with httpx.Client(base_url=base_url.rstrip("/") + "/api/v1", auth=(username, password), timeout=timeout,
-                          transport=transport) as http:
+        with httpx.Client(
+            base_url=base_url.rstrip("/") + "/api/v1", auth=(username, password), timeout=timeout, transport=transport
+        ) as http:
             response = http.post("/tokens/")
             _raise_for(response)
             return response.json()["key"]
@@ -104,12 +119,21 @@ class Client:
 
     # --- code uploads -----------------------------------------------------------------------------
 
-    def _code_upload(self, kind: str, name: str, content: str | bytes, *, description: str = "",
-                     note: str = "", new_version: bool = True) -> dict:
+    def _code_upload(
+        self,
+        kind: str,
+        name: str,
+        content: str | bytes,
+        *,
+        description: str = "",
+        note: str = "",
+        new_version: bool = True,
+    ) -> dict:
         """Create the asset, or (new_version) add a version when one of that name exists."""
         existing = self._by_name(f"/{kind}/", name) if new_version else None
-        files = {"file": (f"{name}.py", content if isinstance(content, bytes) else content.encode("utf-8"),
-                          "text/x-python")}
+        files = {
+            "file": (f"{name}.py", content if isinstance(content, bytes) else content.encode("utf-8"), "text/x-python")
+        }
         if existing:
             return self._post(f"/{kind}/{existing['id']}/versions/create/", data={"note": note}, files=files)
         return self._post(f"/{kind}/create/", data={"name": name, "description": description}, files=files)
@@ -143,12 +167,15 @@ class Client:
 
     # --- scenario sets ----------------------------------------------------------------------------
 
-    def scenarios_upload(self, name: str, jsonl: str | bytes, *, validation_fraction: float = 0.2,
-                         description: str = "") -> dict:
+    def scenarios_upload(
+        self, name: str, jsonl: str | bytes, *, validation_fraction: float = 0.2, description: str = ""
+    ) -> dict:
         raw = jsonl if isinstance(jsonl, bytes) else jsonl.encode("utf-8")
-        return self._post("/scenario-sets/create/", data={"name": name, "description": description,
-                                                          "validation_fraction": str(validation_fraction)},
-                          files={"file": (f"{name}.jsonl", raw, "application/x-ndjson")})
+        return self._post(
+            "/scenario-sets/create/",
+            data={"name": name, "description": description, "validation_fraction": str(validation_fraction)},
+            files={"file": (f"{name}.jsonl", raw, "application/x-ndjson")},
+        )
 
     def scenario_sets(self) -> list[dict]:
         return list(self._pages("/scenario-sets/"))
@@ -177,19 +204,46 @@ class Client:
 
     # --- runs -------------------------------------------------------------------------------------
 
-    def runs(self, *, status: str | None = None, tag: str | None = None, q: str | None = None,
-             base_model: str | None = None, order: str | None = None, limit: int = 50, offset: int = 0) -> dict:
-        return self._get("/runs/", status=status, tag=tag, q=q, base_model=base_model, order=order,
-                         limit=limit, offset=offset)
+    def runs(
+        self,
+        *,
+        status: str | None = None,
+        tag: str | None = None,
+        q: str | None = None,
+        base_model: str | None = None,
+        order: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> dict:
+        return self._get(
+            "/runs/", status=status, tag=tag, q=q, base_model=base_model, order=order, limit=limit, offset=offset
+        )
 
     def run(self, run_id: int) -> dict:
         return self._get(f"/runs/{run_id}/")
 
-    def run_create(self, *, name: str, base_model: int | str, script: int | str, scenario_set: int | str,
-                   reward: int | str | None = None, config: dict | None = None, tags: list[str] | None = None,
-                   script_version: int | None = None, reward_version: int | None = None) -> dict:
-        payload = {"name": name, "base_model": base_model, "script": script, "scenario_set": scenario_set,
-                   "reward": reward, "config": config or {}, "tags": tags or []}
+    def run_create(
+        self,
+        *,
+        name: str,
+        base_model: int | str,
+        script: int | str,
+        scenario_set: int | str,
+        reward: int | str | None = None,
+        config: dict | None = None,
+        tags: list[str] | None = None,
+        script_version: int | None = None,
+        reward_version: int | None = None,
+    ) -> dict:
+        payload = {
+            "name": name,
+            "base_model": base_model,
+            "script": script,
+            "scenario_set": scenario_set,
+            "reward": reward,
+            "config": config or {},
+            "tags": tags or [],
+        }
         if script_version is not None:
             payload["script_version"] = script_version
         if reward_version is not None:
@@ -208,10 +262,20 @@ class Client:
     def run_retry(self, run_id: int) -> dict:
         return self._post(f"/runs/{run_id}/retry/")
 
-    def metrics(self, run_id: int, *, series: list[str] | None = None, since_step: int | None = None,
-                max_points: int | None = None) -> dict:
-        return self._get(f"/runs/{run_id}/metrics/", series=",".join(series) if series else None,
-                         since_step=since_step, max_points=max_points)
+    def metrics(
+        self,
+        run_id: int,
+        *,
+        series: list[str] | None = None,
+        since_step: int | None = None,
+        max_points: int | None = None,
+    ) -> dict:
+        return self._get(
+            f"/runs/{run_id}/metrics/",
+            series=",".join(series) if series else None,
+            since_step=since_step,
+            max_points=max_points,
+        )
 
     def events(self, run_id: int, *, after: int = 0, limit: int = 200) -> dict:
         return self._get(f"/runs/{run_id}/events/", after=after, limit=limit)
@@ -301,14 +365,18 @@ class Client:
     def export_target(self, target_id: int) -> dict:
         return self._get(f"/export-targets/{target_id}/")
 
-    def export_target_create(self, *, kind: str, settings: dict | None = None, secret: str = "",
-                             run: int | None = None, enabled: bool = True) -> dict:
+    def export_target_create(
+        self, *, kind: str, settings: dict | None = None, secret: str = "", run: int | None = None, enabled: bool = True
+    ) -> dict:
         """kind: wandb, weave or langfuse; run None: all your runs. The secret is never sent back."""
-        return self._post("/export-targets/create/", {"kind": kind, "settings": settings or {}, "secret": secret,
-                                                      "run": run, "enabled": enabled})
+        return self._post(
+            "/export-targets/create/",
+            {"kind": kind, "settings": settings or {}, "secret": secret, "run": run, "enabled": enabled},
+        )
 
-    def export_target_update(self, target_id: int, *, settings: dict | None = None, secret: str | None = None,
-                             enabled: bool | None = None) -> dict:
+    def export_target_update(
+        self, target_id: int, *, settings: dict | None = None, secret: str | None = None, enabled: bool | None = None
+    ) -> dict:
         """Only what is given changes: settings (whole), secret ("" removes the stored one), enabled."""
         payload: dict[str, Any] = {}
         if settings is not None:
@@ -328,8 +396,9 @@ class Client:
 
     # --- following a run --------------------------------------------------------------------------
 
-    def metrics_follow(self, run_id: int, *, series: list[str] | None = None, interval: float = 2.0,
-                       timeout: float | None = None) -> Iterator[tuple[dict, dict]]:
+    def metrics_follow(
+        self, run_id: int, *, series: list[str] | None = None, interval: float = 2.0, timeout: float | None = None
+    ) -> Iterator[tuple[dict, dict]]:
         """Yield (run, new_metrics) each poll until the run is finished (or paused), using the since cursor."""
         since = None
         deadline = time.monotonic() + timeout if timeout else None

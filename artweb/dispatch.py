@@ -20,15 +20,20 @@ def publish(task, *, args: tuple = (), kwargs: dict | None = None, **options) ->
     """Send one task message; False (logged) when the broker cannot take it."""
     try:
         task.apply_async(args=args, kwargs=kwargs or {}, **options)
-    except Exception:  # noqa: BLE001 - any broker failure; the sweep sends it again
-        logger.warning("could not send %s%s: the broker is unreachable; the sweep will send it again",
-                       task.name, tuple(args), exc_info=True)
+    except Exception:
+        logger.warning(
+            "could not send %s%s: the broker is unreachable; the sweep will send it again",
+            task.name,
+            tuple(args),
+            exc_info=True,
+        )
         return False
     return True
 
 
-def publish_on_commit(task, *, args: tuple = (), kwargs: dict | None = None, sent: Callable[[], None] | None = None,
-                      **options) -> None:
+def publish_on_commit(
+    task, *, args: tuple = (), kwargs: dict | None = None, sent: Callable[[], None] | None = None, **options
+) -> None:
     """Publish after the current transaction commits; `sent` runs once the broker took the message."""
 
     def send() -> None:

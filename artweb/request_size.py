@@ -16,8 +16,10 @@ MIB = 1024 * 1024
 
 
 def _too_large(limit_mb: int) -> str:
-    return (f"The request body is larger than {limit_mb} MiB, the limit set by ARTWEB_MAX_REQUEST_MB. "
-            "Send less, or ask the operator to raise the limit.")
+    return (
+        f"The request body is larger than {limit_mb} MiB, the limit set by ARTWEB_MAX_REQUEST_MB. "
+        "Send less, or ask the operator to raise the limit."
+    )
 
 
 class RequestSizeLimit:
@@ -69,7 +71,15 @@ class RequestSizeLimit:
         else:
             body, content_type = message.encode(), b"text/plain; charset=utf-8"
         # "close": the rest of the body is never read, so the connection cannot carry another request.
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", content_type),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -104,8 +104,13 @@ CHANNEL_LAYERS = {
 }
 
 # JSON, never pickle: whoever can write to Redis must not get to run code in the web process.
-CACHES = {"default": {"BACKEND": "artweb.cache.JsonRedisCache", "LOCATION": REDIS_URL,
-                      "OPTIONS": {"serializer": "artweb.cache.JsonSerializer"}}}
+CACHES = {
+    "default": {
+        "BACKEND": "artweb.cache.JsonRedisCache",
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {"serializer": "artweb.cache.JsonSerializer"},
+    }
+}
 
 # Celery: two queues. "gpu" workers run with concurrency 1 and prefetch 1 (one run step at a time).
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
@@ -143,7 +148,8 @@ STORAGES = {
     # Production serves the collectstatic output, compressed and with hashed names (cache forever);
     # development serves the source files as they are, so no collectstatic step is needed.
     "staticfiles": {
-        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage" if DEBUG
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
         else "whitenoise.storage.CompressedManifestStaticFilesStorage"
     },
 }
@@ -256,8 +262,12 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     # axes: failures and lockouts are warnings; its INFO lines repeat every successful sign-in.
-    "loggers": {"wandb": {"level": "WARNING"}, "weave": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
-                "axes": {"level": "WARNING"}},
+    "loggers": {
+        "wandb": {"level": "WARNING"},
+        "weave": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},
+    },
 }
 # Worker output goes through LOGGING (JSON in production, run/step ids) instead of Celery's own format.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -37,16 +37,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    result = run_artweb(steps=args.steps, group_size=6, scenarios_per_step=4, max_tokens=48, learning_rate=2e-4,
-                        val_every=5)
+    result = run_artweb(
+        steps=args.steps, group_size=6, scenarios_per_step=4, max_tokens=48, learning_rate=2e-4, val_every=5
+    )
     print_curve(result)
     run = Run.objects.get(id=result["run_id"])
     alerts = list(RunEvent.objects.filter(run=run, kind__in=EVENT_KINDS.values()).values_list("kind", "message"))
     print(f"\nCPU: {cpu_model()}\nalerts raised: {len(alerts)}")
     for kind, message in alerts:
         print(f"  {kind}: {message}")
-    steps = [{"step": s.step, "reward_mean": s.reward_mean, "reward_std": s.reward_std, "val_reward": s.val_reward,
-              "metrics": s.metrics} for s in Step.objects.filter(run=run).order_by("step")]
+    steps = [
+        {
+            "step": s.step,
+            "reward_mean": s.reward_mean,
+            "reward_std": s.reward_std,
+            "val_reward": s.val_reward,
+            "metrics": s.metrics,
+        }
+        for s in Step.objects.filter(run=run).order_by("step")
+    ]
     FIXTURE.write_text(json.dumps({"config": run.config, "status": run.status, "steps": steps}, indent=1) + "\n")
     print(f"wrote {len(steps)} steps to {FIXTURE.relative_to(FIXTURE.parents[2])}")
     return 0 if run.status == Run.Status.COMPLETED else 1

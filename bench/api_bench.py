@@ -63,50 +63,96 @@ def fill(refill: bool):
     Run.objects.filter(owner=user).delete()
     model, _ = BaseModel.objects.get_or_create(name="api-bench-model", defaults={"source": "org/api-bench-model"})
     script, _ = RolloutScript.objects.get_or_create(owner=user, name="api-bench-script")
-    version, _ = RolloutScriptVersion.objects.get_or_create(asset=script, number=1,
-                                                            defaults={"content": "# bench", "sha256": "0" * 64})
-    scenario_set, created = ScenarioSet.objects.get_or_create(owner=user, name="api-bench-set",
-                                                              defaults={"sha256": "0" * 64,
-                                                                        "train_count": GROUPS_PER_STEP})
+    version, _ = RolloutScriptVersion.objects.get_or_create(
+        asset=script, number=1, defaults={"content": "# bench", "sha256": "0" * 64}
+    )
+    scenario_set, created = ScenarioSet.objects.get_or_create(
+        owner=user, name="api-bench-set", defaults={"sha256": "0" * 64, "train_count": GROUPS_PER_STEP}
+    )
     if created:
-        Scenario.objects.bulk_create([Scenario(scenario_set=scenario_set, index=i, split="train",
-                                               data={"prompt": f"Task {i}: add {i} and {i + 1}."})
-                                      for i in range(GROUPS_PER_STEP)])
+        Scenario.objects.bulk_create(
+            [
+                Scenario(
+                    scenario_set=scenario_set,
+                    index=i,
+                    split="train",
+                    data={"prompt": f"Task {i}: add {i} and {i + 1}."},
+                )
+                for i in range(GROUPS_PER_STEP)
+            ]
+        )
     scenarios = list(scenario_set.scenarios.order_by("index"))
-    run = Run.objects.create(owner=user, name="api-bench-run", base_model=model, script_version=version,
-                             scenario_set=scenario_set, config={"num_steps": STEPS}, num_steps=STEPS,
-                             status="completed", steps_done=STEPS)
+    run = Run.objects.create(
+        owner=user,
+        name="api-bench-run",
+        base_model=model,
+        script_version=version,
+        scenario_set=scenario_set,
+        config={"num_steps": STEPS},
+        num_steps=STEPS,
+        status="completed",
+        steps_done=STEPS,
+    )
     rng = random.Random(0)
     started = time.perf_counter()
-    Step.objects.bulk_create([
-        Step(run=run, step=s, reward_mean=rng.random(), reward_std=rng.random() / 4,
-             val_reward=rng.random() if s % 10 == 0 else None, duration_s=rng.uniform(1, 3),
-             metrics={"loss": rng.gauss(0, 1), "kl": rng.random() / 100, "grad_norm": rng.uniform(0, 3),
-                      "completion_tokens_mean": rng.uniform(10, 48), "tokens_per_second": rng.uniform(100, 300)},
-             timings={"rollouts": rng.uniform(0.5, 2), "train": rng.uniform(0.1, 0.5)})
-        for s in range(1, STEPS + 1)
-    ], batch_size=1000)
+    Step.objects.bulk_create(
+        [
+            Step(
+                run=run,
+                step=s,
+                reward_mean=rng.random(),
+                reward_std=rng.random() / 4,
+                val_reward=rng.random() if s % 10 == 0 else None,
+                duration_s=rng.uniform(1, 3),
+                metrics={
+                    "loss": rng.gauss(0, 1),
+                    "kl": rng.random() / 100,
+                    "grad_norm": rng.uniform(0, 3),
+                    "completion_tokens_mean": rng.uniform(10, 48),
+                    "tokens_per_second": rng.uniform(100, 300),
+                },
+                timings={"rollouts": rng.uniform(0.5, 2), "train": rng.uniform(0.1, 0.5)},
+            )
+            for s in range(1, STEPS + 1)
+        ],
+        batch_size=1000,
+    )
     for first in range(1, STEPS + 1, 200):
         with transaction.atomic():
             steps = range(first, min(first + 200, STEPS + 1))
-            groups = TrajectoryGroup.objects.bulk_create([
-                TrajectoryGroup(run=run, step=s, scenario=scenarios[g], reward_mean=0.5, reward_std=0.2)
-                for s in steps for g in range(GROUPS_PER_STEP)
-            ])
+            groups = TrajectoryGroup.objects.bulk_create(
+                [
+                    TrajectoryGroup(run=run, step=s, scenario=scenarios[g], reward_mean=0.5, reward_std=0.2)
+                    for s in steps
+                    for g in range(GROUPS_PER_STEP)
+                ]
+            )
             rows = []
             for group in groups:
                 for i in range(GROUP_SIZE):
                     answer = f"The answer is {rng.randint(0, 99)}." + (" zebra" if rng.random() < 0.001 else "")
                     prompt = scenarios[0].data["prompt"]
-                    rows.append(Trajectory(
-                        group=group, run=run, step=group.step, index=i, reward=rng.random(),
-                        advantage=rng.gauss(0, 1), prompt_tokens=40, completion_tokens=12, duration_ms=800,
-                        messages=[{"role": "system", "content": "You are a careful calculator. " * 4},
-                                  {"role": "user", "content": prompt},
-                                  {"role": "assistant", "content": answer}],
-                        logs=["rollout started", "rollout finished"], metrics={"correct": rng.random() < 0.5},
-                        search_text=f"{prompt}\n{answer}",
-                    ))
+                    rows.append(
+                        Trajectory(
+                            group=group,
+                            run=run,
+                            step=group.step,
+                            index=i,
+                            reward=rng.random(),
+                            advantage=rng.gauss(0, 1),
+                            prompt_tokens=40,
+                            completion_tokens=12,
+                            duration_ms=800,
+                            messages=[
+                                {"role": "system", "content": "You are a careful calculator. " * 4},
+                                {"role": "user", "content": prompt},
+                                {"role": "assistant", "content": answer},
+                            ],
+                            logs=["rollout started", "rollout finished"],
+                            metrics={"correct": rng.random() < 0.5},
+                            search_text=f"{prompt}\n{answer}",
+                        )
+                    )
             Trajectory.objects.bulk_create(rows, batch_size=5000)
         print(f"  filled steps {first}..{steps[-1]} ({time.perf_counter() - started:.0f} s)", flush=True)
     with __import__("django.db").db.connection.cursor() as cursor:
@@ -174,8 +220,10 @@ def main() -> None:
     from rollouts.models import Trajectory
     from training.models import Step
 
-    print(f"run {run.id}: {Step.objects.filter(run=run).count():,} steps, "
-          f"{Trajectory.objects.filter(run=run).count():,} trajectories; {args.requests} requests each\n")
+    print(
+        f"run {run.id}: {Step.objects.filter(run=run).count():,} steps, "
+        f"{Trajectory.objects.filter(run=run).count():,} trajectories; {args.requests} requests each\n"
+    )
     print(f"{'endpoint':<46} {'p50 ms':>8} {'p95 ms':>8} {'mean':>8}  target")
     failed = False
     for label, url, targeted in cases:

@@ -1,6 +1,6 @@
 """Create a benchmark's PostgreSQL database when it does not exist yet.
 
-    python -m bench.db [DATABASE_URL]      # default: the DATABASE_URL environment variable
+python -m bench.db [DATABASE_URL]      # default: the DATABASE_URL environment variable
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ def main() -> int:
     call_command("fetch_default_model")
     user_model = get_user_model()
     user = user_model.objects.filter(username="defaults-bench").first() or user_model.objects.create_superuser(
-        "defaults-bench", "defaults-bench@example.com", "unused-password")
+        "defaults-bench", "defaults-bench@example.com", "unused-password"
+    )
     call_command("seed_demo", owner=user.username)
     setup_test_environment()  # the client keeps the rendered page's form, as a test client does
     client = Client()
@@ -107,16 +108,24 @@ def main() -> int:
     print(f"launched runs {[r.id for r in runs]} with config {json.dumps(runs[0].config)}", flush=True)
 
     work = Path(tempfile.mkdtemp(prefix="artweb-defaults-"))
-    env = stack.stack_env(db_name=settings.DATABASES["default"]["NAME"], data_dir=Path(settings.DATA_DIR),
-                          ARTWEB_VLLM_PORT=str(stack.free_port()),
-                          ARTWEB_VLLM_ENFORCE_EAGER=os.environ.get("ARTWEB_VLLM_ENFORCE_EAGER", "0"),
-                          ARTWEB_HEARTBEAT_SECONDS="15")
+    env = stack.stack_env(
+        db_name=settings.DATABASES["default"]["NAME"],
+        data_dir=Path(settings.DATA_DIR),
+        ARTWEB_VLLM_PORT=str(stack.free_port()),
+        ARTWEB_VLLM_ENFORCE_EAGER=os.environ.get("ARTWEB_VLLM_ENFORCE_EAGER", "0"),
+        ARTWEB_HEARTBEAT_SECONDS="15",
+    )
     worker = stack.start_gpu_worker(env, work / "logs")
     started = time.time()
     try:
         with PeakMemory(worker.popen.pid) as memory:
-            stack.wait_for(lambda: all(Run.objects.get(id=r.id).status in Run.FINAL_STATUSES for r in runs),
-                           timeout=args.timeout * len(runs), interval=5, procs=[worker], what="the runs")
+            stack.wait_for(
+                lambda: all(Run.objects.get(id=r.id).status in Run.FINAL_STATUSES for r in runs),
+                timeout=args.timeout * len(runs),
+                interval=5,
+                procs=[worker],
+                what="the runs",
+            )
     finally:
         worker.kill()
     wall = time.time() - started
@@ -129,10 +138,15 @@ def main() -> int:
             raise SystemExit(f"run {run.id} ended {run.status} without its last checkpoint: {run.error}")
         adapters[f"run{run.id}"] = last.path
         steps = list(Step.objects.filter(run=run).order_by("step"))
-        rows.append({"run": run.id, "train_first3": statistics.fmean(s.reward_mean for s in steps[:3]),
-                     "train_last3": statistics.fmean(s.reward_mean for s in steps[-3:]),
-                     "val": {s.step: s.val_reward for s in steps if s.val_reward is not None},
-                     "step_s": statistics.median(s.duration_s for s in steps)})
+        rows.append(
+            {
+                "run": run.id,
+                "train_first3": statistics.fmean(s.reward_mean for s in steps[:3]),
+                "train_last3": statistics.fmean(s.reward_mean for s in steps[-3:]),
+                "val": {s.step: s.val_reward for s in steps if s.val_reward is not None},
+                "step_s": statistics.median(s.duration_s for s in steps),
+            }
+        )
     results = heldout(Path(runs[0].base_model.local_path), adapters, work / "heldout.json")
     base = results["base"]["reward_mean"]
     gains = [results[f"run{r['run']}"]["reward_mean"] - base for r in rows]
@@ -154,14 +168,19 @@ def main() -> int:
         "| run | train reward, steps 1-3 | train reward, last 3 steps | in-run validation by step | median step s | held-out after | change vs base |",
         "|---:|---:|---:|---|---:|---:|---:|",
     ]
-    for row, gain in zip(rows, gains):
+    for row, gain in zip(rows, gains, strict=False):
         val = ", ".join(f"{k}: {v:.3f}" for k, v in row["val"].items())
-        lines.append(f"| {row['run']} | {row['train_first3']:.3f} | {row['train_last3']:.3f} | {val} | "
-                     f"{row['step_s']:.1f} | {results['run' + str(row['run'])]['reward_mean']:.3f} | {gain:+.3f} |")
+        lines.append(
+            f"| {row['run']} | {row['train_first3']:.3f} | {row['train_last3']:.3f} | {val} | "
+            f"{row['step_s']:.1f} | {results['run' + str(row['run'])]['reward_mean']:.3f} | {gain:+.3f} |"
+        )
     spread = statistics.pstdev(gains) if len(gains) > 1 else 0.0
-    lines += ["", f"Base model held-out reward: {base:.3f}. Change after {cfg['num_steps']} steps: mean "
-              f"{statistics.fmean(gains):+.3f}, min {min(gains):+.3f}, max {max(gains):+.3f}, "
-              f"standard deviation {spread:.3f} over {len(gains)} runs."]
+    lines += [
+        "",
+        f"Base model held-out reward: {base:.3f}. Change after {cfg['num_steps']} steps: mean "
+        f"{statistics.fmean(gains):+.3f}, min {min(gains):+.3f}, max {max(gains):+.3f}, "
+        f"standard deviation {spread:.3f} over {len(gains)} runs.",
+    ]
     text = "\n".join(lines) + "\n"
     args.out.write_text(text)
     print(text)

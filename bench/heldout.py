@@ -28,17 +28,25 @@ def evaluate(model, tokenizer, scenarios: list[dict], samples: int, max_tokens: 
 
     score = load_reward()
     tokenizer.padding_side = "left"
-    prompts = [tokenizer.apply_chat_template(messages_for(s), add_generation_prompt=True, tokenize=False)
-               for s in scenarios]
+    prompts = [
+        tokenizer.apply_chat_template(messages_for(s), add_generation_prompt=True, tokenize=False) for s in scenarios
+    ]
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(seed)
     with torch.no_grad():
-        out = model.generate(**batch, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                             max_new_tokens=max_tokens, num_return_sequences=samples,
-                             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-    answers = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **batch,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=max_tokens,
+            num_return_sequences=samples,
+            pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+        )
+    answers = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     rewards = [score(scenarios[i // samples], a) for i, a in enumerate(answers)]
-    per_scenario = [statistics.fmean(rewards[i:i + samples]) for i in range(0, len(rewards), samples)]
+    per_scenario = [statistics.fmean(rewards[i : i + samples]) for i in range(0, len(rewards), samples)]
     return {"reward_mean": statistics.fmean(rewards), "answers": len(rewards), "per_scenario": per_scenario}
 
 
@@ -69,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         model.eval()
         results[name] = evaluate(model, tokenizer, scenarios, args.samples, args.max_tokens, args.seed)
         results[name]["seconds"] = time.perf_counter() - t
-        print(f"{name}: held-out reward {results[name]['reward_mean']:.3f} over {results[name]['answers']} answers "
-              f"({results[name]['seconds']:.0f}s)", flush=True)
+        print(
+            f"{name}: held-out reward {results[name]['reward_mean']:.3f} over {results[name]['answers']} answers "
+            f"({results[name]['seconds']:.0f}s)",
+            flush=True,
+        )
         del model
         torch.manual_seed(0)
     args.out.write_text(json.dumps({"scenarios": len(scenarios), "samples": args.samples, "results": results}))

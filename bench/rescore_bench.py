@@ -83,15 +83,27 @@ def conversation(step: int, group: int, i: int) -> list[dict]:
     word = WORDS[(group + i) % len(WORDS)]
     length = 3 + (step * 7 + group * 3 + i * 5) % 14
     text = " ".join([word if i % 3 else "word"] + ["filler"] * length)
-    return [{"role": "user", "content": f"Use the word {word} in at most 8 words."},
-            {"role": "assistant", "content": text, "token_ids": [1] * length, "logprobs": [-0.5] * length,
-             "finish_reason": "stop"}]
+    return [
+        {"role": "user", "content": f"Use the word {word} in at most 8 words."},
+        {
+            "role": "assistant",
+            "content": text,
+            "token_ids": [1] * length,
+            "logprobs": [-0.5] * length,
+            "finish_reason": "stop",
+        },
+    ]
 
 
 def workload(steps: int, groups: int, size: int) -> list[list[tuple[dict, list[list[dict]]]]]:
     """Per step, its groups: (scenario, the group's conversations)."""
-    return [[({"word": WORDS[g % len(WORDS)], "max_words": 8},
-              [conversation(s, g, i) for i in range(size)]) for g in range(groups)] for s in range(1, steps + 1)]
+    return [
+        [
+            ({"word": WORDS[g % len(WORDS)], "max_words": 8}, [conversation(s, g, i) for i in range(size)])
+            for g in range(groups)
+        ]
+        for s in range(1, steps + 1)
+    ]
 
 
 def in_step(work, reward: str, jail) -> float:
@@ -101,10 +113,20 @@ def in_step(work, reward: str, jail) -> float:
     started = time.perf_counter()
     for step, groups in enumerate(work, start=1):
         scenarios = [{**scenario, "key": f"{step}-{g}", "replay": convs} for g, (scenario, convs) in enumerate(groups)]
-        results = run_rollouts(RolloutRequest(
-            script=REPLAY, reward=reward, scenarios=scenarios, group_size=len(groups[0][1]),
-            base_url="http://127.0.0.1:9/v1", model_name="none", max_exceptions=0, jail=jail,
-            limits=SandboxLimits(rollout_timeout_s=120.0), step=step))
+        results = run_rollouts(
+            RolloutRequest(
+                script=REPLAY,
+                reward=reward,
+                scenarios=scenarios,
+                group_size=len(groups[0][1]),
+                base_url="http://127.0.0.1:9/v1",
+                model_name="none",
+                max_exceptions=0,
+                jail=jail,
+                limits=SandboxLimits(rollout_timeout_s=120.0),
+                step=step,
+            )
+        )
         assert all(t["error"] is None for r in results for t in r.trajectories), results[0].errors
     return time.perf_counter() - started
 
@@ -115,11 +137,20 @@ def scores_per_step(work, reward: str, jail) -> float:
 
     started = time.perf_counter()
     for groups in work:
-        results = run_scores(ScoreRequest(
-            groups=[ScoreGroup(scenario=scenario, trajectories=[{"messages": c, "tools": None, "metrics": {},
-                                                                  "metadata": {}} for c in convs])
-                    for scenario, convs in groups],
-            reward=reward, jail=jail, limits=SandboxLimits(rollout_timeout_s=120.0)))
+        results = run_scores(
+            ScoreRequest(
+                groups=[
+                    ScoreGroup(
+                        scenario=scenario,
+                        trajectories=[{"messages": c, "tools": None, "metrics": {}, "metadata": {}} for c in convs],
+                    )
+                    for scenario, convs in groups
+                ],
+                reward=reward,
+                jail=jail,
+                limits=SandboxLimits(rollout_timeout_s=120.0),
+            )
+        )
         assert all(s["error"] is None for g in results for s in g), results[0]
     return time.perf_counter() - started
 
@@ -161,22 +192,39 @@ def seed(work, reward: str):
     user = get_user_model().objects.create_user(f"bench-{tag}")
     model, _ = BaseModel.objects.get_or_create(name="bench-rescore-model", defaults={"source": "bench/none"})
     script = RolloutScript.objects.create(owner=user, name=f"replay-{tag}")
-    script_v = RolloutScriptVersion.objects.create(asset=script, number=1, content=REPLAY,
-                                                   sha256=hashlib.sha256(REPLAY.encode()).hexdigest())
+    script_v = RolloutScriptVersion.objects.create(
+        asset=script, number=1, content=REPLAY, sha256=hashlib.sha256(REPLAY.encode()).hexdigest()
+    )
     asset = RewardFunction.objects.create(owner=user, name=f"reward-{tag}")
-    reward_v = RewardFunctionVersion.objects.create(asset=asset, number=1, content=reward, kind="trajectory",
-                                                    sha256=hashlib.sha256(reward.encode()).hexdigest())
+    reward_v = RewardFunctionVersion.objects.create(
+        asset=asset, number=1, content=reward, kind="trajectory", sha256=hashlib.sha256(reward.encode()).hexdigest()
+    )
     sset = ScenarioSet.objects.create(owner=user, name=f"set-{tag}", sha256="0" * 64, train_count=len(work[0]))
-    scenarios = [Scenario.objects.create(scenario_set=sset, index=g, split="train", data=scenario)
-                 for g, (scenario, _) in enumerate(work[0])]
-    run = Run.objects.create(owner=user, name=f"bench-{tag}", base_model=model, script_version=script_v,
-                             reward_version=reward_v, scenario_set=sset, config={}, num_steps=len(work),
-                             steps_done=len(work), status="completed")
+    scenarios = [
+        Scenario.objects.create(scenario_set=sset, index=g, split="train", data=scenario)
+        for g, (scenario, _) in enumerate(work[0])
+    ]
+    run = Run.objects.create(
+        owner=user,
+        name=f"bench-{tag}",
+        base_model=model,
+        script_version=script_v,
+        reward_version=reward_v,
+        scenario_set=sset,
+        config={},
+        num_steps=len(work),
+        steps_done=len(work),
+        status="completed",
+    )
     for step, groups in enumerate(work, start=1):
         for g, (_, convs) in enumerate(groups):
             group = TrajectoryGroup.objects.create(run=run, step=step, scenario=scenarios[g])
-            Trajectory.objects.bulk_create([Trajectory(group=group, run=run, step=step, index=i, messages=c,
-                                                       reward=0.5) for i, c in enumerate(convs)])
+            Trajectory.objects.bulk_create(
+                [
+                    Trajectory(group=group, run=run, step=step, index=i, messages=c, reward=0.5)
+                    for i, c in enumerate(convs)
+                ]
+            )
     return user, run, reward_v
 
 
@@ -225,23 +273,34 @@ def main() -> None:
         "",
         f"CPU: {cpu} ({os.cpu_count()} cores); sandbox {'jailed' if jail.jailed else 'NOT jailed'}; "
         f"{args.steps} steps x {args.groups} groups x {args.group_size} = {n} trajectories; "
-        f"reward: rollouts/examples/reward.py" + (f" + {args.reward_ms:g} ms CPU per call" if args.reward_ms else "")
+        f"reward: rollouts/examples/reward.py"
+        + (f" + {args.reward_ms:g} ms CPU per call" if args.reward_ms else "")
         + f"; median of {args.repeats}.",
         "",
         "| how | trajectories/s | seconds (median) | vs in-step |",
         "|---|---:|---:|---:|",
-        (f"| in a step: run_rollouts per step, replayed rollouts + reward | {rate['in_step']:.1f} | "
-         f"{statistics.median(times['in_step']):.2f} | 100% |"),
-        (f"| run_scores per step (re-scoring runtime, the step's batching) | {rate['scores_per_step']:.1f} | "
-         f"{statistics.median(times['scores_per_step']):.2f} | {rate['scores_per_step'] / rate['in_step']:.0%} |"),
-        (f"| re-scoring: rescore_execute end to end (database included) | {rate['rescore']:.1f} | "
-         f"{statistics.median(times['rescore']):.2f} | {rate['rescore'] / rate['in_step']:.0%} |"),
+        (
+            f"| in a step: run_rollouts per step, replayed rollouts + reward | {rate['in_step']:.1f} | "
+            f"{statistics.median(times['in_step']):.2f} | 100% |"
+        ),
+        (
+            f"| run_scores per step (re-scoring runtime, the step's batching) | {rate['scores_per_step']:.1f} | "
+            f"{statistics.median(times['scores_per_step']):.2f} | {rate['scores_per_step'] / rate['in_step']:.0%} |"
+        ),
+        (
+            f"| re-scoring: rescore_execute end to end (database included) | {rate['rescore']:.1f} | "
+            f"{statistics.median(times['rescore']):.2f} | {rate['rescore'] / rate['in_step']:.0%} |"
+        ),
         "",
-        (f"Target: re-scoring >= 90% of in-step: {'met' if rate['rescore'] >= 0.9 * rate['in_step'] else 'NOT met'} "
-         f"({rate['rescore'] / rate['in_step']:.0%})."),
+        (
+            f"Target: re-scoring >= 90% of in-step: {'met' if rate['rescore'] >= 0.9 * rate['in_step'] else 'NOT met'} "
+            f"({rate['rescore'] / rate['in_step']:.0%})."
+        ),
         "",
-        (f"Command: `python -m bench.rescore_bench --steps {args.steps} --groups {args.groups} --group-size "
-         f"{args.group_size} --reward-ms {args.reward_ms:g} --repeats {args.repeats}`"),
+        (
+            f"Command: `python -m bench.rescore_bench --steps {args.steps} --groups {args.groups} --group-size "
+            f"{args.group_size} --reward-ms {args.reward_ms:g} --repeats {args.repeats}`"
+        ),
     ]
     print("\n".join(lines))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

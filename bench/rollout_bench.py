@@ -80,8 +80,13 @@ async def direct(base_url: str, api_key: str, model: str, n: int, concurrency: i
     async def one(prompt: str) -> int:
         async with gate:
             completion = await client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=sampling["max_tokens"],
-                temperature=sampling["temperature"], logprobs=True, extra_body={"return_token_ids": True, **extra})
+                model=model,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=sampling["max_tokens"],
+                temperature=sampling["temperature"],
+                logprobs=True,
+                extra_body={"return_token_ids": True, **extra},
+            )
             return completion.usage.completion_tokens
 
     try:
@@ -90,27 +95,39 @@ async def direct(base_url: str, api_key: str, model: str, n: int, concurrency: i
         await client.close()
 
 
-def sandboxed(base_url: str, api_key: str, model: str, n: int, concurrency: int, sampling: dict,
-              jail: JailConfig) -> int:
+def sandboxed(
+    base_url: str, api_key: str, model: str, n: int, concurrency: int, sampling: dict, jail: JailConfig
+) -> int:
     # Groups of 4, as a run would send them; one sandbox process per 4 groups at most.
     group = 4 if n % 4 == 0 else 1
     request = RolloutRequest(
-        script=SCRIPT, reward=None, scenarios=[{"prompt": p} for p in prompts(n // group)], group_size=group,
-        base_url=base_url, api_key=api_key, model_name=model, sampling=sampling, concurrency=concurrency,
-        max_exceptions=0, limits=SandboxLimits(rollout_timeout_s=1800), jail=jail,
+        script=SCRIPT,
+        reward=None,
+        scenarios=[{"prompt": p} for p in prompts(n // group)],
+        group_size=group,
+        base_url=base_url,
+        api_key=api_key,
+        model_name=model,
+        sampling=sampling,
+        concurrency=concurrency,
+        max_exceptions=0,
+        limits=SandboxLimits(rollout_timeout_s=1800),
+        jail=jail,
     )
     results = run_rollouts(request)
     return sum(t["completion_tokens"] for g in results for t in g.trajectories)
 
 
-def measure(kind: str, base_url: str, api_key: str, model: str, n: int, concurrency: int,
-            sampling: dict) -> tuple[int, float]:
+def measure(
+    kind: str, base_url: str, api_key: str, model: str, n: int, concurrency: int, sampling: dict
+) -> tuple[int, float]:
     started = time.perf_counter()
     if kind == "direct":
         tokens = asyncio.run(direct(base_url, api_key, model, n, concurrency, sampling))
     else:
-        tokens = sandboxed(base_url, api_key, model, n, concurrency, sampling,
-                           JailConfig(mode="jail" if kind == "jailed" else OPT_OUT))
+        tokens = sandboxed(
+            base_url, api_key, model, n, concurrency, sampling, JailConfig(mode="jail" if kind == "jailed" else OPT_OUT)
+        )
     return tokens, time.perf_counter() - started
 
 
@@ -128,13 +145,22 @@ def jail_startup(runs: int = 20) -> tuple[float, float]:
             for d in ("shared/box", "sock"):
                 (root / d).mkdir(parents=True)
             started = time.perf_counter()
-            jail = Jail(config=config, root=root, socket_dir=root / "sock", guest_dir=GUEST_DIR,
-                        fallbacks_dir=FALLBACKS_DIR, python=sys.executable,
-                        limits=JailLimits(memory_mb=2048, processes=96, cpus=1.0))
+            jail = Jail(
+                config=config,
+                root=root,
+                socket_dir=root / "sock",
+                guest_dir=GUEST_DIR,
+                fallbacks_dir=FALLBACKS_DIR,
+                python=sys.executable,
+                limits=JailLimits(memory_mb=2048, processes=96, cpus=1.0),
+            )
             for path in (root / "shared", root / "shared/box", root / "sock"):
                 os.chown(path, config.uid, config.uid)
-            subprocess.run(jail.command(root / "shared/box", ["/bin/true"]), check=True,
-                           preexec_fn=jail.preexec(cpu_seconds=10, file_mb=1))
+            subprocess.run(
+                jail.command(root / "shared/box", ["/bin/true"]),
+                check=True,
+                preexec_fn=jail.preexec(cpu_seconds=10, file_mb=1),
+            )
             jail.close()
             jailed.append(time.perf_counter() - started)
         started = time.perf_counter()
@@ -146,8 +172,13 @@ def jail_startup(runs: int = 20) -> tuple[float, float]:
 def sandbox_startup(runs: int = 5, settle_s: float = 3.0) -> tuple[float, float]:
     """Median ms of the start-up batch (see the module's docstring), cold and pre-started settle_s earlier."""
     request = RolloutRequest(
-        script=STARTUP_SCRIPT, reward=None, scenarios=[{"i": i} for i in range(4)], group_size=6,
-        base_url="http://127.0.0.1:9/v1", model_name="none", max_exceptions=0,
+        script=STARTUP_SCRIPT,
+        reward=None,
+        scenarios=[{"i": i} for i in range(4)],
+        group_size=6,
+        base_url="http://127.0.0.1:9/v1",
+        model_name="none",
+        max_exceptions=0,
         limits=SandboxLimits(rollout_timeout_s=120),
     )
     warm = dataclasses.replace(request, warm_key="bench-startup", prestart_next=True)
@@ -184,9 +215,15 @@ def make_adapter(base_dir: str, out_dir: Path, rank: int = 8) -> Path:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(
-        r=rank, lora_alpha=2 * rank, task_type="CAUSAL_LM",
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    peft_model = get_peft_model(
+        model,
+        LoraConfig(
+            r=rank,
+            lora_alpha=2 * rank,
+            task_type="CAUSAL_LM",
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ),
+    )
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
@@ -200,8 +237,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", help="use a running server instead of starting one")
     parser.add_argument("--model", help="model name on --base-url")
-    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY", "EMPTY"),
-                        help="the key of the server on --base-url (default: $VLLM_API_KEY)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY", "EMPTY"),
+        help="the key of the server on --base-url (default: $VLLM_API_KEY)",
+    )
     parser.add_argument("--adapter-mode", default="auto", choices=["auto", "merged", "lora"])
     parser.add_argument("--concurrency", default="4,8,16")
     parser.add_argument("--rollouts", type=int, default=16)
@@ -215,11 +255,17 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"{cpu_name()}, {os.cpu_count()} cores", flush=True)
     jail_ms, plain_ms = jail_startup()
-    print(f"jail start-up: {jail_ms:.1f} ms median (cgroup, staging, bwrap, /bin/true), plain subprocess "
-          f"{plain_ms:.1f} ms", flush=True)
+    print(
+        f"jail start-up: {jail_ms:.1f} ms median (cgroup, staging, bwrap, /bin/true), plain subprocess "
+        f"{plain_ms:.1f} ms",
+        flush=True,
+    )
     cold_ms, warm_ms = sandbox_startup()
-    print(f"sandbox start-up (a batch of 4 groups x 6 that builds its OpenAI client): cold {cold_ms:.0f} ms, "
-          f"pre-started {warm_ms:.0f} ms median ({default_sandboxes()} sandbox processes)", flush=True)
+    print(
+        f"sandbox start-up (a batch of 4 groups x 6 that builds its OpenAI client): cold {cold_ms:.0f} ms, "
+        f"pre-started {warm_ms:.0f} ms median ({default_sandboxes()} sandbox processes)",
+        flush=True,
+    )
     if args.startup_only:
         return
 
@@ -230,8 +276,14 @@ def main() -> None:
         from training.engine.default_model import ensure_default_model
 
         model_dir = str(ensure_default_model(Path(args.data_dir)).path)
-        server = VLLMServer(model_dir, max_model_len=2048, kv_cache_gb=2, adapter_mode=args.adapter_mode,
-                            max_lora_rank=8, log_dir=tempfile.mkdtemp(prefix="artweb-bench-"))
+        server = VLLMServer(
+            model_dir,
+            max_model_len=2048,
+            kv_cache_gb=2,
+            adapter_mode=args.adapter_mode,
+            max_lora_rank=8,
+            log_dir=tempfile.mkdtemp(prefix="artweb-bench-"),
+        )
         print(f"starting vLLM ({server.adapter_mode} mode requested), log in {server.log_dir}", flush=True)
         started = time.perf_counter()
         server.start()
@@ -255,20 +307,29 @@ def main() -> None:
                     for kind in KINDS:
                         tokens, seconds = measure(kind, base_url, api_key, name, args.rollouts, concurrency, sampling)
                         rows.append((policy, kind, concurrency, tokens, seconds))
-                        print(f"{policy:8} {kind:8} c={concurrency:<3} {tokens:6d} tok {seconds:7.2f} s "
-                              f"{tokens / seconds:8.1f} tok/s {args.rollouts / seconds:6.2f} rollouts/s", flush=True)
+                        print(
+                            f"{policy:8} {kind:8} c={concurrency:<3} {tokens:6d} tok {seconds:7.2f} s "
+                            f"{tokens / seconds:8.1f} tok/s {args.rollouts / seconds:6.2f} rollouts/s",
+                            flush=True,
+                        )
         print(f"\nsummary (tokens/s, median of {args.repeat})")
-        by_key = {key: statistics.median(t / s for p, k, c, t, s in rows if (p, k, c) == key)
-                  for key in {(p, k, c) for p, k, c, _, _ in rows}}
+        by_key = {
+            key: statistics.median(t / s for p, k, c, t, s in rows if (p, k, c) == key)
+            for key in {(p, k, c) for p, k, c, _, _ in rows}
+        }
         for concurrency in levels:
             line = f"c={concurrency:<3}"
             for policy, _ in policies:
                 d, u, j = (by_key[(policy, kind, concurrency)] for kind in KINDS)
-                line += (f"  {policy}: direct {d:6.1f} unjailed {u:6.1f} jailed {j:6.1f} "
-                         f"(jailed/direct {j / d:4.0%}, jailed/unjailed {j / u:4.0%})")
+                line += (
+                    f"  {policy}: direct {d:6.1f} unjailed {u:6.1f} jailed {j:6.1f} "
+                    f"(jailed/direct {j / d:4.0%}, jailed/unjailed {j / u:4.0%})"
+                )
             if len(policies) == 2:
-                line += (f"  adapter/base: direct {by_key[('adapter', 'direct', concurrency)] / by_key[('base', 'direct', concurrency)]:4.0%}"
-                         f" jailed {by_key[('adapter', 'jailed', concurrency)] / by_key[('base', 'jailed', concurrency)]:4.0%}")
+                line += (
+                    f"  adapter/base: direct {by_key[('adapter', 'direct', concurrency)] / by_key[('base', 'direct', concurrency)]:4.0%}"
+                    f" jailed {by_key[('adapter', 'jailed', concurrency)] / by_key[('base', 'jailed', concurrency)]:4.0%}"
+                )
             print(line)
     finally:
         if server is not None:

@@ -90,58 +90,110 @@ def _register_model(model_dir: Path):
     return base_model_register(name=name, source=str(model_dir), local_path=str(model_dir), supports_tools=True)
 
 
-def run_artweb(*, steps: int, group_size: int, scenarios_per_step: int, max_tokens: int, learning_rate: float,
-               val_every: int, val_scenarios: int = 8, timeout: float = 1800, seed: int = 0) -> dict:
+def run_artweb(
+    *,
+    steps: int,
+    group_size: int,
+    scenarios_per_step: int,
+    max_tokens: int,
+    learning_rate: float,
+    val_every: int,
+    val_scenarios: int = 8,
+    timeout: float = 1800,
+    seed: int = 0,
+) -> dict:
     """One run of the example task on a fresh worker; its steps, phase timings and peak memory."""
     model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
     user, _ = get_user_model().objects.get_or_create(username="bench")
     tag = time.strftime("%Y%m%d-%H%M%S")
     model = _register_model(model_dir)
-    config = {"num_steps": steps, "group_size": group_size, "scenarios_per_step": scenarios_per_step,
-              "max_tokens": max_tokens, "val_every": val_every, "val_scenarios": val_scenarios, "seed": seed,
-              "train": {"learning_rate": learning_rate}}
+    config = {
+        "num_steps": steps,
+        "group_size": group_size,
+        "scenarios_per_step": scenarios_per_step,
+        "max_tokens": max_tokens,
+        "val_every": val_every,
+        "val_scenarios": val_scenarios,
+        "seed": seed,
+        "train": {"learning_rate": learning_rate},
+    }
     run = run_create(
-        owner=user, name=f"curve-{tag}", base_model=model,
+        owner=user,
+        name=f"curve-{tag}",
+        base_model=model,
         script_version=script_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "rollout.py").read_text()),
         reward_version=reward_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "reward.py").read_text()),
-        scenario_set=scenario_set_create(owner=user, name=f"example-{tag}",
-                                         jsonl=(EXAMPLES / "scenarios.jsonl").read_text()),
+        scenario_set=scenario_set_create(
+            owner=user, name=f"example-{tag}", jsonl=(EXAMPLES / "scenarios.jsonl").read_text()
+        ),
         config=config,
     )
     db_name = settings.DATABASES["default"]["NAME"]
     work = Path(tempfile.mkdtemp(prefix="artweb-curve-"))
-    env = stack.stack_env(db_name=db_name, data_dir=work / "data", ARTWEB_VLLM_PORT=str(stack.free_port()),
-                          ARTWEB_VLLM_ENFORCE_EAGER=os.environ.get("ARTWEB_VLLM_ENFORCE_EAGER", "0"),
-                          ARTWEB_HEARTBEAT_SECONDS="15")
+    env = stack.stack_env(
+        db_name=db_name,
+        data_dir=work / "data",
+        ARTWEB_VLLM_PORT=str(stack.free_port()),
+        ARTWEB_VLLM_ENFORCE_EAGER=os.environ.get("ARTWEB_VLLM_ENFORCE_EAGER", "0"),
+        ARTWEB_HEARTBEAT_SECONDS="15",
+    )
     # Pool, threads and preloads as `make run` starts its GPU worker.
-    worker = stack.start("gpu-worker", gpu_worker_command(f"gpu-worker-{stack.free_port()}@%h"), gpu_worker_env(env),
-                         work / "logs")
+    worker = stack.start(
+        "gpu-worker", gpu_worker_command(f"gpu-worker-{stack.free_port()}@%h"), gpu_worker_env(env), work / "logs"
+    )
     started = time.time()
     try:
         with PeakMemory(worker.popen.pid) as memory:
-            stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=timeout,
-                           interval=2, procs=[worker], what="the run")
+            stack.wait_for(
+                lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+                timeout=timeout,
+                interval=2,
+                procs=[worker],
+                what="the run",
+            )
     finally:
         worker.kill()
     run.refresh_from_db()
     rows = []
     for s in Step.objects.filter(run=run).order_by("step"):
-        completion = Trajectory.objects.filter(group__run=run, group__step=s.step, group__split="train").aggregate(
-            n=Sum("completion_tokens"))["n"] or 0
-        rows.append({"step": s.step, "reward_mean": s.reward_mean, "val_reward": s.val_reward,
-                     "seconds": s.timings.get("step", s.duration_s), "timings": s.timings,
-                     "completion_tokens": completion, "tokens_trained": s.metrics.get("tokens_trained", 0)})
+        completion = (
+            Trajectory.objects.filter(group__run=run, group__step=s.step, group__split="train").aggregate(
+                n=Sum("completion_tokens")
+            )["n"]
+            or 0
+        )
+        rows.append(
+            {
+                "step": s.step,
+                "reward_mean": s.reward_mean,
+                "val_reward": s.val_reward,
+                "seconds": s.timings.get("step", s.duration_s),
+                "timings": s.timings,
+                "completion_tokens": completion,
+                "tokens_trained": s.metrics.get("tokens_trained", 0),
+            }
+        )
     last = run.checkpoints.order_by("-step").first()
-    return {"run_id": run.id, "status": run.status, "error": run.error, "config": config, "steps": rows,
-            "wall_seconds": time.time() - started, "peak_rss_gb": memory.peak_gb,
-            "peak_rss_by_process_gb": memory.peak_by_name, "adapter": last.path if last else None,
-            "worker_log": str(worker.log)}
+    return {
+        "run_id": run.id,
+        "status": run.status,
+        "error": run.error,
+        "config": config,
+        "steps": rows,
+        "wall_seconds": time.time() - started,
+        "peak_rss_gb": memory.peak_gb,
+        "peak_rss_by_process_gb": memory.peak_by_name,
+        "adapter": last.path if last else None,
+        "worker_log": str(worker.log),
+    }
 
 
 def print_curve(result: dict) -> None:
     steps = result["steps"]
-    print(f"run {result['run_id']} {result['status']} after {result['wall_seconds']:.0f}s wall ({len(steps)} steps); "
-          f"config {result['config']}")
+    print(
+        f"run {result['run_id']} {result['status']} after {result['wall_seconds']:.0f}s wall ({len(steps)} steps); "
+        f"config {result['config']}"
+    )
     print("\nstep  reward_mean  val_reward  step_s")
     for s in steps:
         val = "" if s["val_reward"] is None else f"{s['val_reward']:10.3f}"
@@ -150,8 +202,10 @@ def print_curve(result: dict) -> None:
     if not steps:
         return
     rewards = [s["reward_mean"] for s in steps if s["reward_mean"] is not None]
-    print(f"\nmean reward, first 3 steps: {statistics.fmean(rewards[:3]):.3f}; "
-          f"last 3 steps: {statistics.fmean(rewards[-3:]):.3f}")
+    print(
+        f"\nmean reward, first 3 steps: {statistics.fmean(rewards[:3]):.3f}; "
+        f"last 3 steps: {statistics.fmean(rewards[-3:]):.3f}"
+    )
     print("\nphase         median_s  share_of_step")
     step_med = statistics.median(s["timings"].get("step", 0.0) for s in steps)
     for phase in PHASES:
@@ -159,10 +213,17 @@ def print_curve(result: dict) -> None:
         if values:
             med = statistics.median(values)
             print(f"{phase:13s} {med:8.2f}  {med / step_med:6.1%}")
-    other = [s["timings"]["step"] - s["timings"].get("rollouts", 0) - s["timings"].get("train", 0)
-             - s["timings"].get("validation", 0) for s in steps]
-    print(f"outside rollouts+training (median): {statistics.median(other):.2f}s "
-          f"= {statistics.median(other) / step_med:.1%} of a step")
+    other = [
+        s["timings"]["step"]
+        - s["timings"].get("rollouts", 0)
+        - s["timings"].get("train", 0)
+        - s["timings"].get("validation", 0)
+        for s in steps
+    ]
+    print(
+        f"outside rollouts+training (median): {statistics.median(other):.2f}s "
+        f"= {statistics.median(other) / step_med:.1%} of a step"
+    )
 
 
 def main() -> int:
@@ -175,9 +236,15 @@ def main() -> int:
     parser.add_argument("--val-every", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
-    result = run_artweb(steps=args.steps, group_size=args.group_size, scenarios_per_step=args.scenarios_per_step,
-                        max_tokens=args.max_tokens, learning_rate=args.learning_rate, val_every=args.val_every,
-                        timeout=args.timeout)
+    result = run_artweb(
+        steps=args.steps,
+        group_size=args.group_size,
+        scenarios_per_step=args.scenarios_per_step,
+        max_tokens=args.max_tokens,
+        learning_rate=args.learning_rate,
+        val_every=args.val_every,
+        timeout=args.timeout,
+    )
     print_curve(result)
     return 0 if result["status"] == Run.Status.COMPLETED else 1
 

@@ -35,9 +35,16 @@ def run_phases(run, *, skip_first: int = 0) -> dict:
 
     from training.models import Step
 
-    steps = [{"step": s.step, "reward_mean": s.reward_mean, "val_reward": s.val_reward,
-              "seconds": s.timings.get("step", s.duration_s), "timings": s.timings}
-             for s in Step.objects.filter(run=run, step__gt=skip_first).order_by("step")]
+    steps = [
+        {
+            "step": s.step,
+            "reward_mean": s.reward_mean,
+            "val_reward": s.val_reward,
+            "seconds": s.timings.get("step", s.duration_s),
+            "timings": s.timings,
+        }
+        for s in Step.objects.filter(run=run, step__gt=skip_first).order_by("step")
+    ]
     wall = ((run.finished_at or timezone.now()) - run.started_at).total_seconds() if run.started_at else 0.0
     return {"run_id": run.id, "status": run.status, "config": run.config, "steps": steps, "wall_seconds": wall}
 

@@ -49,8 +49,9 @@ def last_step_groups(run_id: int, step: int) -> list[list[dict]]:
     return list(groups.values())
 
 
-def engine_update(model_dir: Path, groups: list[list[dict]], learning_rate: float, repeats: int,
-                  batch_file: Path) -> dict:
+def engine_update(
+    model_dir: Path, groups: list[list[dict]], learning_rate: float, repeats: int, batch_file: Path
+) -> dict:
     """Time the engine's update on `groups`; write the same batch as token ids for TRL to batch_file."""
     from training.engine import TrainConfig, make_trainer
     from training.engine.advantages import compute_advantages
@@ -73,8 +74,13 @@ def engine_update(model_dir: Path, groups: list[list[dict]], learning_rate: floa
         times.append(m["train_seconds"])
         trained = m["tokens_trained"]
     median = statistics.median(times[1:])
-    return {"update_seconds": times[1:], "median_seconds": median, "tokens_trained": trained,
-            "trained_tokens_per_second": trained / median, "sequences": len(seqs)}
+    return {
+        "update_seconds": times[1:],
+        "median_seconds": median,
+        "tokens_trained": trained,
+        "trained_tokens_per_second": trained / median,
+        "sequences": len(seqs),
+    }
 
 
 def machine() -> str:
@@ -85,8 +91,10 @@ def machine() -> str:
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    return (f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, "
-            f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
+    )
 
 
 def worker_settings() -> str:
@@ -94,8 +102,10 @@ def worker_settings() -> str:
     from artweb.launcher.worker import GPU_WORKER_OPTIONS, gpu_worker_env
 
     env = gpu_worker_env(dict(os.environ))
-    return (f"celery {' '.join(GPU_WORKER_OPTIONS)}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, "
-            f"LD_PRELOAD={env.get('LD_PRELOAD') or '(none)'}")
+    return (
+        f"celery {' '.join(GPU_WORKER_OPTIONS)}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, "
+        f"LD_PRELOAD={env.get('LD_PRELOAD') or '(none)'}"
+    )
 
 
 def _version(name: str) -> str:
@@ -177,21 +187,33 @@ def report(args, artweb: dict, trl: dict, heldout: dict, updates: dict, command:
         t = t_steps[i].get("reward_mean") if i < len(t_steps) else None
         lines.append(f"| {i + 1} | {'' if a is None else f'{a:.3f}'} | {'' if t is None else f'{t:.3f}'} |")
     phases = ("rollouts", "persist", "trainer_load", "train", "checkpoint", "adapter_load", "step")
-    lines += ["", "### Where an artweb step's time goes (median seconds)", "",
-              "| " + " | ".join(phases) + " |", "|" + "---:|" * len(phases),
-              "| " + " | ".join(f"{_median([s['timings'].get(p) for s in a_steps]):.2f}" for p in phases) + " |",
-              "", f"TRL step: generation and scoring {_median([s['generate_seconds'] for s in t_steps]):.2f} s, "
-              f"the rest (log-probs, loss, backward, optimizer) "
-              f"{_median([s['seconds'] - s['generate_seconds'] for s in t_steps]):.2f} s (medians).",
-              "", "## One update on an identical batch", "",
-              f"The {updates['engine']['sequences']} trajectories of the artweb run's last step, as token ids and "
-              f"advantages; {updates['engine']['tokens_trained']} trained tokens. Median of "
-              f"{len(updates['engine']['update_seconds'])} updates after one warm-up.", "",
-              "| | artweb engine | TRL loss + optimizer step |", "|---|---:|---:|",
-              f"| time per update (s) | {updates['engine']['median_seconds']:.2f} | {updates['trl']['median_seconds']:.2f} |",
-              f"| trained tokens/s | {updates['engine']['trained_tokens_per_second']:.0f} | "
-              f"{updates['trl']['trained_tokens_per_second']:.0f} |", "",
-              "The engine's update on an H200 GPU (0.5B-1.5B models): `bench/results/engine_h200.md`.", ""]
+    lines += [
+        "",
+        "### Where an artweb step's time goes (median seconds)",
+        "",
+        "| " + " | ".join(phases) + " |",
+        "|" + "---:|" * len(phases),
+        "| " + " | ".join(f"{_median([s['timings'].get(p) for s in a_steps]):.2f}" for p in phases) + " |",
+        "",
+        f"TRL step: generation and scoring {_median([s['generate_seconds'] for s in t_steps]):.2f} s, "
+        f"the rest (log-probs, loss, backward, optimizer) "
+        f"{_median([s['seconds'] - s['generate_seconds'] for s in t_steps]):.2f} s (medians).",
+        "",
+        "## One update on an identical batch",
+        "",
+        f"The {updates['engine']['sequences']} trajectories of the artweb run's last step, as token ids and "
+        f"advantages; {updates['engine']['tokens_trained']} trained tokens. Median of "
+        f"{len(updates['engine']['update_seconds'])} updates after one warm-up.",
+        "",
+        "| | artweb engine | TRL loss + optimizer step |",
+        "|---|---:|---:|",
+        f"| time per update (s) | {updates['engine']['median_seconds']:.2f} | {updates['trl']['median_seconds']:.2f} |",
+        f"| trained tokens/s | {updates['engine']['trained_tokens_per_second']:.0f} | "
+        f"{updates['trl']['trained_tokens_per_second']:.0f} |",
+        "",
+        "The engine's update on an H200 GPU (0.5B-1.5B models): `bench/results/engine_h200.md`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -214,34 +236,80 @@ def main(argv: list[str] | None = None) -> int:
     from training.engine.default_model import ensure_default_model
 
     model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
-    shared = ["--steps", str(args.steps), "--group-size", str(args.group_size), "--scenarios-per-step",
-              str(args.scenarios_per_step), "--max-tokens", str(args.max_tokens), "--learning-rate",
-              str(args.learning_rate)]
+    shared = [
+        "--steps",
+        str(args.steps),
+        "--group-size",
+        str(args.group_size),
+        "--scenarios-per-step",
+        str(args.scenarios_per_step),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--learning-rate",
+        str(args.learning_rate),
+    ]
 
     t0 = time.time()
     print(f"[{time.time() - t0:5.0f}s] artweb run ...", flush=True)
-    artweb = run_artweb(steps=args.steps, group_size=args.group_size, scenarios_per_step=args.scenarios_per_step,
-                        max_tokens=args.max_tokens, learning_rate=args.learning_rate, val_every=0)
+    artweb = run_artweb(
+        steps=args.steps,
+        group_size=args.group_size,
+        scenarios_per_step=args.scenarios_per_step,
+        max_tokens=args.max_tokens,
+        learning_rate=args.learning_rate,
+        val_every=0,
+    )
     print_curve(artweb)
     if artweb["status"] != "completed":
         raise SystemExit(f"the artweb run ended {artweb['status']}: {artweb['error']} (log: {artweb['worker_log']})")
 
     print(f"[{time.time() - t0:5.0f}s] TRL GRPOTrainer ...", flush=True)
-    _python("bench.trl_grpo", "train", "--model-dir", str(model_dir), "--out", str(work), *shared,
-            log=work / "trl-train.log")
+    _python(
+        "bench.trl_grpo",
+        "train",
+        "--model-dir",
+        str(model_dir),
+        "--out",
+        str(work),
+        *shared,
+        log=work / "trl-train.log",
+    )
     trl = json.loads((work / "trl-train.json").read_text())
 
     print(f"[{time.time() - t0:5.0f}s] held-out reward ...", flush=True)
-    _python("bench.heldout", "--model-dir", str(model_dir), "--adapter", f"artweb={artweb['adapter']}",
-            "--adapter", f"trl={trl['adapter']}", "--samples", str(args.samples), "--max-tokens",
-            str(args.max_tokens), "--out", str(work / "heldout.json"), log=work / "heldout.log")
+    _python(
+        "bench.heldout",
+        "--model-dir",
+        str(model_dir),
+        "--adapter",
+        f"artweb={artweb['adapter']}",
+        "--adapter",
+        f"trl={trl['adapter']}",
+        "--samples",
+        str(args.samples),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--out",
+        str(work / "heldout.json"),
+        log=work / "heldout.log",
+    )
     heldout = json.loads((work / "heldout.json").read_text())
 
     print(f"[{time.time() - t0:5.0f}s] one update on an identical batch ...", flush=True)
     groups = last_step_groups(artweb["run_id"], artweb["steps"][-1]["step"])
     engine = engine_update(model_dir, groups, args.learning_rate, repeats=3, batch_file=work / "batch.json")
-    _python("bench.trl_grpo", "update", "--model-dir", str(model_dir), "--out", str(work), "--batch",
-            str(work / "batch.json"), *shared, log=work / "trl-update.log")
+    _python(
+        "bench.trl_grpo",
+        "update",
+        "--model-dir",
+        str(model_dir),
+        "--out",
+        str(work),
+        "--batch",
+        str(work / "batch.json"),
+        *shared,
+        log=work / "trl-update.log",
+    )
     updates = {"engine": engine, "trl": json.loads((work / "trl-update.json").read_text())}
 
     text = report(args, artweb, trl, heldout, updates, command)
@@ -249,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    (work / "results.json").write_text(json.dumps({"artweb": artweb, "trl": trl, "heldout": heldout,
-                                                   "updates": updates}, default=str, indent=1))
+    (work / "results.json").write_text(
+        json.dumps({"artweb": artweb, "trl": trl, "heldout": heldout, "updates": updates}, default=str, indent=1)
+    )
     print(f"written: {args.out}; raw results and logs in {work}", flush=True)
     return 0
 

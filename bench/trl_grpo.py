@@ -39,16 +39,40 @@ def grpo_config(args, out_dir: Path):
 
     half = resolve_dtype("auto", "cpu") != torch.float32
     return GRPOConfig(
-        output_dir=str(out_dir), max_steps=args.steps, seed=args.seed, use_cpu=True, bf16=half,
+        output_dir=str(out_dir),
+        max_steps=args.steps,
+        seed=args.seed,
+        use_cpu=True,
+        bf16=half,
         model_init_kwargs={"dtype": resolve_dtype("auto", "cpu")},
-        per_device_train_batch_size=args.group_size * args.scenarios_per_step, gradient_accumulation_steps=1,
-        num_generations=args.group_size, max_completion_length=args.max_tokens, shuffle_dataset=False,
-        temperature=1.0, top_p=1.0, learning_rate=args.learning_rate, lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8,
-        max_grad_norm=0.1, beta=0.0, loss_type="cispo", epsilon_high=5.0, scale_rewards="group",
-        num_iterations=1, use_transformers_continuous_batching=args.generation == "continuous-batching",
-        use_vllm=args.generation == "vllm-colocate", vllm_mode="colocate",
-        logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, log_completions=False,
+        per_device_train_batch_size=args.group_size * args.scenarios_per_step,
+        gradient_accumulation_steps=1,
+        num_generations=args.group_size,
+        max_completion_length=args.max_tokens,
+        shuffle_dataset=False,
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.1,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        adam_epsilon=1e-8,
+        max_grad_norm=0.1,
+        beta=0.0,
+        loss_type="cispo",
+        epsilon_high=5.0,
+        scale_rewards="group",
+        num_iterations=1,
+        use_transformers_continuous_batching=args.generation == "continuous-batching",
+        use_vllm=args.generation == "vllm-colocate",
+        vllm_mode="colocate",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        log_completions=False,
         dataloader_num_workers=0,
     )
 
@@ -58,8 +82,14 @@ def lora_config(rank: int):
 
     from training.engine.config import DEFAULT_LORA_TARGETS
 
-    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(DEFAULT_LORA_TARGETS),
-                      bias="none", task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        lora_dropout=0.0,
+        target_modules=list(DEFAULT_LORA_TARGETS),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def make_dataset(args):
@@ -67,16 +97,19 @@ def make_dataset(args):
     from datasets import Dataset
 
     schedule = train_schedule(load_scenarios()["train"], args.steps, args.scenarios_per_step, args.seed)
-    return Dataset.from_list([{"prompt": messages_for(s), "scenario": json.dumps(s)}
-                              for step in schedule for s in step])
+    return Dataset.from_list(
+        [{"prompt": messages_for(s), "scenario": json.dumps(s)} for step in schedule for s in step]
+    )
 
 
 def make_reward_func():
     score = load_reward()
 
     def example_reward(prompts, completions, scenario, **_):
-        return [score(json.loads(s), c[-1]["content"] if isinstance(c, list) else c)
-                for s, c in zip(scenario, completions)]
+        return [
+            score(json.loads(s), c[-1]["content"] if isinstance(c, list) else c)
+            for s, c in zip(scenario, completions, strict=False)
+        ]
 
     return example_reward
 
@@ -99,8 +132,9 @@ def train(args) -> dict:
         def _generate_and_score_completions(self, inputs):
             t = time.perf_counter()
             out = super()._generate_and_score_completions(inputs)
-            steps.append({"generate_seconds": time.perf_counter() - t,
-                          "completion_tokens": int(out["completion_mask"].sum())})
+            steps.append(
+                {"generate_seconds": time.perf_counter() - t, "completion_tokens": int(out["completion_mask"].sum())}
+            )
             return out
 
     class Clock(TrainerCallback):
@@ -115,16 +149,27 @@ def train(args) -> dict:
             if logs and "reward" in logs and steps:
                 steps[-1]["reward_mean"] = logs["reward"]
 
-    trainer = Timed(model=str(args.model_dir), reward_funcs=[make_reward_func()],
-                    args=grpo_config(args, args.out / "trl-out"), train_dataset=make_dataset(args),
-                    peft_config=lora_config(args.lora_rank), callbacks=[Clock()])
+    trainer = Timed(
+        model=str(args.model_dir),
+        reward_funcs=[make_reward_func()],
+        args=grpo_config(args, args.out / "trl-out"),
+        train_dataset=make_dataset(args),
+        peft_config=lora_config(args.lora_rank),
+        callbacks=[Clock()],
+    )
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
     adapter = args.out / "trl-adapter"
     trainer.model.save_pretrained(str(adapter))
-    return {"steps": steps, "wall_seconds": wall, "peak_rss_gb": peak_rss_gb(), "adapter": str(adapter),
-            "generation": args.generation, "torch_threads": torch.get_num_threads()}
+    return {
+        "steps": steps,
+        "wall_seconds": wall,
+        "peak_rss_gb": peak_rss_gb(),
+        "adapter": str(adapter),
+        "generation": args.generation,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def update(args) -> dict:
@@ -133,9 +178,13 @@ def update(args) -> dict:
     from trl import GRPOTrainer
 
     batch = json.loads(Path(args.batch).read_text())
-    trainer = GRPOTrainer(model=str(args.model_dir), reward_funcs=[make_reward_func()],
-                          args=grpo_config(args, args.out / "trl-update"), train_dataset=make_dataset(args),
-                          peft_config=lora_config(args.lora_rank))
+    trainer = GRPOTrainer(
+        model=str(args.model_dir),
+        reward_funcs=[make_reward_func()],
+        args=grpo_config(args, args.out / "trl-update"),
+        train_dataset=make_dataset(args),
+        peft_config=lora_config(args.lora_rank),
+    )
     trainer.create_optimizer_and_scheduler(num_training_steps=args.repeats + 1)
     trainer.current_gradient_accumulation_steps = 1
     model = trainer.model
@@ -154,8 +203,13 @@ def update(args) -> dict:
         times.append(time.perf_counter() - t)
     trained = int(inputs["completion_mask"].sum())
     median = statistics.median(times[1:])
-    return {"update_seconds": times[1:], "median_seconds": median, "tokens_trained": trained,
-            "trained_tokens_per_second": trained / median, "peak_rss_gb": peak_rss_gb()}
+    return {
+        "update_seconds": times[1:],
+        "median_seconds": median,
+        "tokens_trained": trained,
+        "trained_tokens_per_second": trained / median,
+        "peak_rss_gb": peak_rss_gb(),
+    }
 
 
 def _tensors(batch: dict, pad_id: int) -> dict:
@@ -168,9 +222,14 @@ def _tensors(batch: dict, pad_id: int) -> dict:
     prompt_mask = torch.tensor([[0] * (p_len - len(p)) + [1] * len(p) for p in prompts])
     completion_ids = torch.tensor([c + [pad_id] * (c_len - len(c)) for c in completions])
     completion_mask = torch.tensor([[1] * len(c) + [0] * (c_len - len(c)) for c in completions])
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask, "advantages": torch.tensor(batch["advantages"]),
-            "num_items_in_batch": completion_mask.sum()}
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor(batch["advantages"]),
+        "num_items_in_batch": completion_mask.sum(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

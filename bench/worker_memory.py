@@ -57,18 +57,26 @@ def main() -> int:
     call_command("fetch_default_model")
     users = get_user_model().objects
     user = users.filter(username="memory-bench").first() or users.create_superuser(
-        "memory-bench", "memory-bench@example.com", "unused-password")
+        "memory-bench", "memory-bench@example.com", "unused-password"
+    )
     call_command("seed_demo", owner=user.username)
     run = run_create(
-        owner=user, name=f"memory {time.strftime('%H%M%S')}", base_model=BaseModel.objects.get(name="SmolLM2-135M-Instruct"),
+        owner=user,
+        name=f"memory {time.strftime('%H%M%S')}",
+        base_model=BaseModel.objects.get(name="SmolLM2-135M-Instruct"),
         script_version=RolloutScriptVersion.objects.filter(asset__owner=user).latest("id"),
         reward_version=RewardFunctionVersion.objects.filter(asset__owner=user).latest("id"),
         scenario_set=ScenarioSet.objects.filter(owner=user).latest("id"),
-        config={"num_steps": args.steps, "val_every": 0})
+        config={"num_steps": args.steps, "val_every": 0},
+    )
     work = Path(tempfile.mkdtemp(prefix="artweb-memory-"))
-    env = stack.stack_env(db_name=settings.DATABASES["default"]["NAME"], data_dir=Path(settings.DATA_DIR),
-                          ARTWEB_VLLM_PORT=str(stack.free_port()), ARTWEB_VLLM_ENFORCE_EAGER="0",
-                          ARTWEB_HEARTBEAT_SECONDS="15")
+    env = stack.stack_env(
+        db_name=settings.DATABASES["default"]["NAME"],
+        data_dir=Path(settings.DATA_DIR),
+        ARTWEB_VLLM_PORT=str(stack.free_port()),
+        ARTWEB_VLLM_ENFORCE_EAGER="0",
+        ARTWEB_HEARTBEAT_SECONDS="15",
+    )
     worker = stack.start_gpu_worker(env, work / "logs", name="memory", pool="prefork")
     samples: dict[int, dict[str, float]] = {}
     try:
@@ -93,10 +101,14 @@ def main() -> int:
     early = statistics.median(total[k] for k in range(3, 8) if k in total)
     late = statistics.median(total[k] for k in range(args.steps - 4, args.steps + 1) if k in total)
     print(f"\n{_cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"worker tree resident memory: step 5 {total[5]:.2f} GiB, step {args.steps} {total[args.steps]:.2f} GiB, "
-          f"ratio {total[args.steps] / total[5]:.3f} (peak {max(total.values()):.2f} GiB at step "
-          f"{max(total, key=total.get)})")
-    print(f"medians: steps 3-7 {early:.2f} GiB, steps {args.steps - 4}-{args.steps} {late:.2f} GiB, ratio {late / early:.3f}")
+    print(
+        f"worker tree resident memory: step 5 {total[5]:.2f} GiB, step {args.steps} {total[args.steps]:.2f} GiB, "
+        f"ratio {total[args.steps] / total[5]:.3f} (peak {max(total.values()):.2f} GiB at step "
+        f"{max(total, key=total.get)})"
+    )
+    print(
+        f"medians: steps 3-7 {early:.2f} GiB, steps {args.steps - 4}-{args.steps} {late:.2f} GiB, ratio {late / early:.3f}"
+    )
     return 0
 
 

@@ -23,8 +23,12 @@ class _CodeInput(forms.Form):
     """Code given as a file or pasted; a file wins when both are given."""
 
     file = forms.FileField(required=False, help_text="A .py file (UTF-8).")
-    content = forms.CharField(required=False, label="…or paste the code", strip=False,
-                              widget=forms.Textarea(attrs={"rows": 16, "spellcheck": "false"}))
+    content = forms.CharField(
+        required=False,
+        label="…or paste the code",
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 16, "spellcheck": "false"}),
+    )
 
     def clean(self):
         data = super().clean()
@@ -64,13 +68,24 @@ class CodeVersionForm(_CodeInput):
 class ScenarioSetForm(forms.Form):
     name = forms.CharField(max_length=200)
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
-    file = forms.FileField(required=False, help_text='JSONL: one JSON object per line. A line\'s own "split" key '
-                                                     '("train" or "validation") decides its split.')
-    content = forms.CharField(required=False, label="…or paste JSONL", strip=False,
-                              widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}))
-    validation_fraction = forms.FloatField(initial=0.2, min_value=0.0, max_value=0.99,
-                                           widget=forms.NumberInput(attrs={"step": "0.05"}),
-                                           help_text="Share of lines without a split held out for validation.")
+    file = forms.FileField(
+        required=False,
+        help_text='JSONL: one JSON object per line. A line\'s own "split" key '
+        '("train" or "validation") decides its split.',
+    )
+    content = forms.CharField(
+        required=False,
+        label="…or paste JSONL",
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}),
+    )
+    validation_fraction = forms.FloatField(
+        initial=0.2,
+        min_value=0.0,
+        max_value=0.99,
+        widget=forms.NumberInput(attrs={"step": "0.05"}),
+        help_text="Share of lines without a split held out for validation.",
+    )
 
     def clean(self):
         data = super().clean()
@@ -85,24 +100,38 @@ class ScenarioSetForm(forms.Form):
 
 class DryRunForm(forms.Form):
     script_version = forms.ModelChoiceField(queryset=None, label="Script version", empty_label=None)
-    reward_version = forms.ModelChoiceField(queryset=None, required=False, label="Reward version",
-                                            empty_label="none")
+    reward_version = forms.ModelChoiceField(queryset=None, required=False, label="Reward version", empty_label="none")
     base_model = forms.ModelChoiceField(queryset=None, label="Base model", empty_label=None)
-    scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set", empty_label=None,
-                                          help_text="The first scenarios of the set are tried.")
+    scenario_set = forms.ModelChoiceField(
+        queryset=None, label="Scenario set", empty_label=None, help_text="The first scenarios of the set are tried."
+    )
     scenario_count = forms.IntegerField(
-        required=False, min_value=1, max_value=MAX_DRY_RUN_SCENARIOS, initial=DEFAULT_DRY_RUN_SCENARIOS,
-        label="Scenarios", help_text=f"How many of the set's scenarios to try, 1 to {MAX_DRY_RUN_SCENARIOS}.",
-        error_messages={"min_value": f"Give 1 to {MAX_DRY_RUN_SCENARIOS} scenarios.",
-                        "max_value": f"Give 1 to {MAX_DRY_RUN_SCENARIOS} scenarios.",
-                        "invalid": f"Give a whole number of scenarios, 1 to {MAX_DRY_RUN_SCENARIOS}."})
+        required=False,
+        min_value=1,
+        max_value=MAX_DRY_RUN_SCENARIOS,
+        initial=DEFAULT_DRY_RUN_SCENARIOS,
+        label="Scenarios",
+        help_text=f"How many of the set's scenarios to try, 1 to {MAX_DRY_RUN_SCENARIOS}.",
+        error_messages={
+            "min_value": f"Give 1 to {MAX_DRY_RUN_SCENARIOS} scenarios.",
+            "max_value": f"Give 1 to {MAX_DRY_RUN_SCENARIOS} scenarios.",
+            "invalid": f"Give a whole number of scenarios, 1 to {MAX_DRY_RUN_SCENARIOS}.",
+        },
+    )
     samples = forms.IntegerField(
-        required=False, min_value=1, max_value=MAX_DRY_RUN_SAMPLES, initial=1, label="Samples per scenario",
+        required=False,
+        min_value=1,
+        max_value=MAX_DRY_RUN_SAMPLES,
+        initial=1,
+        label="Samples per scenario",
         help_text=f"Rollouts per scenario, 1 to {MAX_DRY_RUN_SAMPLES}. With 2 or more the result shows whether "
-                  "the reward gives different rewards to different answers: the signal GRPO learns from.",
-        error_messages={"min_value": f"Give 1 to {MAX_DRY_RUN_SAMPLES} samples per scenario.",
-                        "max_value": f"Give 1 to {MAX_DRY_RUN_SAMPLES} samples per scenario.",
-                        "invalid": f"Give a whole number of samples, 1 to {MAX_DRY_RUN_SAMPLES}."})
+        "the reward gives different rewards to different answers: the signal GRPO learns from.",
+        error_messages={
+            "min_value": f"Give 1 to {MAX_DRY_RUN_SAMPLES} samples per scenario.",
+            "max_value": f"Give 1 to {MAX_DRY_RUN_SAMPLES} samples per scenario.",
+            "invalid": f"Give a whole number of samples, 1 to {MAX_DRY_RUN_SAMPLES}.",
+        },
+    )
 
     ERROR_ALIASES: ClassVar[dict[str, str]] = {"scenarios": "scenario_set"}
     # Fields a link may prefill (the launch page's "Score the base model's answers").

@@ -45,8 +45,13 @@ class CodeVersion(models.Model):
 class RolloutScript(CodeAsset):
     # The reward function written for this script: the launch form preselects its newest version.
     companion_reward = models.ForeignKey(
-        "RewardFunction", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
-        help_text="Reward function that goes with this script; the launch form preselects its newest version.")
+        "RewardFunction",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Reward function that goes with this script; the launch form preselects its newest version.",
+    )
 
     class Meta(CodeAsset.Meta):
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="uniq_script_owner_name")]
@@ -116,6 +121,9 @@ class Scenario(models.Model):
         constraints = [models.UniqueConstraint(fields=["scenario_set", "index"], name="uniq_scenario_index")]
         indexes = [models.Index(fields=["scenario_set", "split", "index"])]
 
+    def __str__(self):
+        return f"{self.scenario_set} #{self.index} ({self.split})"
+
 
 class TrajectoryGroup(models.Model):
     """The group_size rollouts of one scenario in one step, compared against each other by GRPO."""
@@ -133,12 +141,16 @@ class TrajectoryGroup(models.Model):
     error_count = models.PositiveIntegerField(default=0)
     skipped = models.BooleanField(default=False, help_text="All rewards equal: no training signal.")
     failed_attempt = models.BooleanField(
-        default=False, help_text="Produced by an attempt at the step that failed: kept to inspect, never trained on.")
+        default=False, help_text="Produced by an attempt at the step that failed: kept to inspect, never trained on."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["step", "id"]
         indexes = [models.Index(fields=["run", "split", "step"])]
+
+    def __str__(self):
+        return f"group {self.pk} of run {self.run_id}, step {self.step} ({self.split})"
 
 
 class Trajectory(models.Model):
@@ -159,8 +171,11 @@ class Trajectory(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     duration_ms = models.PositiveIntegerField(default=0)
     reward_ms = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Time the reward function took for this trajectory (a group reward's "
-                                          "time shared among its trajectories); null when none ran.")
+        null=True,
+        blank=True,
+        help_text="Time the reward function took for this trajectory (a group reward's "
+        "time shared among its trajectories); null when none ran.",
+    )
     truncated = models.BooleanField(default=False, help_text="The last completion stopped at max_tokens.")
     # Concatenated message text for the inspector's text search.
     search_text = models.TextField(blank=True)
@@ -171,6 +186,9 @@ class Trajectory(models.Model):
             models.Index(fields=["run", "step", "group"]),
             models.Index(fields=["run", "reward"]),
         ]
+
+    def __str__(self):
+        return f"trajectory {self.pk} of run {self.run_id}, step {self.step}"
 
 
 class DryRun(models.Model):
@@ -193,8 +211,10 @@ class DryRun(models.Model):
     base_model = models.ForeignKey("training.BaseModel", on_delete=models.CASCADE, related_name="+")
     scenarios = models.JSONField(help_text="The scenario objects tried.")
     samples = models.PositiveSmallIntegerField(
-        default=1, help_text="Rollouts per scenario: with more than one, the result shows the reward's spread "
-                             "within each scenario, the signal GRPO trains on.")
+        default=1,
+        help_text="Rollouts per scenario: with more than one, the result shows the reward's spread "
+        "within each scenario, the signal GRPO trains on.",
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     result = models.JSONField(null=True, blank=True, help_text="Trajectories with rewards, logs and errors.")
     error = models.TextField(blank=True)
@@ -205,3 +225,6 @@ class DryRun(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"Dry run #{self.pk} ({self.status})"

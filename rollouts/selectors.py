@@ -46,9 +46,16 @@ def scenario_set_get(*, user, scenario_set_id: int) -> ScenarioSet:
     return get_object_or_404(_visible(ScenarioSet, user), id=scenario_set_id)
 
 
-def trajectory_list(*, run, step: int | None = None, split: str | None = None, min_reward: float | None = None,
-                    max_reward: float | None = None, q: str | None = None,
-                    has_error: bool | None = None) -> QuerySet[Trajectory]:
+def trajectory_list(
+    *,
+    run,
+    step: int | None = None,
+    split: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    q: str | None = None,
+    has_error: bool | None = None,
+) -> QuerySet[Trajectory]:
     """Trajectories of a run (the caller has already checked access to the run)."""
     qs = Trajectory.objects.filter(run=run).select_related("group")
     if step is not None:

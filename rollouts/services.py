@@ -53,7 +53,9 @@ def _sha(text: str) -> str:
 def _check_name(name: str) -> str:
     name = (name or "").strip()
     if not name or len(name) > 200:
-        raise ApplicationError("Give a name of 1 to 200 characters.", field_errors={"name": ["required, at most 200 characters"]})
+        raise ApplicationError(
+            "Give a name of 1 to 200 characters.", field_errors={"name": ["required, at most 200 characters"]}
+        )
     return name
 
 
@@ -71,8 +73,9 @@ def script_validate(*, content: str | bytes) -> str:
 
 
 @transaction.atomic
-def script_create(*, owner, name: str, content: str | bytes, description: str = "",
-                  companion_reward: RewardFunction | None = None) -> RolloutScriptVersion:
+def script_create(
+    *, owner, name: str, content: str | bytes, description: str = "", companion_reward: RewardFunction | None = None
+) -> RolloutScriptVersion:
     name = _check_name(name)
     _check_companion(owner, companion_reward)
     text = script_validate(content=content)
@@ -81,8 +84,9 @@ def script_create(*, owner, name: str, content: str | bytes, description: str = 
             f"You already have a rollout script named {name!r}: upload a new version of it, or pick another name.",
             field_errors={"name": ["already exists"]},
         )
-    script = RolloutScript.objects.create(owner=owner, name=name, description=description,
-                                          companion_reward=companion_reward)
+    script = RolloutScript.objects.create(
+        owner=owner, name=name, description=description, companion_reward=companion_reward
+    )
     return RolloutScriptVersion.objects.create(asset=script, number=1, content=text, sha256=_sha(text))
 
 
@@ -94,8 +98,9 @@ def script_version_create(*, script: RolloutScript, content: str | bytes, note: 
 
 def _check_companion(owner, reward: RewardFunction | None) -> None:
     if reward is not None and reward.owner_id != owner.id:
-        raise ApplicationError("The companion reward function must be one of yours.",
-                               field_errors={"companion_reward": ["not found"]})
+        raise ApplicationError(
+            "The companion reward function must be one of yours.", field_errors={"companion_reward": ["not found"]}
+        )
 
 
 def script_companion_set(*, script: RolloutScript, reward: RewardFunction | None) -> RolloutScript:
@@ -164,11 +169,15 @@ def scenarios_parse(*, jsonl: str | bytes, validation_fraction: float, seed: int
     """
     raw = jsonl if isinstance(jsonl, bytes) else jsonl.encode("utf-8")
     if len(raw) > MAX_SCENARIO_BYTES:
-        raise ApplicationError(f"The scenario file is {len(raw)} bytes; the limit is {MAX_SCENARIO_BYTES}.",
-                               field_errors={"file": ["too large"]})
+        raise ApplicationError(
+            f"The scenario file is {len(raw)} bytes; the limit is {MAX_SCENARIO_BYTES}.",
+            field_errors={"file": ["too large"]},
+        )
     if not 0.0 <= validation_fraction < 1.0:
-        raise ApplicationError("validation_fraction must be at least 0 and below 1.",
-                               field_errors={"validation_fraction": ["must be in [0, 1)"]})
+        raise ApplicationError(
+            "validation_fraction must be at least 0 and below 1.",
+            field_errors={"validation_fraction": ["must be in [0, 1)"]},
+        )
     text = _decode(raw, what="scenario file")
     rows: list[tuple[str | None, dict]] = []
     errors: list[str] = []
@@ -185,19 +194,24 @@ def scenarios_parse(*, jsonl: str | bytes, validation_fraction: float, seed: int
             continue
         split = obj.get("split")
         if split not in (None, "train", "validation"):
-            errors.append(f"line {number}: split must be \"train\" or \"validation\", got {split!r}")
+            errors.append(f'line {number}: split must be "train" or "validation", got {split!r}')
             continue
         rows.append((split, obj))
         if len(errors) >= 20:
             break
     if errors:
-        raise ApplicationError("The scenario file has errors: " + "; ".join(errors[:20]), field_errors={"file": errors[:20]})
+        raise ApplicationError(
+            "The scenario file has errors: " + "; ".join(errors[:20]), field_errors={"file": errors[:20]}
+        )
     if not rows:
-        raise ApplicationError("The scenario file has no scenarios: give one JSON object per line.",
-                               field_errors={"file": ["empty"]})
+        raise ApplicationError(
+            "The scenario file has no scenarios: give one JSON object per line.", field_errors={"file": ["empty"]}
+        )
     if len(rows) > MAX_SCENARIOS:
-        raise ApplicationError(f"The scenario file has {len(rows)} scenarios; the limit is {MAX_SCENARIOS}.",
-                               field_errors={"file": ["too many scenarios"]})
+        raise ApplicationError(
+            f"The scenario file has {len(rows)} scenarios; the limit is {MAX_SCENARIOS}.",
+            field_errors={"file": ["too many scenarios"]},
+        )
     rng = random.Random(seed)
     out = []
     for split, obj in rows:
@@ -205,27 +219,35 @@ def scenarios_parse(*, jsonl: str | bytes, validation_fraction: float, seed: int
             split = "validation" if rng.random() < validation_fraction else "train"
         out.append((split, obj))
     if not any(s == "train" for s, _ in out):
-        raise ApplicationError("The scenario file has no training scenarios: mark some lines \"split\": \"train\".",
-                               field_errors={"file": ["no training scenarios"]})
+        raise ApplicationError(
+            'The scenario file has no training scenarios: mark some lines "split": "train".',
+            field_errors={"file": ["no training scenarios"]},
+        )
     return out
 
 
 @transaction.atomic
-def scenario_set_create(*, owner, name: str, jsonl: str | bytes, validation_fraction: float = 0.2,
-                        description: str = "") -> ScenarioSet:
+def scenario_set_create(
+    *, owner, name: str, jsonl: str | bytes, validation_fraction: float = 0.2, description: str = ""
+) -> ScenarioSet:
     name = _check_name(name)
     pairs = scenarios_parse(jsonl=jsonl, validation_fraction=validation_fraction)
     raw = jsonl if isinstance(jsonl, bytes) else jsonl.encode("utf-8")
     try:
         with transaction.atomic():
             scenario_set = ScenarioSet.objects.create(
-                owner=owner, name=name, description=description, sha256=hashlib.sha256(raw).hexdigest(),
+                owner=owner,
+                name=name,
+                description=description,
+                sha256=hashlib.sha256(raw).hexdigest(),
                 train_count=sum(1 for s, _ in pairs if s == "train"),
                 validation_count=sum(1 for s, _ in pairs if s == "validation"),
             )
     except IntegrityError as exc:
-        raise ApplicationError(f"You already have a scenario set named {name!r}; pick another name.",
-                               field_errors={"name": ["already exists"]}) from exc
+        raise ApplicationError(
+            f"You already have a scenario set named {name!r}; pick another name.",
+            field_errors={"name": ["already exists"]},
+        ) from exc
     Scenario.objects.bulk_create(
         [Scenario(scenario_set=scenario_set, index=i, split=s, data=obj) for i, (s, obj) in enumerate(pairs)],
         batch_size=2000,
@@ -251,10 +273,17 @@ def _bounded_int(value, *, name: str, low: int, high: int, what: str) -> int:
 
 
 @transaction.atomic
-def dry_run_create(*, owner, script_version: RolloutScriptVersion, base_model,
-                   reward_version: RewardFunctionVersion | None = None,
-                   scenario_set: ScenarioSet | None = None, scenarios: list[dict] | None = None,
-                   scenario_count: int | None = None, samples: int = 1) -> DryRun:
+def dry_run_create(
+    *,
+    owner,
+    script_version: RolloutScriptVersion,
+    base_model,
+    reward_version: RewardFunctionVersion | None = None,
+    scenario_set: ScenarioSet | None = None,
+    scenarios: list[dict] | None = None,
+    scenario_count: int | None = None,
+    samples: int = 1,
+) -> DryRun:
     """Queue a dry run of a script on a few scenarios: those given, or the first scenario_count of a set.
 
     With samples > 1 each scenario is rolled out that many times as one group, and the result says
@@ -263,23 +292,40 @@ def dry_run_create(*, owner, script_version: RolloutScriptVersion, base_model,
     samples = _bounded_int(samples, name="samples", low=1, high=MAX_DRY_RUN_SAMPLES, what="rollouts per scenario")
     if scenarios is None:
         if scenario_set is None:
-            raise ApplicationError("Pick a scenario set or give scenarios to try the script on.",
-                                   field_errors={"scenario_set": ["required"]})
-        count = _bounded_int(DEFAULT_DRY_RUN_SCENARIOS if scenario_count is None else scenario_count,
-                             name="scenario_count", low=1, high=MAX_DRY_RUN_SCENARIOS, what="scenarios to try")
+            raise ApplicationError(
+                "Pick a scenario set or give scenarios to try the script on.",
+                field_errors={"scenario_set": ["required"]},
+            )
+        count = _bounded_int(
+            DEFAULT_DRY_RUN_SCENARIOS if scenario_count is None else scenario_count,
+            name="scenario_count",
+            low=1,
+            high=MAX_DRY_RUN_SCENARIOS,
+            what="scenarios to try",
+        )
         scenarios = list(scenario_set.scenarios.order_by("index").values_list("data", flat=True)[:count])
     if not scenarios or not all(isinstance(s, dict) for s in scenarios):
-        raise ApplicationError("Scenarios must be a non-empty list of JSON objects.",
-                               field_errors={"scenarios": ["list of objects required"]})
+        raise ApplicationError(
+            "Scenarios must be a non-empty list of JSON objects.",
+            field_errors={"scenarios": ["list of objects required"]},
+        )
     if len(scenarios) > MAX_DRY_RUN_SCENARIOS:
         message = f"A dry run tries at most {MAX_DRY_RUN_SCENARIOS} scenarios; {len(scenarios)} were given. Give fewer."
         raise ApplicationError(message, field_errors={"scenarios": [message]})
     if len(scenarios) * samples > MAX_DRY_RUN_ROLLOUTS:
-        message = (f"{len(scenarios)} scenarios x {samples} samples is {len(scenarios) * samples} rollouts; a dry "
-                   f"run does at most {MAX_DRY_RUN_ROLLOUTS}. Try fewer scenarios or fewer samples.")
+        message = (
+            f"{len(scenarios)} scenarios x {samples} samples is {len(scenarios) * samples} rollouts; a dry "
+            f"run does at most {MAX_DRY_RUN_ROLLOUTS}. Try fewer scenarios or fewer samples."
+        )
         raise ApplicationError(message, field_errors={"samples": [message]})
-    dry_run = DryRun.objects.create(owner=owner, script_version=script_version, reward_version=reward_version,
-                                    base_model=base_model, scenarios=scenarios, samples=samples)
+    dry_run = DryRun.objects.create(
+        owner=owner,
+        script_version=script_version,
+        reward_version=reward_version,
+        base_model=base_model,
+        scenarios=scenarios,
+        samples=samples,
+    )
     dry_run_enqueue(dry_run)
     return dry_run
 
@@ -304,34 +350,52 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
         group = [t for t in trajectories if t.get("scenario_index") == index]
         rewards = [t.get("reward") for t in group]
         scored = [r for r in rewards if r is not None]
-        rows.append({
-            "index": index, "rewards": rewards, "errors": sum(1 for t in group if t.get("error")),
-            "std": statistics.pstdev(scored) if scored else None,
-            "min": min(scored) if scored else None, "max": max(scored) if scored else None,
-            "signal": group_advantages(rewards, scale_rewards=False) is not None,
-        })
+        rows.append(
+            {
+                "index": index,
+                "rewards": rewards,
+                "errors": sum(1 for t in group if t.get("error")),
+                "std": statistics.pstdev(scored) if scored else None,
+                "min": min(scored) if scored else None,
+                "max": max(scored) if scored else None,
+                "signal": group_advantages(rewards, scale_rewards=False) is not None,
+            }
+        )
     samples = max((len(r["rewards"]) for r in rows), default=0)
     with_spread = sum(r["signal"] for r in rows)
-    return {"scenarios": rows, "with_spread": with_spread, "scenario_count": scenario_count, "samples": samples,
-            "message": _spread_message(rows, with_spread, samples)}
+    return {
+        "scenarios": rows,
+        "with_spread": with_spread,
+        "scenario_count": scenario_count,
+        "samples": samples,
+        "message": _spread_message(rows, with_spread, samples),
+    }
 
 
 def _spread_message(rows: list[dict], with_spread: int, samples: int) -> str:
     n = len(rows)
     if samples < 2:
-        return ("One rollout per scenario shows no spread: dry run with 2 or more samples to see whether "
-                "this reward tells answers apart.")
+        return (
+            "One rollout per scenario shows no spread: dry run with 2 or more samples to see whether "
+            "this reward tells answers apart."
+        )
     if with_spread == n:
         return f"This reward gives spread on all {n} scenarios: every group has something to learn from."
     if with_spread:
-        return (f"This reward gives spread on {with_spread} of {n} scenarios; the others got equal rewards "
-                "for every answer and teach nothing.")
+        return (
+            f"This reward gives spread on {with_spread} of {n} scenarios; the others got equal rewards "
+            "for every answer and teach nothing."
+        )
     if not any(r["min"] is not None for r in rows):
-        return ("No rollout was scored: each one failed (see its error). Fix that before launching: GRPO "
-                "would have nothing to learn from.")
-    return ("No scenario got different rewards: GRPO would have nothing to learn from. Make the reward "
-            "finer-grained (partial credit), use harder or more varied scenarios, or sample at a higher "
-            "temperature.")
+        return (
+            "No rollout was scored: each one failed (see its error). Fix that before launching: GRPO "
+            "would have nothing to learn from."
+        )
+    return (
+        "No scenario got different rewards: GRPO would have nothing to learn from. Make the reward "
+        "finer-grained (partial credit), use harder or more varied scenarios, or sample at a higher "
+        "temperature."
+    )
 
 
 def dry_run_enqueue(dry_run: DryRun) -> None:
@@ -341,5 +405,8 @@ def dry_run_enqueue(dry_run: DryRun) -> None:
     from artweb.dispatch import publish_on_commit
     from rollouts.tasks import dry_run_task
 
-    publish_on_commit(dry_run_task, args=(dry_run.id,), sent=lambda: DryRun.objects.filter(id=dry_run.id).update(
-        dispatched_at=timezone.now()))
+    publish_on_commit(
+        dry_run_task,
+        args=(dry_run.id,),
+        sent=lambda: DryRun.objects.filter(id=dry_run.id).update(dispatched_at=timezone.now()),
+    )

@@ -36,16 +36,26 @@ class AssetKind:
 
 
 ASSETS = {
-    "script": AssetKind("script", "Rollout script", "Rollout scripts",
-                        get=lambda user, pk: selectors.script_get(user=user, script_id=pk),
-                        list=lambda user: selectors.script_list(user=user),
-                        create=services.script_create, version_create=services.script_version_create,
-                        version_arg="script"),
-    "reward": AssetKind("reward", "Reward function", "Reward functions",
-                        get=lambda user, pk: selectors.reward_get(user=user, reward_id=pk),
-                        list=lambda user: selectors.reward_list(user=user),
-                        create=services.reward_create, version_create=services.reward_version_create,
-                        version_arg="reward"),
+    "script": AssetKind(
+        "script",
+        "Rollout script",
+        "Rollout scripts",
+        get=lambda user, pk: selectors.script_get(user=user, script_id=pk),
+        list=lambda user: selectors.script_list(user=user),
+        create=services.script_create,
+        version_create=services.script_version_create,
+        version_arg="script",
+    ),
+    "reward": AssetKind(
+        "reward",
+        "Reward function",
+        "Reward functions",
+        get=lambda user, pk: selectors.reward_get(user=user, reward_id=pk),
+        list=lambda user: selectors.reward_list(user=user),
+        create=services.reward_create,
+        version_create=services.reward_version_create,
+        version_arg="reward",
+    ),
 }
 
 
@@ -63,10 +73,14 @@ def _code_errors(form, exc: ApplicationError) -> list[dict]:
 
 def _dry_run_form(request, data=None, initial=None) -> DryRunForm:
     user = request.user
-    return DryRunForm(data, initial=initial, script_versions=selectors.script_version_list(user=user),
-                      reward_versions=selectors.reward_version_list(user=user),
-                      base_models=base_model_visible(user),
-                      scenario_sets=selectors.scenario_set_list(user=user).order_by("name"))
+    return DryRunForm(
+        data,
+        initial=initial,
+        script_versions=selectors.script_version_list(user=user),
+        reward_versions=selectors.reward_version_list(user=user),
+        base_models=base_model_visible(user),
+        scenario_sets=selectors.scenario_set_list(user=user).order_by("name"),
+    )
 
 
 @login_required
@@ -90,8 +104,9 @@ def asset_create_view(request, kind: str):
         else:
             messages.success(request, f"{k.label} {version.asset.name} uploaded (version 1).")
             return redirect(f"{k.slug}-detail", asset_id=version.asset_id)
-    return render(request, "rollouts/asset_form.html", {"nav": f"{k.slug}s", "kind": k, "form": form,
-                                                        "error_lines": error_lines})
+    return render(
+        request, "rollouts/asset_form.html", {"nav": f"{k.slug}s", "kind": k, "form": form, "error_lines": error_lines}
+    )
 
 
 @login_required
@@ -102,8 +117,9 @@ def asset_detail_view(request, kind: str, asset_id: int):
     error_lines = []
     if request.method == "POST" and form.is_valid():
         try:
-            version = k.version_create(**{k.version_arg: asset}, content=form.cleaned_data["code"],
-                                       note=form.cleaned_data["note"])
+            version = k.version_create(
+                **{k.version_arg: asset}, content=form.cleaned_data["code"], note=form.cleaned_data["note"]
+            )
         except ApplicationError as exc:
             error_lines = _code_errors(form, exc)
         else:
@@ -120,17 +136,33 @@ def asset_detail_view(request, kind: str, asset_id: int):
     b = request.GET.get("b", str(versions[0].number) if versions else "")
     if a.isdigit() and b.isdigit() and int(a) in by_number and int(b) in by_number:
         old, new = by_number[int(a)], by_number[int(b)]
-        diff = {"old": old, "new": new,
-                "table": code_diff_table(old.content, new.content, f"version {old.number}", f"version {new.number}")}
+        diff = {
+            "old": old,
+            "new": new,
+            "table": code_diff_table(old.content, new.content, f"version {old.number}", f"version {new.number}"),
+        }
     dry_initial = {f"{k.slug}_version": versions[0].id} if versions else None
-    rewards = selectors.reward_list(user=request.user).filter(owner=asset.owner).order_by("name") \
-        if k.slug == "script" else None
-    return render(request, "rollouts/asset_detail.html", {
-        "nav": f"{k.slug}s", "kind": k, "asset": asset, "versions": versions, "shown": shown, "diff": diff,
-        "companion_choices": rewards,
-        "form": form, "error_lines": error_lines,
-        "dry_run_form": _dry_run_form(request, initial=dry_initial),
-    })
+    rewards = (
+        selectors.reward_list(user=request.user).filter(owner=asset.owner).order_by("name")
+        if k.slug == "script"
+        else None
+    )
+    return render(
+        request,
+        "rollouts/asset_detail.html",
+        {
+            "nav": f"{k.slug}s",
+            "kind": k,
+            "asset": asset,
+            "versions": versions,
+            "shown": shown,
+            "diff": diff,
+            "companion_choices": rewards,
+            "form": form,
+            "error_lines": error_lines,
+            "dry_run_form": _dry_run_form(request, initial=dry_initial),
+        },
+    )
 
 
 @login_required
@@ -144,8 +176,12 @@ def script_companion_view(request, asset_id: int):
     except ApplicationError as exc:
         messages.error(request, exc.message)
     else:
-        messages.success(request, f"The launch form now preselects {reward.name} with this script." if reward
-                         else "This script has no companion reward now.")
+        messages.success(
+            request,
+            f"The launch form now preselects {reward.name} with this script."
+            if reward
+            else "This script has no companion reward now.",
+        )
     return redirect("script-detail", asset_id=script.id)
 
 
@@ -156,9 +192,14 @@ SCENARIO_PREVIEW = 50
 
 @login_required
 def scenario_set_list_view(request):
-    return render(request, "rollouts/scenario_set_list.html", {
-        "nav": "scenarios", "sets": selectors.scenario_set_list(user=request.user).select_related("owner"),
-    })
+    return render(
+        request,
+        "rollouts/scenario_set_list.html",
+        {
+            "nav": "scenarios",
+            "sets": selectors.scenario_set_list(user=request.user).select_related("owner"),
+        },
+    )
 
 
 @login_required
@@ -167,9 +208,13 @@ def scenario_set_create_view(request):
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
         try:
-            scenario_set = services.scenario_set_create(owner=request.user, name=d["name"], jsonl=d["jsonl"],
-                                                        validation_fraction=d["validation_fraction"],
-                                                        description=d["description"])
+            scenario_set = services.scenario_set_create(
+                owner=request.user,
+                name=d["name"],
+                jsonl=d["jsonl"],
+                validation_fraction=d["validation_fraction"],
+                description=d["description"],
+            )
         except ApplicationError as exc:
             apply_service_errors(form, exc)
         else:
@@ -181,12 +226,17 @@ def scenario_set_create_view(request):
 @login_required
 def scenario_set_detail_view(request, scenario_set_id: int):
     scenario_set = selectors.scenario_set_get(user=request.user, scenario_set_id=scenario_set_id)
-    return render(request, "rollouts/scenario_set_detail.html", {
-        "nav": "scenarios", "scenario_set": scenario_set,
-        "scenarios": scenario_set.scenarios.order_by("index")[:SCENARIO_PREVIEW],
-        "preview": SCENARIO_PREVIEW,
-        "dry_run_form": _dry_run_form(request, initial={"scenario_set": scenario_set.id}),
-    })
+    return render(
+        request,
+        "rollouts/scenario_set_detail.html",
+        {
+            "nav": "scenarios",
+            "scenario_set": scenario_set,
+            "scenarios": scenario_set.scenarios.order_by("index")[:SCENARIO_PREVIEW],
+            "preview": SCENARIO_PREVIEW,
+            "dry_run_form": _dry_run_form(request, initial={"scenario_set": scenario_set.id}),
+        },
+    )
 
 
 # --- dry runs ---------------------------------------------------------------------------------------
@@ -215,10 +265,18 @@ def _dry_run_trajectories(result) -> list[dict]:
     out = []
     for i, t in enumerate(items):
         t = t if isinstance(t, dict) else {"messages": [], "error": str(t)}
-        out.append({"index": i, "reward": t.get("reward"), "error": t.get("error") or "",
-                    "scenario_index": t.get("scenario_index"),
-                    "logs": t.get("logs") or [], "metrics": t.get("metrics") or {},
-                    "scenario": t.get("scenario"), "turns": transcript(t.get("messages"))})
+        out.append(
+            {
+                "index": i,
+                "reward": t.get("reward"),
+                "error": t.get("error") or "",
+                "scenario_index": t.get("scenario_index"),
+                "logs": t.get("logs") or [],
+                "metrics": t.get("metrics") or {},
+                "scenario": t.get("scenario"),
+                "turns": transcript(t.get("messages")),
+            }
+        )
     return out
 
 
@@ -226,16 +284,21 @@ def _dry_run_trajectories(result) -> list[dict]:
 def dry_run_detail_view(request, dry_run_id: int):
     dry_run = selectors.dry_run_get(user=request.user, dry_run_id=dry_run_id)
     spread = dry_run.result.get("spread") if isinstance(dry_run.result, dict) else None
-    return render(request, "rollouts/dry_run_detail.html", {
-        "nav": "scripts", "dry_run": dry_run, "trajectories": _dry_run_trajectories(dry_run.result),
-        "spread": spread if isinstance(spread, dict) else None,
-        "finished": dry_run.status in ("done", "failed"),
-    })
+    return render(
+        request,
+        "rollouts/dry_run_detail.html",
+        {
+            "nav": "scripts",
+            "dry_run": dry_run,
+            "trajectories": _dry_run_trajectories(dry_run.result),
+            "spread": spread if isinstance(spread, dict) else None,
+            "finished": dry_run.status in ("done", "failed"),
+        },
+    )
 
 
 @login_required
 @require_GET
 def dry_run_status_view(request, dry_run_id: int):
     dry_run = selectors.dry_run_get(user=request.user, dry_run_id=dry_run_id)
-    return JsonResponse({"id": dry_run.id, "status": dry_run.status,
-                         "finished": dry_run.status in ("done", "failed")})
+    return JsonResponse({"id": dry_run.id, "status": dry_run.status, "finished": dry_run.status in ("done", "failed")})

@@ -19,8 +19,9 @@ def bob(db, django_user_model):
 
 @pytest.fixture
 def staff(db, django_user_model):
-    return django_user_model.objects.create_user("sam", "sam@example.com", "sam-pass-123", is_staff=True,
-                                                 is_superuser=True)
+    return django_user_model.objects.create_user(
+        "sam", "sam@example.com", "sam-pass-123", is_staff=True, is_superuser=True
+    )
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from rollouts.models import (
 )
 from training.models import BaseModel, Checkpoint, Run, Step
 
-SCRIPT = '''import art
+SCRIPT = """import art
 
 
 async def rollout(model: art.Model, scenario) -> art.Trajectory:
@@ -28,12 +28,12 @@ async def rollout(model: art.Model, scenario) -> art.Trajectory:
     completion = await client.chat.completions.create(model=model.name, messages=messages)
     traj.messages_and_choices.append(completion.choices[0])
     return traj
-'''
+"""
 
-REWARD = '''def reward(trajectory, scenario):
+REWARD = """def reward(trajectory, scenario):
     text = trajectory.messages_and_choices[-1]["content"] or ""
     return 1.0 if scenario["answer"].lower() in text.lower() else 0.0
-'''
+"""
 
 
 def _sha(text):
@@ -113,7 +113,9 @@ class ScenarioSetFactory(factory.django.DjangoModelFactory):
             return
         for i in range(obj.train_count + obj.validation_count):
             Scenario.objects.create(
-                scenario_set=obj, index=i, split="train" if i < obj.train_count else "validation",
+                scenario_set=obj,
+                index=i,
+                split="train" if i < obj.train_count else "validation",
                 data={"prompt": f"Say the word w{i}.", "answer": f"w{i}"},
             )
 
@@ -160,8 +162,9 @@ class TrajectoryFactory(factory.django.DjangoModelFactory):
     run = factory.SelfAttribute("group.run")
     step = factory.SelfAttribute("group.step")
     index = factory.Sequence(lambda n: n % 8)
-    messages = factory.LazyFunction(lambda: [{"role": "user", "content": "Say hi"},
-                                             {"role": "assistant", "content": "hi"}])
+    messages = factory.LazyFunction(
+        lambda: [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi"}]
+    )
     reward = 1.0
     search_text = "Say hi\nhi"
 

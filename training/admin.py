@@ -27,7 +27,17 @@ class CheckpointAdmin(admin.ModelAdmin):
     list_filter = ("state", "promoted", "run__status", "run__base_model")
     search_fields = ("run__name", "path", "run__owner__username")
     list_select_related = ("run",)
-    readonly_fields = ("run", "step", "path", "size_bytes", "metrics", "val_reward", "state", "created_at", "deleted_at")
+    readonly_fields = (
+        "run",
+        "step",
+        "path",
+        "size_bytes",
+        "metrics",
+        "val_reward",
+        "state",
+        "created_at",
+        "deleted_at",
+    )
     actions = ["delete_files", "apply_retention", "promote", "download_archive"]
 
     @admin.display(description="size on disk", ordering="size_bytes")
@@ -95,8 +105,18 @@ class StepInline(admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "owner", "status", "steps_done", "num_steps", "latest_reward", "best_val_reward",
-                    "worker", "created_at")
+    list_display = (
+        "id",
+        "name",
+        "owner",
+        "status",
+        "steps_done",
+        "num_steps",
+        "latest_reward",
+        "best_val_reward",
+        "worker",
+        "created_at",
+    )
     list_filter = ("status", "base_model")
     search_fields = ("name", "owner__username", "tags")
     readonly_fields = ("steps_done", "worker", "heartbeat_at", "started_at", "finished_at", "config", "error")
@@ -106,7 +126,17 @@ class RunAdmin(admin.ModelAdmin):
 class BaseModelAdminForm(forms.ModelForm):
     class Meta:
         model = BaseModel
-        fields = "__all__"
+        fields = (
+            "owner",
+            "name",
+            "source",
+            "revision",
+            "local_path",
+            "max_length",
+            "chat_template_override",
+            "supports_tools",
+            "recommended_train",
+        )
 
     def clean_recommended_train(self):
         try:
@@ -147,9 +177,14 @@ class StepAdmin(admin.ModelAdmin):
 class ExportTargetAdminForm(forms.ModelForm):
     """The key is write-only here as everywhere: a new one replaces the stored one, none keeps it."""
 
-    new_secret = forms.CharField(required=False, max_length=1000, label="New key", strip=True,
-                                 widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-                                 help_text="Stored encrypted and never shown. Leave empty to keep the stored key.")
+    new_secret = forms.CharField(
+        required=False,
+        max_length=1000,
+        label="New key",
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Stored encrypted and never shown. Leave empty to keep the stored key.",
+    )
     clear_secret = forms.BooleanField(required=False, label="Remove the stored key")
 
     class Meta:
@@ -194,11 +229,22 @@ class ExportTargetAdmin(admin.ModelAdmin):
         data = form.cleaned_data
         secret = "" if data.get("clear_secret") else (data.get("new_secret") or None)
         if change:
-            export_target_update(target=ExportTarget.objects.get(id=obj.id), actor=request.user,
-                                 settings=data["settings"], secret=secret, enabled=data["enabled"])
+            export_target_update(
+                target=ExportTarget.objects.get(id=obj.id),
+                actor=request.user,
+                settings=data["settings"],
+                secret=secret,
+                enabled=data["enabled"],
+            )
         else:
-            target = export_target_create(owner=data["owner"], kind=data["kind"], settings=data["settings"],
-                                          secret=secret or "", run=data.get("run"), enabled=data["enabled"])
+            target = export_target_create(
+                owner=data["owner"],
+                kind=data["kind"],
+                settings=data["settings"],
+                secret=secret or "",
+                run=data.get("run"),
+                enabled=data["enabled"],
+            )
             obj.id = target.id
         obj.refresh_from_db()
 

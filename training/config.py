@@ -21,34 +21,61 @@ class AlertRules(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     no_signal_steps: int = Field(
-        3, ge=0, le=10_000, description="Steps in a row in which every group's rollouts got the same reward.")
+        3, ge=0, le=10_000, description="Steps in a row in which every group's rollouts got the same reward."
+    )
     flat_reward_steps: int = Field(
-        10, ge=0, le=10_000, description="Steps over which the train reward moved less than flat_reward_delta.")
+        10, ge=0, le=10_000, description="Steps over which the train reward moved less than flat_reward_delta."
+    )
     flat_reward_delta: float = Field(
-        0.01, ge=0.0, le=1e9, description="How far the train reward must move (max - min of the step means) "
-                                          "within flat_reward_steps not to count as flat.")
+        0.01,
+        ge=0.0,
+        le=1e9,
+        description="How far the train reward must move (max - min of the step means) "
+        "within flat_reward_steps not to count as flat.",
+    )
     entropy_collapse: float = Field(
-        0.1, ge=0.0, le=1.0, description="Share of the first step's token entropy below which the policy "
-                                         "counts as collapsed (it samples nearly one answer).")
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="Share of the first step's token entropy below which the policy "
+        "counts as collapsed (it samples nearly one answer).",
+    )
     truncation_share: float = Field(
-        0.5, ge=0.0, le=1.0, description="Share of a step's rollouts stopped by max_tokens above which the run "
-                                         "warns.")
+        0.5, ge=0.0, le=1.0, description="Share of a step's rollouts stopped by max_tokens above which the run warns."
+    )
     heldout_divergence: int = Field(
-        3, ge=0, le=1000, description="Validations in a row in which the train reward rose while the held-out "
-                                      "reward fell: the policy fits the training scenarios, not the task.")
+        3,
+        ge=0,
+        le=1000,
+        description="Validations in a row in which the train reward rose while the held-out "
+        "reward fell: the policy fits the training scenarios, not the task.",
+    )
     length_drift: float = Field(
-        2.0, ge=0.0, le=1000.0, description="Factor by which the mean completion length may grow or shrink from "
-                                            "the first steps' before the run warns (unless the held-out "
-                                            "reward has improved meanwhile).")
+        2.0,
+        ge=0.0,
+        le=1000.0,
+        description="Factor by which the mean completion length may grow or shrink from "
+        "the first steps' before the run warns (unless the held-out "
+        "reward has improved meanwhile).",
+    )
     component_share: float = Field(
-        0.8, ge=0.0, le=1.0, description="Share of the total reward one component may carry; components are the "
-                                         "trajectory metrics named in reward_components, or, when none are "
-                                         "named, metrics that add up to the reward.")
+        0.8,
+        ge=0.0,
+        le=1.0,
+        description="Share of the total reward one component may carry; components are the "
+        "trajectory metrics named in reward_components, or, when none are "
+        "named, metrics that add up to the reward.",
+    )
     reward_components: list[str] = Field(
-        default_factory=list, max_length=50, description="Trajectory metrics that make up the reward.")
+        default_factory=list, max_length=50, description="Trajectory metrics that make up the reward."
+    )
     repeated_answer_share: float = Field(
-        0.5, ge=0.0, le=1.0, description="Share of a step's scenarios in which one and the same final answer "
-                                         "text appears, above which the run warns.")
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Share of a step's scenarios in which one and the same final answer "
+        "text appears, above which the run warns.",
+    )
     pause_on_alert: bool = Field(False, description="Pause the run when an alert fires (resume from its page).")
 
 
@@ -66,35 +93,47 @@ class RunConfig(BaseModel):
     concurrency: int = Field(32, ge=1, le=1024, description="Rollouts in flight at once.")
     rollout_timeout_s: float = Field(120.0, gt=0, le=3600, description="Wall-clock limit per rollout, seconds.")
     max_exceptions: float = Field(
-        0.5, ge=0.0, le=1.0, description="Share of a step's rollouts that may fail before the step fails: 0 none, "
-                                         "0.5 up to half, 1.0 any number (a step whose rollouts all failed "
-                                         "still fails: there is nothing to train on)."
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Share of a step's rollouts that may fail before the step fails: 0 none, "
+        "0.5 up to half, 1.0 any number (a step whose rollouts all failed "
+        "still fails: there is nothing to train on).",
     )
     val_every: int = Field(5, ge=0, le=100_000, description="Validate every N steps (0: never).")
     val_scenarios: int = Field(8, ge=0, le=10_000, description="Held-out scenarios per validation.")
     use_ruler: bool = Field(
-        False, description="Score each group with RULER: the judge (ruler_judge) compares the group's rollouts side by "
-                           "side and its scores become the rewards (a reward function's value is kept as the "
-                           "metric independent_reward).")
+        False,
+        description="Score each group with RULER: the judge (ruler_judge) compares the group's rollouts side by "
+        "side and its scores become the rewards (a reward function's value is kept as the "
+        "metric independent_reward).",
+    )
     ruler_judge: str = Field(
-        "", max_length=220,
+        "",
+        max_length=220,
         description="RULER's judge: empty for the run's own base model; model:<name> for another registered base "
-                    "model, which the worker serves beside the run's; endpoint:<name> for one of your judge "
-                    "endpoints (an OpenAI-compatible server elsewhere, set up on the Models page).")
+        "model, which the worker serves beside the run's; endpoint:<name> for one of your judge "
+        "endpoints (an OpenAI-compatible server elsewhere, set up on the Models page).",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for scenario sampling and training.")
     keep_last_checkpoints: int = Field(2, ge=1, le=1000, description="Retention: newest checkpoints kept.")
     keep_best_checkpoints: int = Field(1, ge=0, le=1000, description="Retention: best by validation reward kept.")
     alerts: AlertRules = Field(default_factory=AlertRules, description="When the run warns (see AlertRules).")
-    train: dict[str, Any] = Field(default_factory=dict, validate_default=True,
-                                  description="Engine TrainConfig (learning rate, LoRA, loss…); defaults filled in.")
+    train: dict[str, Any] = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="Engine TrainConfig (learning rate, LoRA, loss…); defaults filled in.",
+    )
 
     @field_validator("ruler_judge")
     @classmethod
     def _check_judge(cls, value: str) -> str:
         value = value.strip()
         if value and not value.startswith(("model:", "endpoint:")):
-            raise ValueError(f"{value!r} is not a judge: leave it empty for the run's base model, or write "
-                             "model:<registered model name> or endpoint:<your judge endpoint's name>")
+            raise ValueError(
+                f"{value!r} is not a judge: leave it empty for the run's base model, or write "
+                "model:<registered model name> or endpoint:<your judge endpoint's name>"
+            )
         return value
 
     @field_validator("train")

@@ -71,18 +71,47 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         run = Run.objects.filter(id=self.run_id).values("status", "steps_done", "num_steps", "error").first()
         if run:
             out.append({"type": "status", "run": self.run_id, **run})
-        for s in Step.objects.filter(run_id=self.run_id, step__gt=cursor("after_step")).order_by("step")[:CATCH_UP_LIMIT]:
-            out.append({"type": "step", "step": s.step, "steps_done": run["steps_done"] if run else None,
-                        "metrics": {**s.metrics, "reward_mean": s.reward_mean, "reward_std": s.reward_std,
-                                    "val_reward": s.val_reward, "duration_s": s.duration_s}, "timings": s.timings})
-        for e in RunEvent.objects.filter(run_id=self.run_id, id__gt=cursor("after_event")).order_by("id")[:CATCH_UP_LIMIT]:
+        for s in Step.objects.filter(run_id=self.run_id, step__gt=cursor("after_step")).order_by("step")[
+            :CATCH_UP_LIMIT
+        ]:
+            out.append(
+                {
+                    "type": "step",
+                    "step": s.step,
+                    "steps_done": run["steps_done"] if run else None,
+                    "metrics": {
+                        **s.metrics,
+                        "reward_mean": s.reward_mean,
+                        "reward_std": s.reward_std,
+                        "val_reward": s.val_reward,
+                        "duration_s": s.duration_s,
+                    },
+                    "timings": s.timings,
+                }
+            )
+        for e in RunEvent.objects.filter(run_id=self.run_id, id__gt=cursor("after_event")).order_by("id")[
+            :CATCH_UP_LIMIT
+        ]:
             out.append(event_message(e))
-        for line in RunLog.objects.filter(run_id=self.run_id, id__gt=cursor("after_log")).order_by("id")[:CATCH_UP_LIMIT]:
-            out.append({"type": "log", "id": line.id, "level": line.level, "message": line.message, "step": line.step,
-                        "created_at": line.created_at.isoformat()})
+        for line in RunLog.objects.filter(run_id=self.run_id, id__gt=cursor("after_log")).order_by("id")[
+            :CATCH_UP_LIMIT
+        ]:
+            out.append(
+                {
+                    "type": "log",
+                    "id": line.id,
+                    "level": line.level,
+                    "message": line.message,
+                    "step": line.step,
+                    "created_at": line.created_at.isoformat(),
+                }
+            )
         # Groups newer than the page's, and again those it shows without advantages (they may have them now).
-        out.extend(run_group_messages(run_id=self.run_id, after_id=cursor("after_group"),
-                                      ids=_ids(content, "pending_groups", GROUPS_SHOWN)))
+        out.extend(
+            run_group_messages(
+                run_id=self.run_id, after_id=cursor("after_group"), ids=_ids(content, "pending_groups", GROUPS_SHOWN)
+            )
+        )
         return out
 
 
@@ -122,7 +151,11 @@ class RunsConsumer(AsyncJsonWebsocketConsumer):
         from training.selectors import run_visible, runs_by_id
         from training.services.broadcast import run_row_message
 
-        newer = list(run_visible(self.user).filter(id__gt=_cursor(content, "after_run"))
-                     .order_by("-id").values_list("id", flat=True)[:RUNS_CATCH_UP_LIMIT])
+        newer = list(
+            run_visible(self.user)
+            .filter(id__gt=_cursor(content, "after_run"))
+            .order_by("-id")
+            .values_list("id", flat=True)[:RUNS_CATCH_UP_LIMIT]
+        )
         ids = set(newer) | set(_ids(content, "runs", RUNS_CATCH_UP_LIMIT))
         return [run_row_message(run) for run in runs_by_id(user=self.user, ids=ids).order_by("id")]

@@ -47,8 +47,9 @@ def apply_service_errors(form: forms.Form, exc: ApplicationError, aliases: dict[
 
 
 class RunFilterForm(forms.Form):
-    q = forms.CharField(required=False, label="Search", widget=forms.TextInput(attrs={"type": "search",
-                                                                                      "placeholder": "name or task"}))
+    q = forms.CharField(
+        required=False, label="Search", widget=forms.TextInput(attrs={"type": "search", "placeholder": "name or task"})
+    )
     status = forms.ChoiceField(required=False, choices=[("", "Any status"), *Run.Status.choices])
     model = forms.ChoiceField(required=False, label="Model", choices=[("", "Any model")])
     tag = forms.CharField(required=False)
@@ -60,26 +61,38 @@ class RunFilterForm(forms.Form):
 
     def selector_kwargs(self) -> dict:
         data = self.cleaned_data if self.is_valid() else {}
-        return {"q": data.get("q") or None, "status": data.get("status") or None,
-                "base_model": data.get("model") or None, "tag": data.get("tag") or None,
-                "order": data.get("order") or "-created_at"}
+        return {
+            "q": data.get("q") or None,
+            "status": data.get("status") or None,
+            "base_model": data.get("model") or None,
+            "tag": data.get("tag") or None,
+            "order": data.get("order") or "-created_at",
+        }
 
 
 class BaseModelForm(forms.Form):
     name = forms.CharField(max_length=200, help_text="A short unique name, e.g. smollm2-135m.")
-    source = forms.CharField(max_length=500, help_text="A Hugging Face model id (org/name); staff may also give "
-                                                       "a directory on the server with config.json.")
+    source = forms.CharField(
+        max_length=500,
+        help_text="A Hugging Face model id (org/name); staff may also give a directory on the server with config.json.",
+    )
     revision = forms.CharField(max_length=100, required=False, help_text="Git revision of a Hub model; empty: main.")
-    max_length = forms.IntegerField(initial=2048, min_value=16, max_value=1_048_576,
-                                    help_text="Context length in tokens (16 to 1,048,576).")
+    max_length = forms.IntegerField(
+        initial=2048, min_value=16, max_value=1_048_576, help_text="Context length in tokens (16 to 1,048,576)."
+    )
     supports_tools = forms.BooleanField(required=False, label="Supports tool calls")
-    chat_template_override = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}),
-                                             help_text="Jinja chat template to use instead of the model's own.")
+    chat_template_override = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        help_text="Jinja chat template to use instead of the model's own.",
+    )
     recommended_train = forms.CharField(
-        required=False, label="Recommended training settings",
+        required=False,
+        label="Recommended training settings",
         widget=forms.Textarea(attrs={"rows": 2, "placeholder": '{"learning_rate": 0.0002}'}),
         help_text="JSON object of training settings that suit this model; runs that leave a setting out take "
-                  "these values before artweb's defaults.")
+        "these values before artweb's defaults.",
+    )
 
     def clean_recommended_train(self) -> dict:
         raw = (self.cleaned_data.get("recommended_train") or "").strip()
@@ -88,20 +101,28 @@ class BaseModelForm(forms.Form):
         try:
             return json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.")
+            raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.") from exc
 
 
 class JudgeEndpointForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="Runs use it with ruler_judge endpoint:<name>.")
-    base_url = forms.CharField(max_length=500, label="Base URL",
-                               help_text="The server's OpenAI-compatible base URL, e.g. https://api.example.com/v1.")
+    base_url = forms.CharField(
+        max_length=500,
+        label="Base URL",
+        help_text="The server's OpenAI-compatible base URL, e.g. https://api.example.com/v1.",
+    )
     model = forms.CharField(max_length=200, help_text="The judge model's name at that server.")
-    api_key = forms.CharField(required=False, max_length=1000, label="API key",
-                              widget=forms.PasswordInput(render_value=False),
-                              help_text="Sent as a bearer token by the worker; never shown again.")
+    api_key = forms.CharField(
+        required=False,
+        max_length=1000,
+        label="API key",
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Sent as a bearer token by the worker; never shown again.",
+    )
 
 
 # --- launch -------------------------------------------------------------------------------------
+
 
 def _bounds(info) -> dict:
     """min/max/exclusive bounds of a pydantic field, read off its annotated_types metadata."""
@@ -134,8 +155,12 @@ def config_form_field(name: str, info) -> forms.Field:
     if bounds:
         help_parts.append(f"Allowed: {bounds}.")
     help_parts.append(f"Default: {json.dumps(default) if not isinstance(default, str) else repr(default)}.")
-    common = {"required": False, "initial": default, "help_text": " ".join(p for p in help_parts if p),
-              "label": name.replace("_", " ").capitalize()}
+    common = {
+        "required": False,
+        "initial": default,
+        "help_text": " ".join(p for p in help_parts if p),
+        "label": name.replace("_", " ").capitalize(),
+    }
     annotation = info.annotation
     if annotation is bool:
         return forms.BooleanField(**common)
@@ -145,25 +170,30 @@ def config_form_field(name: str, info) -> forms.Field:
         attrs = {"step": "any"}
         if "gt" in b:
             attrs["min"] = b["gt"]
-        return forms.FloatField(min_value=b.get("ge"), max_value=b.get("le"),
-                                widget=forms.NumberInput(attrs=attrs), **common)
+        return forms.FloatField(
+            min_value=b.get("ge"), max_value=b.get("le"), widget=forms.NumberInput(attrs=attrs), **common
+        )
     if annotation is str:
         return forms.CharField(max_length=b.get("max_length"), **common)
     if isinstance(annotation, type) and issubclass(annotation, PydanticModel):  # a group of settings, as JSON
         example = next(iter(annotation.model_fields))
         common["initial"] = ""
-        common["help_text"] = (f"{info.description or ''} A JSON object of the settings to change; the rest keep "
-                               f"their defaults: {json.dumps(default)}.")
-        return forms.CharField(widget=forms.Textarea(attrs={
-            "rows": 3, "placeholder": json.dumps({example: default[example]})}), **common)
+        common["help_text"] = (
+            f"{info.description or ''} A JSON object of the settings to change; the rest keep "
+            f"their defaults: {json.dumps(default)}."
+        )
+        return forms.CharField(
+            widget=forms.Textarea(attrs={"rows": 3, "placeholder": json.dumps({example: default[example]})}), **common
+        )
     if get_origin(annotation) is list:
         common["initial"] = ", ".join(default)
         common["help_text"] += " Comma-separated."
         return forms.CharField(**common)
     if get_origin(annotation) is dict or annotation is dict:
         common["initial"] = json.dumps(default) if default else ""
-        return forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "placeholder": '{"learning_rate": 1e-5}'}),
-                               **common)
+        return forms.CharField(
+            widget=forms.Textarea(attrs={"rows": 4, "placeholder": '{"learning_rate": 1e-5}'}), **common
+        )
     raise TypeError(f"RunConfig field {name} has a type the launch form cannot show: {annotation!r}")
 
 
@@ -185,8 +215,13 @@ def train_config_reference() -> list[dict]:
                 allowed += " or null"
         else:
             allowed = "list of module names" if isinstance(default, tuple) else ""
-        rows.append({"name": f.name, "default": json.dumps(list(default) if isinstance(default, tuple) else default),
-                     "allowed": allowed})
+        rows.append(
+            {
+                "name": f.name,
+                "default": json.dumps(list(default) if isinstance(default, tuple) else default),
+                "allowed": allowed,
+            }
+        )
     return rows
 
 
@@ -202,13 +237,22 @@ class RunLaunchForm(forms.Form):
     base_model = forms.ModelChoiceField(queryset=None, label="Base model", empty_label=None)
     script_version = forms.ModelChoiceField(queryset=None, label="Rollout script version", empty_label=None)
     reward_version = forms.ModelChoiceField(
-        queryset=None, required=False, label="Reward function version", empty_label="none",
-        help_text="Optional: without one the script's own trajectory.reward is used (or RULER when enabled).")
+        queryset=None,
+        required=False,
+        label="Reward function version",
+        empty_label="none",
+        help_text="Optional: without one the script's own trajectory.reward is used (or RULER when enabled).",
+    )
     scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set", empty_label=None)
 
     # Service error keys → form field names.
-    ERROR_ALIASES: ClassVar[dict[str, str]] = {"script": "script_version", "reward function": "reward_version", "base model": "base_model",
-                     "scenario set": "scenario_set", "config": "train"}
+    ERROR_ALIASES: ClassVar[dict[str, str]] = {
+        "script": "script_version",
+        "reward function": "reward_version",
+        "base model": "base_model",
+        "scenario set": "scenario_set",
+        "config": "train",
+    }
 
     def __init__(self, *args, base_models, script_versions, reward_versions, scenario_sets, **kwargs):
         super().__init__(*args, **kwargs)
@@ -218,8 +262,9 @@ class RunLaunchForm(forms.Form):
         self.fields["reward_version"].queryset = reward_versions
         self.fields["reward_version"].label_from_instance = lambda v: f"{v.asset.name} v{v.number} ({v.kind})"
         self.fields["scenario_set"].queryset = scenario_sets
-        self.fields["scenario_set"].label_from_instance = (
-            lambda s: f"{s.name} ({s.train_count} train / {s.validation_count} validation)")
+        self.fields["scenario_set"].label_from_instance = lambda s: (
+            f"{s.name} ({s.train_count} train / {s.validation_count} validation)"
+        )
         for name, info in RunConfig.model_fields.items():
             self.fields[name] = config_form_field(name, info)
 
@@ -233,7 +278,7 @@ class RunLaunchForm(forms.Form):
         try:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.")
+            raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.") from exc
         if not isinstance(value, dict):
             raise forms.ValidationError(f"Give a JSON object, e.g. {example}.")
         return value
@@ -260,21 +305,28 @@ class RunLaunchForm(forms.Form):
 
     def service_kwargs(self) -> dict:
         d = self.cleaned_data
-        return {"name": d["name"], "tags": d["tags"], "base_model": d["base_model"],
-                "script_version": d["script_version"], "reward_version": d.get("reward_version"),
-                "scenario_set": d["scenario_set"], "config": self.config()}
-
+        return {
+            "name": d["name"],
+            "tags": d["tags"],
+            "base_model": d["base_model"],
+            "script_version": d["script_version"],
+            "reward_version": d.get("reward_version"),
+            "scenario_set": d["scenario_set"],
+            "config": self.config(),
+        }
 
 
 class TrajectoryFilterForm(forms.Form):
     step = forms.IntegerField(required=False, min_value=0)
-    split = forms.ChoiceField(required=False, choices=[("", "Train and validation"), ("train", "Train"),
-                                                      ("validation", "Validation")])
+    split = forms.ChoiceField(
+        required=False, choices=[("", "Train and validation"), ("train", "Train"), ("validation", "Validation")]
+    )
     min_reward = forms.FloatField(required=False, label="Reward ≥", widget=forms.NumberInput(attrs={"step": "any"}))
     max_reward = forms.FloatField(required=False, label="Reward ≤", widget=forms.NumberInput(attrs={"step": "any"}))
     q = forms.CharField(required=False, label="Text", widget=forms.TextInput(attrs={"type": "search"}))
-    errors = forms.ChoiceField(required=False, label="Errors", choices=[("", "Any"), ("yes", "With errors"),
-                                                                         ("no", "Without errors")])
+    errors = forms.ChoiceField(
+        required=False, label="Errors", choices=[("", "Any"), ("yes", "With errors"), ("no", "Without errors")]
+    )
     all_steps = forms.BooleanField(required=False, label="Search all steps")
     traj = forms.IntegerField(required=False, widget=forms.HiddenInput)
 

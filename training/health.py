@@ -29,8 +29,7 @@ TYPE_CHARS = 80  # longest error type shown (a first line used as the type is cu
 
 # The stage of t.error, as SQL. %s: REWARD_PREFIX%, then each of REWARD_TIMEOUTS%.
 _STAGE_SQL = (
-    "CASE WHEN t.error LIKE %s THEN 'reward' "
-    "WHEN t.error LIKE %s OR t.error LIKE %s THEN 'timeout' ELSE 'rollout' END"
+    "CASE WHEN t.error LIKE %s THEN 'reward' WHEN t.error LIKE %s OR t.error LIKE %s THEN 'timeout' ELSE 'rollout' END"
 )
 # The error's kind, as SQL. %s: REWARD_PREFIX (removed before looking for an exception name).
 _TYPE_SQL = (
@@ -117,15 +116,32 @@ def run_reward_health(*, run: Run, step_from: int | None = None, step_to: int | 
     errors = []
     for stage, kind, count, example_id in sorted(groups, key=lambda g: (STAGES.index(g[0]), -g[2], g[1])):
         example = examples[example_id]
-        errors.append({"stage": stage, "type": kind, "count": count, "example": {
-            "trajectory": example.id, "step": example.step, "message": example.error[:2000],
-            "link": trajectory_link(run.id, example.step, example.id)}})
+        errors.append(
+            {
+                "stage": stage,
+                "type": kind,
+                "count": count,
+                "example": {
+                    "trajectory": example.id,
+                    "step": example.step,
+                    "message": example.error[:2000],
+                    "link": trajectory_link(run.id, example.step, example.id),
+                },
+            }
+        )
 
     slowest = [
-        {"trajectory": t.id, "step": t.step, "reward_ms": t.reward_ms, "reward": t.reward, "error": t.error[:300],
-         "link": trajectory_link(run.id, t.step, t.id)}
+        {
+            "trajectory": t.id,
+            "step": t.step,
+            "reward_ms": t.reward_ms,
+            "reward": t.reward,
+            "error": t.error[:300],
+            "link": trajectory_link(run.id, t.step, t.id),
+        }
         for t in Trajectory.objects.filter(run=run, reward_ms__isnull=False, **_step_filter(step_from, step_to))
-        .order_by("-reward_ms", "id").only("id", "step", "reward_ms", "reward", "error")[:SLOWEST_SHOWN]
+        .order_by("-reward_ms", "id")
+        .only("id", "step", "reward_ms", "reward", "error")[:SLOWEST_SHOWN]
     ]
     return {
         "step_from": step_from,
@@ -135,8 +151,15 @@ def run_reward_health(*, run: Run, step_from: int | None = None, step_to: int | 
         "errors": errors,
         "latency": {"p50_ms": _ms(p50), "p95_ms": _ms(p95), "max_ms": _ms(slowest_ms)},
         "per_step": [
-            {"step": step, "trajectories": n, "reward_errors": bad, "reward_error_share": bad / n,
-             "p50_ms": _ms(s50), "p95_ms": _ms(s95), "max_ms": _ms(smax)}
+            {
+                "step": step,
+                "trajectories": n,
+                "reward_errors": bad,
+                "reward_error_share": bad / n,
+                "p50_ms": _ms(s50),
+                "p95_ms": _ms(s95),
+                "max_ms": _ms(smax),
+            }
             for step, n, bad, s50, s95, smax in steps
         ],
         "slowest": slowest,

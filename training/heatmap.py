@@ -77,23 +77,31 @@ class HeatmapQuery:
     max_columns: int = MAX_COLUMNS
 
 
-def heatmap_query(*, split: str = "train", step_from: int | None = None, step_to: int | None = None,
-                  max_columns: int = MAX_COLUMNS) -> HeatmapQuery:
+def heatmap_query(
+    *, split: str = "train", step_from: int | None = None, step_to: int | None = None, max_columns: int = MAX_COLUMNS
+) -> HeatmapQuery:
     """A checked HeatmapQuery; ApplicationError naming the field and what to change otherwise."""
     if split not in SPLITS:
-        raise ApplicationError(f"Unknown split {split!r}: choose train or validation.",
-                               field_errors={"split": [f"one of {', '.join(SPLITS)}"]})
+        raise ApplicationError(
+            f"Unknown split {split!r}: choose train or validation.",
+            field_errors={"split": [f"one of {', '.join(SPLITS)}"]},
+        )
     for name, value in (("from", step_from), ("to", step_to)):
         if value is not None and not 0 <= value <= MAX_STEP:
-            raise ApplicationError(f"The step '{name}' must be between 0 and {MAX_STEP}.",
-                                   field_errors={name: [f"between 0 and {MAX_STEP}"]})
+            raise ApplicationError(
+                f"The step '{name}' must be between 0 and {MAX_STEP}.",
+                field_errors={name: [f"between 0 and {MAX_STEP}"]},
+            )
     if step_from is not None and step_to is not None and step_from > step_to:
-        raise ApplicationError(f"The step range is empty: 'from' ({step_from}) is after 'to' ({step_to}). "
-                               "Swap them, or leave one out.",
-                               field_errors={"to": [f"at least {step_from} (the 'from' step)"]})
+        raise ApplicationError(
+            f"The step range is empty: 'from' ({step_from}) is after 'to' ({step_to}). Swap them, or leave one out.",
+            field_errors={"to": [f"at least {step_from} (the 'from' step)"]},
+        )
     if not 1 <= max_columns <= COLUMNS_LIMIT:
-        raise ApplicationError(f"max_columns must be between 1 and {COLUMNS_LIMIT}.",
-                               field_errors={"max_columns": [f"between 1 and {COLUMNS_LIMIT}"]})
+        raise ApplicationError(
+            f"max_columns must be between 1 and {COLUMNS_LIMIT}.",
+            field_errors={"max_columns": [f"between 1 and {COLUMNS_LIMIT}"]},
+        )
     return HeatmapQuery(split=split, step_from=step_from, step_to=step_to, max_columns=max_columns)
 
 
@@ -166,10 +174,12 @@ def run_heatmap(*, run: Run, query: HeatmapQuery) -> dict:
         "binned": len(steps) > n_cols,
         "columns": {"first_step": starts.tolist(), "last_step": ends.tolist()},
         "steps_per_column": per_column,
-        "rows": {"scenario": row_ids, "index": index_arr[new_row].tolist(),
-                 "text": [texts.get(i, "") for i in row_ids]},
-        "values": {"min": vmin, "max": vmax, "levels": LEVELS, "empty": EMPTY,
-                   "data": _b64(values)},
+        "rows": {
+            "scenario": row_ids,
+            "index": index_arr[new_row].tolist(),
+            "text": [texts.get(i, "") for i in row_ids],
+        },
+        "values": {"min": vmin, "max": vmax, "levels": LEVELS, "empty": EMPTY, "data": _b64(values)},
         "counts": {"data": _b64(group_counts)},
         "last_group": last_group,
         "version": f"{last_group}.{failed}",
@@ -189,8 +199,10 @@ def _scenario_texts(scenario_ids: list[int]) -> dict[int, str]:
     if not scenario_ids:
         return {}
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id, left(data::text, %s) FROM rollouts_scenario WHERE id = ANY(%s)",
-                       [SCENARIO_TEXT_CHARS, scenario_ids])
+        cursor.execute(
+            "SELECT id, left(data::text, %s) FROM rollouts_scenario WHERE id = ANY(%s)",
+            [SCENARIO_TEXT_CHARS, scenario_ids],
+        )
         return dict(cursor.fetchall())
 
 

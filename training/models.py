@@ -22,9 +22,11 @@ class BaseModel(models.Model):
     chat_template_override = models.TextField(blank=True)
     supports_tools = models.BooleanField(default=False)
     recommended_train = models.JSONField(
-        default=dict, blank=True,
+        default=dict,
+        blank=True,
         help_text="Training settings (TrainConfig keys) that suit this model; a run's train settings that are "
-                  "left out take these values before artweb's defaults.")
+        "left out take these values before artweb's defaults.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -51,9 +53,7 @@ class Run(models.Model):
     name = models.CharField(max_length=200)
     tags = ArrayField(models.CharField(max_length=50), default=list, blank=True)
     base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="runs")
-    script_version = models.ForeignKey(
-        "rollouts.RolloutScriptVersion", on_delete=models.PROTECT, related_name="runs"
-    )
+    script_version = models.ForeignKey("rollouts.RolloutScriptVersion", on_delete=models.PROTECT, related_name="runs")
     reward_version = models.ForeignKey(
         "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
     )
@@ -108,6 +108,9 @@ class Step(models.Model):
         ordering = ["step"]
         constraints = [models.UniqueConstraint(fields=["run", "step"], name="uniq_run_step")]
 
+    def __str__(self):
+        return f"{self.run_id}@{self.step}"
+
 
 class Checkpoint(models.Model):
     class State(models.TextChoices):
@@ -149,6 +152,9 @@ class RunEvent(models.Model):
         ordering = ["id"]
         indexes = [models.Index(fields=["run", "id"])]
 
+    def __str__(self):
+        return f"{self.kind} on run {self.run_id}"
+
 
 class RunLog(models.Model):
     """A line of worker output about a run, shown in the run page's log view."""
@@ -162,6 +168,9 @@ class RunLog(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["run", "id"])]
+
+    def __str__(self):
+        return f"{self.level} on run {self.run_id}: {self.message[:60]}"
 
 
 class ExportTarget(models.Model):
@@ -193,10 +202,12 @@ class ExportTarget(models.Model):
     class Meta:
         ordering = ["kind", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["owner", "kind"], condition=models.Q(run__isnull=True),
-                                    name="uniq_export_owner_kind"),
-            models.UniqueConstraint(fields=["run", "kind"], condition=models.Q(run__isnull=False),
-                                    name="uniq_export_run_kind"),
+            models.UniqueConstraint(
+                fields=["owner", "kind"], condition=models.Q(run__isnull=True), name="uniq_export_owner_kind"
+            ),
+            models.UniqueConstraint(
+                fields=["run", "kind"], condition=models.Q(run__isnull=False), name="uniq_export_run_kind"
+            ),
         ]
 
     def __str__(self):
@@ -219,6 +230,9 @@ class ExportProgress(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["target", "run"], name="uniq_export_progress")]
 
+    def __str__(self):
+        return f"{self.target} up to step {self.last_step}"
+
 
 class JudgeEndpoint(models.Model):
     """An OpenAI-compatible server outside artweb that a person's RULER runs may use as their judge.
@@ -228,7 +242,7 @@ class JudgeEndpoint(models.Model):
     """
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="judge_endpoints")
-    name = models.CharField(max_length=100, help_text="How runs refer to it: ruler_judge \"endpoint:<name>\".")
+    name = models.CharField(max_length=100, help_text='How runs refer to it: ruler_judge "endpoint:<name>".')
     base_url = models.URLField(max_length=500, help_text="The server's OpenAI-compatible base URL, ending in /v1.")
     model = models.CharField(max_length=200, help_text="The judge model's name at that server.")
     key_encrypted = models.TextField(blank=True)
@@ -258,7 +272,8 @@ class Rescore(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rescores")
     reward_version = models.ForeignKey(
-        "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+        "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     use_ruler = models.BooleanField(default=False)
     ruler_judge = models.CharField(max_length=200, blank=True)
     split = models.CharField(max_length=12, default="train")
@@ -289,12 +304,21 @@ class RescoreScore(models.Model):
     new_reward = models.FloatField(null=True)
     error = models.TextField(blank=True)
     reward_ms = models.PositiveIntegerField(null=True, blank=True)
-    metrics = models.JSONField(default=dict, blank=True, help_text="What the new reward put in the trajectory's "
-                                                                   "metrics (RULER: the judge's reason).")
-    rank_gap = models.FloatField(null=True, blank=True, help_text="|rank under the new reward - rank under the "
-                                                                  "old| among the scored pairs, set when it is done.")
+    metrics = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What the new reward put in the trajectory's metrics (RULER: the judge's reason).",
+    )
+    rank_gap = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="|rank under the new reward - rank under the old| among the scored pairs, set when it is done.",
+    )
 
     class Meta:
         ordering = ["step", "trajectory_id"]
         constraints = [models.UniqueConstraint(fields=["rescore", "trajectory"], name="uniq_rescore_trajectory")]
         indexes = [models.Index(fields=["rescore", "step"])]
+
+    def __str__(self):
+        return f"trajectory {self.trajectory_id}: {self.old_reward} → {self.new_reward}"

@@ -17,10 +17,22 @@ from training.models import BaseModel, Checkpoint, Run, RunEvent, RunLog, Step
 # Step.metrics (the engine's per-update figures) and Step.timings.
 COLUMN_SERIES = ("reward_mean", "reward_std", "val_reward", "duration_s")
 DEFAULT_SERIES = (
-    "reward_mean", "reward_std", "val_reward", "loss", "kl", "grad_norm", "completion_tokens_mean",
-    "tokens_per_second", "duration_s",
+    "reward_mean",
+    "reward_std",
+    "val_reward",
+    "loss",
+    "kl",
+    "grad_norm",
+    "completion_tokens_mean",
+    "tokens_per_second",
+    "duration_s",
     # The learning-signal monitor (training/signals.py computes them at each step).
-    "dead_group_share", "effective_batch", "advantage_std", "sampler_kl", "truncation_rate", "entropy",
+    "dead_group_share",
+    "effective_batch",
+    "advantage_std",
+    "sampler_kl",
+    "truncation_rate",
+    "entropy",
 )
 
 
@@ -34,24 +46,49 @@ def run_get(*, user, run_id: int) -> Run:
     return get_object_or_404(run_visible(user).select_related("base_model", "scenario_set"), id=run_id)
 
 
-def run_list(*, user, status: str | None = None, base_model: int | str | None = None, tag: str | None = None,
-             q: str | None = None, order: str = "-created_at") -> QuerySet[Run]:
+def run_list(
+    *,
+    user,
+    status: str | None = None,
+    base_model: int | str | None = None,
+    tag: str | None = None,
+    q: str | None = None,
+    order: str = "-created_at",
+) -> QuerySet[Run]:
     qs = run_visible(user).select_related("base_model", "script_version__asset", "owner")
     if status:
         qs = qs.filter(status=status)
     if base_model:
-        qs = qs.filter(base_model_id=base_model) if str(base_model).isdigit() else qs.filter(base_model__name=base_model)
+        qs = (
+            qs.filter(base_model_id=base_model) if str(base_model).isdigit() else qs.filter(base_model__name=base_model)
+        )
     if tag:
         qs = qs.filter(tags__contains=[tag])
     if q:
         qs = qs.filter(Q(name__icontains=q) | Q(script_version__asset__name__icontains=q))
-    allowed = {"created_at", "-created_at", "name", "-name", "status", "-status", "latest_reward",
-               "-latest_reward", "best_val_reward", "-best_val_reward", "steps_done", "-steps_done"}
+    allowed = {
+        "created_at",
+        "-created_at",
+        "name",
+        "-name",
+        "status",
+        "-status",
+        "latest_reward",
+        "-latest_reward",
+        "best_val_reward",
+        "-best_val_reward",
+        "steps_done",
+        "-steps_done",
+    }
     return qs.order_by(order if order in allowed else "-created_at", "-id")
 
 
 def base_model_visible(user) -> QuerySet[BaseModel]:
-    return BaseModel.objects.filter(Q(owner__isnull=True) | Q(owner=user)) if not user.is_staff else BaseModel.objects.all()
+    return (
+        BaseModel.objects.filter(Q(owner__isnull=True) | Q(owner=user))
+        if not user.is_staff
+        else BaseModel.objects.all()
+    )
 
 
 def _series_value(row: dict, name: str):
@@ -72,8 +109,9 @@ def _downsample(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarr
     return x[idx], y[idx]
 
 
-def run_metrics(*, run: Run, series: list[str] | None = None, since_step: int | None = None,
-                max_points: int | None = None) -> dict:
+def run_metrics(
+    *, run: Run, series: list[str] | None = None, since_step: int | None = None, max_points: int | None = None
+) -> dict:
     """{"series": {name: {"x": [...steps], "y": [...]}}, "last_step": int|None}.
 
     Steps without a value for a series are left out of that series (e.g. validation steps).
@@ -111,8 +149,7 @@ def checkpoint_list(*, run: Run) -> QuerySet[Checkpoint]:
 
 def _json_number(column: str, name: str) -> RawSQL:
     """A numeric key of a JSON column as float8, NULL when absent or not a number (no JSON decoding in Python)."""
-    return RawSQL(f"CASE WHEN jsonb_typeof({column} -> %s) = 'number' THEN ({column} ->> %s)::float8 END",
-                  (name, name))
+    return RawSQL(f"CASE WHEN jsonb_typeof({column} -> %s) = 'number' THEN ({column} ->> %s)::float8 END", (name, name))
 
 
 def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
@@ -123,13 +160,20 @@ def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
     downsampled reward_mean kept, so it is cut from the full-resolution series.
     """
     extra = [n for n in DEFAULT_SERIES if n not in COLUMN_SERIES]
-    annotations = {f"s_{n}": Coalesce(_json_number('"training_step"."metrics"', n),
-                                      _json_number('"training_step"."timings"', n)) for n in extra}
-    rows = list(Step.objects.filter(run=run).order_by("step").annotate(**annotations)
-                .values_list("step", *COLUMN_SERIES, *annotations))
+    annotations = {
+        f"s_{n}": Coalesce(_json_number('"training_step"."metrics"', n), _json_number('"training_step"."timings"', n))
+        for n in extra
+    }
+    rows = list(
+        Step.objects.filter(run=run)
+        .order_by("step")
+        .annotate(**annotations)
+        .values_list("step", *COLUMN_SERIES, *annotations)
+    )
     names = list(COLUMN_SERIES) + extra
-    table = np.array([[np.nan if v is None else v for v in r] for r in rows],
-                     dtype=np.float64).reshape(len(rows), 1 + len(names))
+    table = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64).reshape(
+        len(rows), 1 + len(names)
+    )
     steps = table[:, 0].astype(np.int64)
     series, full = {}, {}
     for i, name in enumerate(names, start=1):
@@ -138,11 +182,15 @@ def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
         full[name] = (steps[keep], y[keep])
         x, yd = _downsample(steps[keep], y[keep], max_points)
         series[name] = {"x": x.tolist(), "y": np.round(yd, 6).tolist()}
-    std_by_step = dict(zip(full["reward_std"][0].tolist(), np.round(full["reward_std"][1], 6).tolist()))
-    series["reward_band"] = {"x": series["reward_mean"]["x"],
-                             "std": [std_by_step.get(x) for x in series["reward_mean"]["x"]]}
-    return {"series": {k: series[k] for k in [*DEFAULT_SERIES, "reward_band"]},
-            "last_step": rows[-1][0] if rows else None}
+    std_by_step = dict(zip(full["reward_std"][0].tolist(), np.round(full["reward_std"][1], 6).tolist(), strict=False))
+    series["reward_band"] = {
+        "x": series["reward_mean"]["x"],
+        "std": [std_by_step.get(x) for x in series["reward_mean"]["x"]],
+    }
+    return {
+        "series": {k: series[k] for k in [*DEFAULT_SERIES, "reward_band"]},
+        "last_step": rows[-1][0] if rows else None,
+    }
 
 
 def run_warnings(*, run: Run, limit: int = 5) -> list[RunEvent]:
@@ -168,8 +216,9 @@ def run_trajectory_steps(*, run: Run) -> list[int]:
 
 def checkpoint_get(*, user, checkpoint_id: int) -> Checkpoint:
     """A checkpoint of a run the user may see, or 404."""
-    return get_object_or_404(Checkpoint.objects.filter(run__in=run_visible(user)).select_related("run"),
-                             id=checkpoint_id)
+    return get_object_or_404(
+        Checkpoint.objects.filter(run__in=run_visible(user)).select_related("run"), id=checkpoint_id
+    )
 
 
 # A series value picked out of a Step by PostgreSQL, with run_metrics' rule: the metrics key if present
@@ -182,8 +231,9 @@ _SERIES_SQL = (
 )
 
 
-def run_metrics_series(*, run: Run, series: list[str] | None = None, since_step: int | None = None,
-                       max_points: int | None = None) -> dict:
+def run_metrics_series(
+    *, run: Run, series: list[str] | None = None, since_step: int | None = None, max_points: int | None = None
+) -> dict:
     """The same answer as run_metrics, faster for long runs: only the asked-for numbers leave the
     database (run_metrics decodes every step's whole metrics and timings JSON in Python, ~10x slower
     at 2,000 steps)."""
@@ -233,13 +283,19 @@ def run_groups_latest(*, run_id: int, after_id: int = 0, ids=(), limit: int = GR
     from rollouts.models import Trajectory, TrajectoryGroup
 
     ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)][:limit]
-    groups = list(TrajectoryGroup.objects.filter(Q(id__gt=after_id) | Q(id__in=ids), run_id=run_id)
-                  .order_by("-id")[:limit + len(ids)])
+    groups = list(
+        TrajectoryGroup.objects.filter(Q(id__gt=after_id) | Q(id__in=ids), run_id=run_id).order_by("-id")[
+            : limit + len(ids)
+        ]
+    )
     newer = [g for g in groups if g.id > after_id][:limit]
     asked = [g for g in groups if g.id <= after_id]
     groups = sorted(newer + asked, key=lambda g: g.id)
-    trajs = list(Trajectory.objects.filter(group__in=[g.id for g in groups]).order_by("group_id", "index")
-                 .only("id", "group_id", "index", "reward", "advantage", "error"))
+    trajs = list(
+        Trajectory.objects.filter(group__in=[g.id for g in groups])
+        .order_by("group_id", "index")
+        .only("id", "group_id", "index", "reward", "advantage", "error")
+    )
     by_group: dict[int, list] = {g.id: [] for g in groups}
     for t in trajs:
         by_group[t.group_id].append(t)

@@ -55,8 +55,7 @@ def reward_components(trajectories: Sequence[dict], names: Iterable[str] = ()) -
     scored = [t for t in trajectories if t.get("reward") is not None and t.get("metrics")]
     if not scored:
         return []
-    common = set.intersection(*(
-        {k for k, v in t["metrics"].items() if _number(v) is not None} for t in scored))
+    common = set.intersection(*({k for k, v in t["metrics"].items() if _number(v) is not None} for t in scored))
     if len(common) < 2:
         return []
     for t in scored:
@@ -80,8 +79,11 @@ def component_shares(trajectories: Sequence[dict], names: Iterable[str] = ()) ->
     if total <= 0:
         return {}
     top = max(means, key=means.get)
-    return {"component_top": top, "component_top_share": means[top] / total,
-            "component_shares": {k: v / total for k, v in means.items()}}
+    return {
+        "component_top": top,
+        "component_top_share": means[top] / total,
+        "component_shares": {k: v / total for k, v in means.items()},
+    }
 
 
 def advantage_stats(advantages: Sequence[Sequence[float | None]]) -> dict:

@@ -39,18 +39,21 @@ def dispatch_owed() -> dict[str, list[int]]:
 
     cutoff = timezone.now() - OWED_AFTER
     sent: dict[str, list[int]] = {"runs": [], "dry_runs": [], "rescores": []}
-    for run_id in Run.objects.filter(status=Run.Status.QUEUED, dispatched_at__isnull=True,
-                                     created_at__lt=cutoff).values_list("id", flat=True):
+    for run_id in Run.objects.filter(
+        status=Run.Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff
+    ).values_list("id", flat=True):
         if publish(run_step_task, args=(run_id,)):
             run_dispatched(run_id)
             sent["runs"].append(run_id)
-    for dry_id in DryRun.objects.filter(status=DryRun.Status.QUEUED, dispatched_at__isnull=True,
-                                        created_at__lt=cutoff).values_list("id", flat=True):
+    for dry_id in DryRun.objects.filter(
+        status=DryRun.Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff
+    ).values_list("id", flat=True):
         if publish(dry_run_task, args=(dry_id,)):
             DryRun.objects.filter(id=dry_id).update(dispatched_at=timezone.now())
             sent["dry_runs"].append(dry_id)
-    for rescore_id in Rescore.objects.filter(status=Rescore.Status.QUEUED, dispatched_at__isnull=True,
-                                             created_at__lt=cutoff).values_list("id", flat=True):
+    for rescore_id in Rescore.objects.filter(
+        status=Rescore.Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff
+    ).values_list("id", flat=True):
         if publish(rescore_execute_task, args=(rescore_id,)):
             rescore_dispatched(rescore_id)
             sent["rescores"].append(rescore_id)
@@ -104,7 +107,7 @@ class Sweeper:
                 done = sweep()
                 if any(done.values()):
                     logger.info("sweep: %s", done)
-            except Exception:  # noqa: BLE001 - Redis or PostgreSQL away for a while: try again next period
+            except Exception:
                 logger.warning("sweep failed; trying again in %.0f s", period(), exc_info=True)
             finally:
                 close_old_connections()

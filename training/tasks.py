@@ -3,16 +3,16 @@
 from celery import shared_task
 
 
-@shared_task(name="training.tasks.run_step_task", acks_late=True, reject_on_worker_lost=True,
-             time_limit=6 * 3600)
+@shared_task(name="training.tasks.run_step_task", acks_late=True, reject_on_worker_lost=True, time_limit=6 * 3600)
 def run_step_task(run_id: int, step: int | None = None) -> None:
     from training.services.steps import run_step_execute
 
     run_step_execute(run_id=run_id, step=step)
 
 
-@shared_task(name="training.tasks.rescore_execute_task", acks_late=True, reject_on_worker_lost=True,
-             time_limit=6 * 3600)
+@shared_task(
+    name="training.tasks.rescore_execute_task", acks_late=True, reject_on_worker_lost=True, time_limit=6 * 3600
+)
 def rescore_execute_task(rescore_id: int) -> None:
     """Default queue: user code runs in the jail and no model is needed (RULER uses a judge endpoint)."""
     from training.services.rescores import rescore_execute

@@ -11,8 +11,11 @@ urlpatterns = [
     path("runs/new/", runs.run_launch_view, name="run-launch"),
     path("runs/<int:run_id>/", runs.run_detail_view, name="run-detail"),
     path("runs/<int:run_id>/trajectories/", trajectories.trajectory_inspector_view, name="run-trajectories"),
-    path("runs/<int:run_id>/checkpoints/<int:checkpoint_id>/download/", runs.checkpoint_download_view,
-         name="checkpoint-download"),
+    path(
+        "runs/<int:run_id>/checkpoints/<int:checkpoint_id>/download/",
+        runs.checkpoint_download_view,
+        name="checkpoint-download",
+    ),
     path("runs/<int:run_id>/alerts/", runs.run_alerts_view, name="run-alerts"),
     path("runs/<int:run_id>/health/", run_reward_health_view, name="run-reward-health"),
     path("runs/<int:run_id>/heatmap/", run_heatmap_view, name="run-heatmap"),

@@ -106,15 +106,21 @@ def upload_reward(ctx, file, name, note):
 @upload.command("scenarios")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--name", required=True)
-@click.option("--validation-fraction", default=0.2, show_default=True, type=click.FloatRange(0.0, 0.99),
-              help="Share of lines without a \"split\" key held out for validation.")
+@click.option(
+    "--validation-fraction",
+    default=0.2,
+    show_default=True,
+    type=click.FloatRange(0.0, 0.99),
+    help='Share of lines without a "split" key held out for validation.',
+)
 @click.pass_context
 def upload_scenarios(ctx, file, name, validation_fraction):
     """Upload a JSONL scenario file: one JSON object per line."""
     with client_from(ctx) as api:
         s = api.scenarios_upload(name, _read(file), validation_fraction=validation_fraction)
-        click.echo(f"scenario set {s['id']} {s['name']!r}: {s['train_count']} train, "
-                   f"{s['validation_count']} validation")
+        click.echo(
+            f"scenario set {s['id']} {s['name']!r}: {s['train_count']} train, {s['validation_count']} validation"
+        )
 
 
 @cli.command("validate")
@@ -151,8 +157,14 @@ def checkpoints_list(ctx, run_id):
         table = Table("id", "step", "state", "size", "val reward", "promoted")
         for c in api.checkpoints(run_id):
             val = "" if c["val_reward"] is None else f"{c['val_reward']:.3f}"
-            table.add_row(str(c["id"]), str(c["step"]), c["state"], f"{c['size_bytes'] / 1e6:.1f} MB", val,
-                          "yes" if c["promoted"] else "")
+            table.add_row(
+                str(c["id"]),
+                str(c["step"]),
+                c["state"],
+                f"{c['size_bytes'] / 1e6:.1f} MB",
+                val,
+                "yes" if c["promoted"] else "",
+            )
         console.print(table)
 
 
@@ -162,11 +174,14 @@ def checkpoints_list(ctx, run_id):
 @click.pass_context
 def checkpoints_download(ctx, checkpoint_id, out):
     """Save the checkpoint's adapter as a .tar.gz."""
-    with client_from(ctx) as api, Progress(TextColumn("download"), BarColumn(), MofNCompleteColumn(),
-                                       console=err_console, transient=True) as bar:
+    with (
+        client_from(ctx) as api,
+        Progress(TextColumn("download"), BarColumn(), MofNCompleteColumn(), console=err_console, transient=True) as bar,
+    ):
         task = bar.add_task("download", total=None)
-        size = api.checkpoint_download(checkpoint_id, out,
-                                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+        size = api.checkpoint_download(
+            checkpoint_id, out, progress=lambda done, total: bar.update(task, completed=done, total=total)
+        )
     click.echo(f"{size} bytes written to {out}")
 
 

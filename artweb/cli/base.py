@@ -15,8 +15,13 @@ err_console = Console(stderr=True)
 
 
 @click.group()
-@click.option("--url", envvar="ARTWEB_URL", default="http://127.0.0.1:8000", show_default=True,
-              help="Server address (env ARTWEB_URL).")
+@click.option(
+    "--url",
+    envvar="ARTWEB_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="Server address (env ARTWEB_URL).",
+)
 @click.option("--token", envvar="ARTWEB_TOKEN", default=None, help="API token (env ARTWEB_TOKEN).")
 @click.pass_context
 def cli(ctx, url, token):

@@ -83,8 +83,16 @@ def exports_list(ctx, run_id, as_json):
     table = Table("id", "kind", "applies to", "enabled", "settings", "key", "last success", "last error")
     for t in targets:
         settings = ", ".join(f"{k}={v}" for k, v in t["settings"].items() if v not in ("", None))
-        table.add_row(str(t["id"]), t["kind"], _scope(t), "yes" if t["enabled"] else "no", settings, _key(t),
-                      (t["last_success_at"] or "")[:19].replace("T", " "), t["last_error"][:80])
+        table.add_row(
+            str(t["id"]),
+            t["kind"],
+            _scope(t),
+            "yes" if t["enabled"] else "no",
+            settings,
+            _key(t),
+            (t["last_success_at"] or "")[:19].replace("T", " "),
+            t["last_error"][:80],
+        )
     console.print(table)
 
 
@@ -115,8 +123,15 @@ def exports_show(ctx, target_id, as_json):
         print_json(t)
         return
     table = Table(show_header=False)
-    for key, value in (("id", t["id"]), ("kind", t["kind"]), ("applies to", _scope(t)), ("enabled", t["enabled"]),
-                       ("key", _key(t)), ("last success", t["last_success_at"]), ("last error", t["last_error"])):
+    for key, value in (
+        ("id", t["id"]),
+        ("kind", t["kind"]),
+        ("applies to", _scope(t)),
+        ("enabled", t["enabled"]),
+        ("key", _key(t)),
+        ("last success", t["last_success_at"]),
+        ("last error", t["last_error"]),
+    ):
         table.add_row(key, "" if value is None else str(value))
     for key, value in t["settings"].items():
         table.add_row(f"settings.{key}", json.dumps(value))
@@ -126,8 +141,13 @@ def exports_show(ctx, target_id, as_json):
 @exports.command("create")
 @click.argument("kind", type=click.Choice(KINDS))
 @click.option("--run", "run_id", type=int, help="For this run only; without it, for all your runs.")
-@click.option("--set", "pairs", multiple=True, metavar="KEY=VALUE",
-              help="A setting, e.g. --set project=my-agent (repeat it; `artweb exports kinds` lists them).")
+@click.option(
+    "--set",
+    "pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A setting, e.g. --set project=my-agent (repeat it; `artweb exports kinds` lists them).",
+)
 @click.option("--secret", prompt="Key", prompt_required=False, hide_input=True, default=None, help=SECRET_HELP)
 @click.option("--secret-stdin", is_flag=True, help="Read the key from the first line of standard input.")
 @click.option("--disabled", is_flag=True, help="Create it switched off.")
@@ -137,8 +157,7 @@ def exports_create(ctx, kind, run_id, pairs, secret, secret_stdin, disabled, sen
     """Add an export target of KIND (wandb, weave or langfuse)."""
     key = _secret(secret, secret_stdin) or ""
     with client_from(ctx) as api:
-        t = api.export_target_create(kind=kind, settings=_settings(pairs), secret=key, run=run_id,
-                                     enabled=not disabled)
+        t = api.export_target_create(kind=kind, settings=_settings(pairs), secret=key, run=run_id, enabled=not disabled)
         click.echo(f"created {_describe(t)}")
         if send_test:
             _report(api.export_target_test(t["id"]))
@@ -148,8 +167,14 @@ def exports_create(ctx, kind, run_id, pairs, secret, secret_stdin, disabled, sen
 @click.argument("target_id", type=int)
 @click.option("--set", "pairs", multiple=True, metavar="KEY=VALUE", help="Change a setting (repeat it).")
 @click.option("--unset", "unset", multiple=True, metavar="KEY", help="Put a setting back to its default.")
-@click.option("--secret", prompt="New key", prompt_required=False, hide_input=True, default=None,
-              help="Ask for a new key; without this (or --secret-stdin) the stored key stays.")
+@click.option(
+    "--secret",
+    prompt="New key",
+    prompt_required=False,
+    hide_input=True,
+    default=None,
+    help="Ask for a new key; without this (or --secret-stdin) the stored key stays.",
+)
 @click.option("--secret-stdin", is_flag=True, help="Read a new key from the first line of standard input.")
 @click.option("--clear-secret", is_flag=True, help="Remove the stored key.")
 @click.option("--enable/--disable", "enabled", default=None, help="Switch the target on or off.")

@@ -16,8 +16,19 @@ from artweb.client import Client
 
 FINAL = ("completed", "failed", "cancelled")
 # Run-file keys that name things; every other top-level key is a RunConfig setting.
-REFERENCE_KEYS = {"name", "base_model", "model", "script", "script_version", "reward", "reward_version",
-                  "scenario_set", "scenarios", "tags", "config"}
+REFERENCE_KEYS = {
+    "name",
+    "base_model",
+    "model",
+    "script",
+    "script_version",
+    "reward",
+    "reward_version",
+    "scenario_set",
+    "scenarios",
+    "tags",
+    "config",
+}
 WATCH_SERIES = ["reward_mean", "reward_std", "val_reward", "loss", "kl", "grad_norm", "duration_s"]
 
 
@@ -33,14 +44,22 @@ def _runs_table(rows) -> Table:
     table = Table("id", "name", "status", "steps", "reward", "model", "created")
     for r in rows:
         reward = "" if r["latest_reward"] is None else f"{r['latest_reward']:.3f}"
-        table.add_row(str(r["id"]), r["name"], r["status"], f"{r['steps_done']}/{r['num_steps']}", reward,
-                      r["base_model"]["name"], r["created_at"][:19].replace("T", " "))
+        table.add_row(
+            str(r["id"]),
+            r["name"],
+            r["status"],
+            f"{r['steps_done']}/{r['num_steps']}",
+            reward,
+            r["base_model"]["name"],
+            r["created_at"][:19].replace("T", " "),
+        )
     return table
 
 
 @runs.command("list")
-@click.option("--status", type=click.Choice(["queued", "starting", "running", "paused", "completed", "failed",
-                                             "cancelled"]))
+@click.option(
+    "--status", type=click.Choice(["queued", "starting", "running", "paused", "completed", "failed", "cancelled"])
+)
 @click.option("--tag")
 @click.option("--q", help="Text in the run's or script's name.")
 @click.option("--limit", default=50, show_default=True)
@@ -70,8 +89,21 @@ def runs_show(ctx, run_id, as_json):
         print_json(run)
         return
     table = Table(show_header=False)
-    for key in ("id", "name", "status", "owner", "tags", "steps_done", "num_steps", "latest_reward",
-                "best_val_reward", "created_at", "started_at", "finished_at", "error"):
+    for key in (
+        "id",
+        "name",
+        "status",
+        "owner",
+        "tags",
+        "steps_done",
+        "num_steps",
+        "latest_reward",
+        "best_val_reward",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "error",
+    ):
         table.add_row(key, str(run[key]))
     table.add_row("base model", run["base_model"]["name"])
     table.add_row("script", f"{run['script']['name']} v{run['script']['version']}")
@@ -114,8 +146,13 @@ def load_run_file(path: str) -> dict:
 
 
 @runs.command("start")
-@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Run file (YAML or JSON): name, base_model, script, reward, scenario_set, config.")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Run file (YAML or JSON): name, base_model, script, reward, scenario_set, config.",
+)
 @click.option("--name", help="Overrides the file's name.")
 @click.option("--watch", is_flag=True, help="Follow the run until it ends.")
 @click.pass_context
@@ -157,8 +194,14 @@ def sparkline(values: list[float], width: int = 40) -> str:
 def _watch(api: Client, run_id: int, *, interval: float, timeout: float | None = None) -> int:
     latest: dict[str, tuple[int, float]] = {}
     rewards: list[float] = []
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
     task = progress.add_task(f"run {run_id}", total=None, status="")
 
     def render():
@@ -247,8 +290,9 @@ def runs_events(ctx, run_id):
 def runs_export(ctx, run_id, out, step, split, min_reward, max_reward, q, has_error):
     """Save the run's trajectories as JSON Lines."""
     with client_from(ctx) as api:
-        size = api.trajectories_export(run_id, out, step=step, split=split, min_reward=min_reward,
-                                       max_reward=max_reward, q=q, has_error=has_error)
+        size = api.trajectories_export(
+            run_id, out, step=step, split=split, min_reward=min_reward, max_reward=max_reward, q=q, has_error=has_error
+        )
     with open(out, "rb") as fh:
         lines = sum(1 for _ in fh)
     click.echo(f"{lines} trajectories ({size} bytes) written to {out}")

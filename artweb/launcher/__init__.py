@@ -89,8 +89,10 @@ def tighten_data_dir(data_dir: Path) -> None:
                 for name in dirs + files:
                     _make_private(Path(root) / name)
     except PermissionError as exc:
-        raise LaunchError(f"Cannot make the data dir private ({exc}); run artweb as the user that owns "
-                          f"{data_dir}, or set ARTWEB_DATA_DIR to a directory of yours.") from None
+        raise LaunchError(
+            f"Cannot make the data dir private ({exc}); run artweb as the user that owns "
+            f"{data_dir}, or set ARTWEB_DATA_DIR to a directory of yours."
+        ) from None
 
 
 @contextlib.contextmanager
@@ -101,8 +103,10 @@ def single_launcher(data_dir: Path):
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise LaunchError(f"Another artweb launcher is running with the data dir {data_dir}; stop it first, "
-                              "or set ARTWEB_DATA_DIR to another directory.") from None
+            raise LaunchError(
+                f"Another artweb launcher is running with the data dir {data_dir}; stop it first, "
+                "or set ARTWEB_DATA_DIR to another directory."
+            ) from None
         yield
 
 
@@ -133,8 +137,9 @@ class Supervisor:
         self.children: list[tuple[str, subprocess.Popen]] = []
 
     def spawn(self, name: str, cmd: list[str], env: dict | None = None) -> None:
-        proc = subprocess.Popen(cmd, env=env or self.env, cwd=BASE_DIR, start_new_session=True,
-                                preexec_fn=_die_with_parent)  # noqa: PLW1509 (no threads here yet)
+        proc = subprocess.Popen(
+            cmd, env=env or self.env, cwd=BASE_DIR, start_new_session=True, preexec_fn=_die_with_parent
+        )
         self.children.append((name, proc))
 
     def wait_for_exit(self) -> tuple[str, int]:
@@ -170,11 +175,16 @@ def prepare(env: dict) -> tuple[str, str] | None:
     password = secrets.token_urlsafe(12)
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        proc = subprocess.run([sys.executable, "-m", "artweb.launcher", "prepare"], check=False, cwd=BASE_DIR,
-                              env={**env, "ARTWEB_NEW_ADMIN_PASSWORD": password, "ARTWEB_PREPARE_RESULT": str(result)})
+        proc = subprocess.run(
+            [sys.executable, "-m", "artweb.launcher", "prepare"],
+            check=False,
+            cwd=BASE_DIR,
+            env={**env, "ARTWEB_NEW_ADMIN_PASSWORD": password, "ARTWEB_PREPARE_RESULT": str(result)},
+        )
         if proc.returncode != 0:
-            raise LaunchError(f"Preparing the database and the default model failed (exit {proc.returncode}); "
-                              "see the output above.")
+            raise LaunchError(
+                f"Preparing the database and the default model failed (exit {proc.returncode}); see the output above."
+            )
         created = json.loads(result.read_text())["admin_created"]
     return ("admin", password) if created else None
 
@@ -252,12 +262,20 @@ def sandbox_status(env: dict) -> list[str]:
     """Lines for the start-up banner when user code cannot run jailed here: said now, not at the first step."""
     if env.get("ARTWEB_SANDBOX") == "insecure-no-jail":
         return ["WARNING: ARTWEB_SANDBOX=insecure-no-jail: uploaded code runs unjailed (development only)."]
-    probe = subprocess.run([sys.executable, "-m", "rollouts.runtime.jail"], env=env, capture_output=True,
-                           text=True, timeout=180, check=False)
+    probe = subprocess.run(
+        [sys.executable, "-m", "rollouts.runtime.jail"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     if probe.returncode == 0:
         return []
-    return ["WARNING: runs will fail: the sandbox for user code cannot be built here.",
-            *textwrap.wrap(probe.stdout.strip().removeprefix("no: "), 100)]
+    return [
+        "WARNING: runs will fail: the sandbox for user code cannot be built here.",
+        *textwrap.wrap(probe.stdout.strip().removeprefix("no: "), 100),
+    ]
 
 
 def run(env: dict, data_dir: Path, *, host: str) -> int:
@@ -268,23 +286,58 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
         port = pick_web_port(env)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
         py = sys.executable
-        supervisor.spawn("web", [py, "-m", "uvicorn", "artweb.asgi:application", "--host", host,
-                                 "--port", str(port), "--no-access-log", "--lifespan", "off"])
-        supervisor.spawn("worker", [py, "-m", "celery", "-A", "artweb", "worker", "-Q", "default",
-                                    "-n", "default@%h", "--loglevel", "INFO",
-                                    "--concurrency", env.get("ARTWEB_WORKER_CONCURRENCY", "2")])
+        supervisor.spawn(
+            "web",
+            [
+                py,
+                "-m",
+                "uvicorn",
+                "artweb.asgi:application",
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--no-access-log",
+                "--lifespan",
+                "off",
+            ],
+        )
+        supervisor.spawn(
+            "worker",
+            [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "artweb",
+                "worker",
+                "-Q",
+                "default",
+                "-n",
+                "default@%h",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                env.get("ARTWEB_WORKER_CONCURRENCY", "2"),
+            ],
+        )
         # Pool, threads and preloads as the benchmarks start theirs (artweb.launcher.worker).
         supervisor.spawn("gpu-worker", gpu_worker_command("gpu@%h", python=py), env=gpu_worker_env(env))
-        if not wait_until(lambda: web_is_up(url) or any(p.poll() is not None for _, p in supervisor.children),
-                          timeout=120, interval=0.5) or not web_is_up(url):
+        if not wait_until(
+            lambda: web_is_up(url) or any(p.poll() is not None for _, p in supervisor.children),
+            timeout=120,
+            interval=0.5,
+        ) or not web_is_up(url):
             raise LaunchError("The web server did not come up; see the output above.")
         broker = env.get("CELERY_BROKER_URL") or env["REDIS_URL"]
         if not wait_until(lambda: workers_ready(broker, ("default", "gpu")), timeout=120, interval=1):
             print("artweb: the Celery workers have not answered yet; see their output above.", flush=True)
         lines = [f"artweb is running at {url}"]
         if admin:
-            lines += [f"Log in as {admin[0]!r} with password {admin[1]!r}.",
-                      "The password is shown only this once; change it with `python manage.py changepassword admin`."]
+            lines += [
+                f"Log in as {admin[0]!r} with password {admin[1]!r}.",
+                "The password is shown only this once; change it with `python manage.py changepassword admin`.",
+            ]
         lines += ["Press Ctrl-C to stop."]
         lines += sandbox_status(env)
         width = max(map(len, lines))
@@ -306,8 +359,10 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
 def services_only(env: dict, data_dir: Path) -> int:
     services = start_services(data_dir, env)
     try:
-        print(f"Embedded services are up (passwords in {data_dir / 'services' / CREDENTIALS_FILE}). "
-              "In another shell:", flush=True)
+        print(
+            f"Embedded services are up (passwords in {data_dir / 'services' / CREDENTIALS_FILE}). In another shell:",
+            flush=True,
+        )
         for var in ("DATABASE_URL", "REDIS_URL"):
             print(f"  export {var}={shlex.quote(env[var])}", flush=True)
         print("Press Ctrl-C to stop them.", flush=True)
@@ -335,8 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m artweb.launcher", description=__doc__.split("\n\n")[0])
     # "prepare" is internal: the Django half of `run`, in its own process.
     parser.add_argument("mode", choices=["run", "services", "stop", "prepare"])
-    parser.add_argument("--host", default=os.environ.get("ARTWEB_HOST", "127.0.0.1"),
-                        help="address the web server listens on (default 127.0.0.1, env ARTWEB_HOST)")
+    parser.add_argument(
+        "--host",
+        default=os.environ.get("ARTWEB_HOST", "127.0.0.1"),
+        help="address the web server listens on (default 127.0.0.1, env ARTWEB_HOST)",
+    )
     args = parser.parse_args(argv)
 
     if args.mode == "prepare":

@@ -83,8 +83,10 @@ def service_password(services_root: Path, name: str) -> str:
         except ValueError:
             passwords = None
         if not isinstance(passwords, dict):
-            raise LaunchError(f"{path} is not a JSON object. Fix it, or delete it to have new passwords "
-                              "generated (stop the embedded services first: `python -m artweb.launcher stop`).")
+            raise LaunchError(
+                f"{path} is not a JSON object. Fix it, or delete it to have new passwords "
+                "generated (stop the embedded services first: `python -m artweb.launcher stop`)."
+            )
         if not passwords.get(name):
             passwords[name] = secrets.token_urlsafe(32)
             fh.seek(0)
@@ -159,8 +161,10 @@ class EmbeddedService:
         if state and self.is_server(state.pid):
             # A busy machine can make a running server slow to answer: wait rather than start a second one.
             if not wait_until(lambda: self._answers(state.port), timeout=60, interval=0.5):
-                raise LaunchError(f"The embedded {self.name} (pid {state.pid}) is running but does not answer on "
-                                  f"port {state.port}; stop it with `python -m artweb.launcher stop`.")
+                raise LaunchError(
+                    f"The embedded {self.name} (pid {state.pid}) is running but does not answer on "
+                    f"port {state.port}; stop it with `python -m artweb.launcher stop`."
+                )
             self._require_password(state.port)
             self.state = state
             if not pid_alive(state.owner):
@@ -199,8 +203,10 @@ class EmbeddedService:
 
     def _refuses_password(self) -> LaunchError:
         path = self.root.parent / CREDENTIALS_FILE
-        return LaunchError(f"The embedded {self.name} refuses the password in {path}; stop it with "
-                           "`python -m artweb.launcher stop`: the next start applies the password.")
+        return LaunchError(
+            f"The embedded {self.name} refuses the password in {path}; stop it with "
+            "`python -m artweb.launcher stop`: the next start applies the password."
+        )
 
     def _answers(self, port: int) -> bool:
         """True once the server answers (with the password, or without one if none is set yet); raises
@@ -236,15 +242,29 @@ class EmbeddedPostgres(EmbeddedService):
     def _connect(self, port: int, dbname: str = "postgres", **kwargs):
         import psycopg
 
-        return psycopg.connect(host="127.0.0.1", port=port, user="postgres", password=self.password, dbname=dbname,
-                               connect_timeout=3, **kwargs)
+        return psycopg.connect(
+            host="127.0.0.1",
+            port=port,
+            user="postgres",
+            password=self.password,
+            dbname=dbname,
+            connect_timeout=3,
+            **kwargs,
+        )
 
     def _run(self, *args: str, timeout: float = 120, input: str | None = None) -> None:
         if self.user:
             self._grant_traverse()
-        proc = subprocess.run([str(self.bin / args[0]), *args[1:]], check=False, user=self.user, capture_output=True,
-                              text=True, timeout=timeout, input=input,
-                              stdin=subprocess.DEVNULL if input is None else None)
+        proc = subprocess.run(
+            [str(self.bin / args[0]), *args[1:]],
+            check=False,
+            user=self.user,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            stdin=subprocess.DEVNULL if input is None else None,
+        )
         if proc.returncode != 0:
             tail = self.log.read_text()[-2000:] if self.log.exists() else ""
             raise LaunchError(f"PostgreSQL {args[0]} failed: {proc.stderr.strip() or proc.stdout.strip()}\n{tail}")
@@ -255,8 +275,11 @@ class EmbeddedPostgres(EmbeddedService):
         try:
             entry = pwd.getpwnam(self.user)
         except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", self.user],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", self.user],
+                check=True,
+                capture_output=True,
+            )
             entry = pwd.getpwnam(self.user)
         self._grant_traverse()
         self.pgdata.mkdir(exist_ok=True)
@@ -304,8 +327,19 @@ class EmbeddedPostgres(EmbeddedService):
         """Set the role's password in single-user mode: no server listens while the cluster has none,
         and the password goes through stdin, never a command line that `ps` shows."""
         statement = f"ALTER ROLE postgres WITH PASSWORD '{self.password}';\n"  # token_urlsafe: no quotes in it
-        self._run("postgres", "--single", "-D", str(self.pgdata), "-c", "exit_on_error=true",
-                  "-c", "password_encryption=scram-sha-256", "postgres", input=statement, timeout=60)
+        self._run(
+            "postgres",
+            "--single",
+            "-D",
+            str(self.pgdata),
+            "-c",
+            "exit_on_error=true",
+            "-c",
+            "password_encryption=scram-sha-256",
+            "postgres",
+            input=statement,
+            timeout=60,
+        )
 
     def _start(self) -> tuple[int, int]:
         if self.user:
@@ -313,8 +347,16 @@ class EmbeddedPostgres(EmbeddedService):
         self.pgdata.mkdir(mode=0o700, exist_ok=True)
         if not (self.pgdata / "PG_VERSION").exists():
             # trust only until _write_hba below: the new cluster is not running yet.
-            self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
-                      "--no-instructions")
+            self._run(
+                "initdb",
+                "-D",
+                str(self.pgdata),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-instructions",
+            )
         self._write_hba()
         self._set_password_offline()
         port = free_port()
@@ -350,8 +392,7 @@ class EmbeddedRedis(EmbeddedService):
     def _client(self, port: int, password: str | None):
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=3,
-                           socket_connect_timeout=3)
+        return redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=3, socket_connect_timeout=3)
 
     def _is_open(self, port: int) -> bool:
         """Answers without a password (a server from before passwords)."""
@@ -386,15 +427,34 @@ class EmbeddedRedis(EmbeddedService):
         pidfile = self.root / "redis.pid"
         pidfile.unlink(missing_ok=True)
         # "-": the config (the password) comes on stdin, not on a command line that `ps` shows.
-        cmd = [str(self.binary), "-", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.root),
-               "--daemonize", "yes", "--pidfile", str(pidfile), "--logfile", str(self.root / "redis.log"),
-               # Snapshot now and then: the broker queue and channel layer survive a restart.
-               "--save", "60 1", "--dbfilename", "dump.rdb"]
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=30,
-                              input=f"requirepass {self.password}\n")
+        cmd = [
+            str(self.binary),
+            "-",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.root),
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            str(pidfile),
+            "--logfile",
+            str(self.root / "redis.log"),
+            # Snapshot now and then: the broker queue and channel layer survive a restart.
+            "--save",
+            "60 1",
+            "--dbfilename",
+            "dump.rdb",
+        ]
+        proc = subprocess.run(
+            cmd, check=False, capture_output=True, text=True, timeout=30, input=f"requirepass {self.password}\n"
+        )
         if proc.returncode != 0 or not wait_until(lambda: self._answers(port), timeout=15):
-            raise LaunchError(f"Redis did not start: {proc.stderr.strip() or proc.stdout.strip()}; "
-                              f"see {self.root / 'redis.log'}")
+            raise LaunchError(
+                f"Redis did not start: {proc.stderr.strip() or proc.stdout.strip()}; see {self.root / 'redis.log'}"
+            )
         wait_until(pidfile.exists, timeout=5)
         return int(pidfile.read_text().strip()), port
 

@@ -21,8 +21,18 @@ import sys
 from pathlib import Path
 
 # Celery options of a GPU worker; `--concurrency 1` and `--prefetch-multiplier 1`: one step at a time.
-GPU_WORKER_OPTIONS = ("-Q", "gpu", "--pool", "prefork", "--concurrency", "1", "--prefetch-multiplier", "1",
-                      "--loglevel", "INFO")
+GPU_WORKER_OPTIONS = (
+    "-Q",
+    "gpu",
+    "--pool",
+    "prefork",
+    "--concurrency",
+    "1",
+    "--prefetch-multiplier",
+    "1",
+    "--loglevel",
+    "INFO",
+)
 
 
 def gpu_worker_command(name: str, *, python: str = sys.executable) -> list[str]:
@@ -56,8 +66,11 @@ def preload_libraries(prefix: str = sys.prefix) -> list[str]:
     """TCMalloc and Intel's OpenMP runtime, those of them that are installed (TCMalloc first: an allocator
     must be loaded before anything allocates)."""
     found = []
-    tcmalloc = [*glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages", "vllm", "libs", "libtcmalloc*.so*")),
-                *glob.glob("/usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4"), *glob.glob("/usr/lib64/libtcmalloc_minimal.so.4")]
+    tcmalloc = [
+        *glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages", "vllm", "libs", "libtcmalloc*.so*")),
+        *glob.glob("/usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4"),
+        *glob.glob("/usr/lib64/libtcmalloc_minimal.so.4"),
+    ]
     if tcmalloc:
         found.append(min(tcmalloc))
     iomp = os.path.join(prefix, "lib", "libiomp5.so")

@@ -69,8 +69,9 @@ class LimitedJSONParser(BaseParser):
         limit = getattr(view, "max_json_bytes", MIB)
         raw = stream.read(limit + 1)
         if len(raw) > limit:
-            raise PayloadTooLarge(f"The JSON body is larger than {limit} bytes. Upload large content as a "
-                                  "multipart file instead.")
+            raise PayloadTooLarge(
+                f"The JSON body is larger than {limit} bytes. Upload large content as a multipart file instead."
+            )
         try:
             data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
         except UnicodeDecodeError as exc:
@@ -173,12 +174,15 @@ def paginated_response(*, request, view, queryset, serializer_class):
 
 def paginated_schema(serializer_class, name: str):
     """The schema of a limit/offset page of serializer_class, for @extend_schema(responses=...)."""
-    return inline_serializer(name=name, fields={
-        "count": serializers.IntegerField(),
-        "next": serializers.URLField(allow_null=True),
-        "previous": serializers.URLField(allow_null=True),
-        "results": serializer_class(many=True),
-    })
+    return inline_serializer(
+        name=name,
+        fields={
+            "count": serializers.IntegerField(),
+            "next": serializers.URLField(allow_null=True),
+            "previous": serializers.URLField(allow_null=True),
+            "results": serializer_class(many=True),
+        },
+    )
 
 
 PAGE_PARAMETERS = [
@@ -189,7 +193,7 @@ PAGE_PARAMETERS = [
 
 def query_params(serializer_class: type[serializers.Serializer], request) -> dict:
     """Validate query parameters with a serializer (400 in the usual error shape on bad input)."""
-    params = {k: v for k, v in request.query_params.items()}
+    params = dict(request.query_params.items())
     reject_nul(params)
     serializer = serializer_class(data=params)
     serializer.is_valid(raise_exception=True)
@@ -231,11 +235,15 @@ def upload_bytes(*, file, content: str | None, max_bytes: int, what: str, field:
         if len(raw) > max_bytes:
             raise PayloadTooLarge(f"The {what} is {len(raw)} bytes; the limit is {max_bytes} bytes.")
     else:
-        raise ApplicationError(f"Send the {what} as a 'file' (multipart form) or as 'content' (JSON).",
-                               field_errors={"file": ["required (or content)"]})
+        raise ApplicationError(
+            f"Send the {what} as a 'file' (multipart form) or as 'content' (JSON).",
+            field_errors={"file": ["required (or content)"]},
+        )
     if b"\x00" in raw:
-        raise ApplicationError(f"The {what} contains NUL bytes; it looks like a binary file. Upload UTF-8 text.",
-                               field_errors={field: ["binary data"]})
+        raise ApplicationError(
+            f"The {what} contains NUL bytes; it looks like a binary file. Upload UTF-8 text.",
+            field_errors={field: ["binary data"]},
+        )
     return raw
 
 
@@ -263,14 +271,18 @@ def cursor_decode(cursor: str, n: int) -> list[int]:
         values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (binascii.Error, ValueError, UnicodeDecodeError):
         values = None
-    if (not isinstance(values, list) or len(values) != n
-            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_KEY for v in values)):
+    if (
+        not isinstance(values, list)
+        or len(values) != n
+        or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_KEY for v in values)
+    ):
         raise exceptions.ValidationError({"cursor": ["invalid: pass next_cursor from the previous page unchanged"]})
     return values
 
 
-def keyset_page(qs: QuerySet, *, keys: tuple[str, ...], columns: tuple[str, ...], cursor: str | None,
-                limit: int) -> tuple[list, str | None]:
+def keyset_page(
+    qs: QuerySet, *, keys: tuple[str, ...], columns: tuple[str, ...], cursor: str | None, limit: int
+) -> tuple[list, str | None]:
     """One page of qs ordered by keys (ascending, non-null integers, unique together), after cursor.
 
     A row comparison ``(a, b, c) > (x, y, z)`` lets PostgreSQL start the index scan at the cursor, so
@@ -311,10 +323,10 @@ async def _async_chunks(chunks: Iterator[bytes]):
         yield chunk
 
 
-def stream_response(request, chunks: Iterator[bytes], *, content_type: str, filename: str,
-                    length: int | None = None) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(_async_chunks(chunks) if _is_asgi(request) else chunks,
-                                     content_type=content_type)
+def stream_response(
+    request, chunks: Iterator[bytes], *, content_type: str, filename: str, length: int | None = None
+) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(_async_chunks(chunks) if _is_asgi(request) else chunks, content_type=content_type)
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     if length is not None:
         response["Content-Length"] = str(length)

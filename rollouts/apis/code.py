@@ -34,8 +34,11 @@ ERRORS = {400: ErrorSerializer, 404: ErrorSerializer, 413: ErrorSerializer}
 
 
 class CodeJsonInput(serializers.Serializer):
-    content = serializers.CharField(trim_whitespace=False, max_length=MAX_CODE_BYTES,
-                                    help_text=f"The Python source, UTF-8, at most {MAX_CODE_BYTES // 1024} KiB.")
+    content = serializers.CharField(
+        trim_whitespace=False,
+        max_length=MAX_CODE_BYTES,
+        help_text=f"The Python source, UTF-8, at most {MAX_CODE_BYTES // 1024} KiB.",
+    )
 
 
 class CodeFileInput(serializers.Serializer):
@@ -67,8 +70,10 @@ class AssetOutput(serializers.Serializer):
 
 class ScriptOutput(AssetOutput):
     companion_reward = serializers.IntegerField(
-        source="companion_reward_id", allow_null=True,
-        help_text="Id of the reward function written for this script; the launch form preselects its newest version.")
+        source="companion_reward_id",
+        allow_null=True,
+        help_text="Id of the reward function written for this script; the launch form preselects its newest version.",
+    )
 
 
 class VersionOutput(serializers.Serializer):
@@ -117,8 +122,12 @@ class _AssetListApi(Api):
         filters = query_params(self.FilterSerializer, request)
         if filters.get("name"):
             qs = qs.filter(name=filters["name"])
-        return paginated_response(request=request, view=self, queryset=_annotated(qs).order_by("-updated_at", "-id"),
-                                  serializer_class=self.output)
+        return paginated_response(
+            request=request,
+            view=self,
+            queryset=_annotated(qs).order_by("-updated_at", "-id"),
+            serializer_class=self.output,
+        )
 
 
 class _AssetDetailApi(Api):
@@ -133,8 +142,12 @@ class _VersionListApi(Api):
     output = VersionOutput
 
     def list(self, request, asset):
-        return paginated_response(request=request, view=self, queryset=asset.versions.select_related("asset")
-                                  .order_by("-number"), serializer_class=self.output)
+        return paginated_response(
+            request=request,
+            view=self,
+            queryset=asset.versions.select_related("asset").order_by("-number"),
+            serializer_class=self.output,
+        )
 
 
 # --- rollout scripts -------------------------------------------------------------------------------
@@ -143,8 +156,11 @@ class _VersionListApi(Api):
 class ScriptListApi(_AssetListApi):
     output = ScriptOutput
 
-    @extend_schema(operation_id="scripts_list", parameters=[_AssetListApi.FilterSerializer, *PAGE_PARAMETERS],
-                   responses={200: paginated_schema(ScriptOutput, "PaginatedScriptList")})
+    @extend_schema(
+        operation_id="scripts_list",
+        parameters=[_AssetListApi.FilterSerializer, *PAGE_PARAMETERS],
+        responses={200: paginated_schema(ScriptOutput, "PaginatedScriptList")},
+    )
     def get(self, request):
         return self.list(request, selectors.script_list(user=request.user))
 
@@ -156,8 +172,11 @@ class ScriptCreateApi(UploadApi):
         name = serializers.CharField(max_length=200)
         description = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
         companion_reward = serializers.IntegerField(
-            required=False, allow_null=True, default=None,
-            help_text="Id of one of your reward functions written for this script (the launch form preselects it).")
+            required=False,
+            allow_null=True,
+            default=None,
+            help_text="Id of one of your reward functions written for this script (the launch form preselects it).",
+        )
 
     class JsonInputSerializer(InputSerializer, CodeJsonInput):
         pass
@@ -165,16 +184,26 @@ class ScriptCreateApi(UploadApi):
     class FileInputSerializer(InputSerializer, CodeFileInput):
         pass
 
-    @extend_schema(operation_id="scripts_create",
-                   request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
-                   responses={201: VersionOutput, **ERRORS})
+    @extend_schema(
+        operation_id="scripts_create",
+        request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+        responses={201: VersionOutput, **ERRORS},
+    )
     def post(self, request):
         data = body(self.InputSerializer, request)
         raw = _code_bytes(request, "rollout script")
-        companion = (selectors.reward_get(user=request.user, reward_id=data["companion_reward"])
-                     if data["companion_reward"] is not None else None)
-        version = services.script_create(owner=request.user, name=data["name"], content=raw,
-                                         description=data["description"], companion_reward=companion)
+        companion = (
+            selectors.reward_get(user=request.user, reward_id=data["companion_reward"])
+            if data["companion_reward"] is not None
+            else None
+        )
+        version = services.script_create(
+            owner=request.user,
+            name=data["name"],
+            content=raw,
+            description=data["description"],
+            companion_reward=companion,
+        )
         return Response(VersionOutput(version).data, status=201)
 
 
@@ -186,9 +215,11 @@ class ScriptValidateApi(UploadApi):
         valid = serializers.BooleanField()
         issues = ValidationIssue(many=True)
 
-    @extend_schema(operation_id="scripts_validate",
-                   request={"application/json": CodeJsonInput, "multipart/form-data": CodeFileInput},
-                   responses={200: OutputSerializer, **ERRORS})
+    @extend_schema(
+        operation_id="scripts_validate",
+        request={"application/json": CodeJsonInput, "multipart/form-data": CodeFileInput},
+        responses={200: OutputSerializer, **ERRORS},
+    )
     def post(self, request):
         text = decode_utf8(_code_bytes(request, "rollout script"), what="rollout script")
         issues = validate_script(text)
@@ -207,23 +238,33 @@ class ScriptCompanionApi(WriteApi):
     """Set (or clear, with null) the reward function written for a script."""
 
     class InputSerializer(serializers.Serializer):
-        companion_reward = serializers.IntegerField(allow_null=True, help_text="Id of one of your reward functions, or null.")
+        companion_reward = serializers.IntegerField(
+            allow_null=True, help_text="Id of one of your reward functions, or null."
+        )
 
-    @extend_schema(operation_id="scripts_companion_set", request=InputSerializer,
-                   responses={200: ScriptOutput, 400: ErrorSerializer, 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="scripts_companion_set",
+        request=InputSerializer,
+        responses={200: ScriptOutput, 400: ErrorSerializer, 404: ErrorSerializer},
+    )
     def put(self, request, script_id: int):
         script = selectors.script_get(user=request.user, script_id=script_id)
         data = body(self.InputSerializer, request)
-        reward = (selectors.reward_get(user=request.user, reward_id=data["companion_reward"])
-                  if data["companion_reward"] is not None else None)
+        reward = (
+            selectors.reward_get(user=request.user, reward_id=data["companion_reward"])
+            if data["companion_reward"] is not None
+            else None
+        )
         services.script_companion_set(script=script, reward=reward)
         return ScriptDetailApi().detail(script)
 
 
 class ScriptVersionListApi(_VersionListApi):
-    @extend_schema(operation_id="scripts_versions_list", parameters=PAGE_PARAMETERS,
-                   responses={200: paginated_schema(VersionOutput, "PaginatedScriptVersionList"),
-                              404: ErrorSerializer})
+    @extend_schema(
+        operation_id="scripts_versions_list",
+        parameters=PAGE_PARAMETERS,
+        responses={200: paginated_schema(VersionOutput, "PaginatedScriptVersionList"), 404: ErrorSerializer},
+    )
     def get(self, request, script_id: int):
         return self.list(request, selectors.script_get(user=request.user, script_id=script_id))
 
@@ -240,9 +281,11 @@ class ScriptVersionCreateApi(UploadApi):
     class FileInputSerializer(InputSerializer, CodeFileInput):
         pass
 
-    @extend_schema(operation_id="scripts_versions_create",
-                   request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
-                   responses={201: VersionOutput, **ERRORS})
+    @extend_schema(
+        operation_id="scripts_versions_create",
+        request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+        responses={201: VersionOutput, **ERRORS},
+    )
     def post(self, request, script_id: int):
         script = selectors.script_get(user=request.user, script_id=script_id)
         data = body(self.InputSerializer, request)
@@ -252,8 +295,9 @@ class ScriptVersionCreateApi(UploadApi):
 
 
 class ScriptVersionDetailApi(Api):
-    @extend_schema(operation_id="scripts_versions_retrieve",
-                   responses={200: ScriptVersionDetailOutput, 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="scripts_versions_retrieve", responses={200: ScriptVersionDetailOutput, 404: ErrorSerializer}
+    )
     def get(self, request, script_id: int, number: int):
         script = selectors.script_get(user=request.user, script_id=script_id)
         version = _version(script, number)
@@ -264,8 +308,11 @@ class ScriptVersionDetailApi(Api):
 
 
 class RewardListApi(_AssetListApi):
-    @extend_schema(operation_id="rewards_list", parameters=[_AssetListApi.FilterSerializer, *PAGE_PARAMETERS],
-                   responses={200: paginated_schema(AssetOutput, "PaginatedRewardList")})
+    @extend_schema(
+        operation_id="rewards_list",
+        parameters=[_AssetListApi.FilterSerializer, *PAGE_PARAMETERS],
+        responses={200: paginated_schema(AssetOutput, "PaginatedRewardList")},
+    )
     def get(self, request):
         return self.list(request, selectors.reward_list(user=request.user))
 
@@ -283,14 +330,17 @@ class RewardCreateApi(UploadApi):
     class FileInputSerializer(InputSerializer, CodeFileInput):
         pass
 
-    @extend_schema(operation_id="rewards_create",
-                   request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
-                   responses={201: RewardVersionOutput, **ERRORS})
+    @extend_schema(
+        operation_id="rewards_create",
+        request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+        responses={201: RewardVersionOutput, **ERRORS},
+    )
     def post(self, request):
         data = body(self.InputSerializer, request)
         raw = _code_bytes(request, "reward function")
-        version = services.reward_create(owner=request.user, name=data["name"], content=raw,
-                                         description=data["description"])
+        version = services.reward_create(
+            owner=request.user, name=data["name"], content=raw, description=data["description"]
+        )
         return Response(RewardVersionOutput(version).data, status=201)
 
 
@@ -303,14 +353,17 @@ class RewardValidateApi(UploadApi):
         kind = serializers.CharField(allow_null=True, help_text="trajectory or group, when recognised.")
         issues = ValidationIssue(many=True)
 
-    @extend_schema(operation_id="rewards_validate",
-                   request={"application/json": CodeJsonInput, "multipart/form-data": CodeFileInput},
-                   responses={200: OutputSerializer, **ERRORS})
+    @extend_schema(
+        operation_id="rewards_validate",
+        request={"application/json": CodeJsonInput, "multipart/form-data": CodeFileInput},
+        responses={200: OutputSerializer, **ERRORS},
+    )
     def post(self, request):
         text = decode_utf8(_code_bytes(request, "reward function"), what="reward function")
         kind, issues = validate_reward(text)
-        return Response(self.OutputSerializer({"valid": not issues, "kind": kind or None,
-                                               "issues": _issues(issues)}).data)
+        return Response(
+            self.OutputSerializer({"valid": not issues, "kind": kind or None, "issues": _issues(issues)}).data
+        )
 
 
 class RewardDetailApi(_AssetDetailApi):
@@ -322,9 +375,11 @@ class RewardDetailApi(_AssetDetailApi):
 class RewardVersionListApi(_VersionListApi):
     output = RewardVersionOutput
 
-    @extend_schema(operation_id="rewards_versions_list", parameters=PAGE_PARAMETERS,
-                   responses={200: paginated_schema(RewardVersionOutput, "PaginatedRewardVersionList"),
-                              404: ErrorSerializer})
+    @extend_schema(
+        operation_id="rewards_versions_list",
+        parameters=PAGE_PARAMETERS,
+        responses={200: paginated_schema(RewardVersionOutput, "PaginatedRewardVersionList"), 404: ErrorSerializer},
+    )
     def get(self, request, reward_id: int):
         return self.list(request, selectors.reward_get(user=request.user, reward_id=reward_id))
 
@@ -341,9 +396,11 @@ class RewardVersionCreateApi(UploadApi):
     class FileInputSerializer(InputSerializer, CodeFileInput):
         pass
 
-    @extend_schema(operation_id="rewards_versions_create",
-                   request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
-                   responses={201: RewardVersionOutput, **ERRORS})
+    @extend_schema(
+        operation_id="rewards_versions_create",
+        request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+        responses={201: RewardVersionOutput, **ERRORS},
+    )
     def post(self, request, reward_id: int):
         reward = selectors.reward_get(user=request.user, reward_id=reward_id)
         data = body(self.InputSerializer, request)
@@ -353,8 +410,9 @@ class RewardVersionCreateApi(UploadApi):
 
 
 class RewardVersionDetailApi(Api):
-    @extend_schema(operation_id="rewards_versions_retrieve",
-                   responses={200: RewardVersionDetailOutput, 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="rewards_versions_retrieve", responses={200: RewardVersionDetailOutput, 404: ErrorSerializer}
+    )
     def get(self, request, reward_id: int, number: int):
         reward = selectors.reward_get(user=request.user, reward_id=reward_id)
         return Response(RewardVersionDetailOutput(_version(reward, number)).data)

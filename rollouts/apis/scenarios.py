@@ -38,15 +38,19 @@ class ScenarioSetListApi(Api):
     class FilterSerializer(serializers.Serializer):
         name = serializers.CharField(required=False, max_length=200, help_text="Exact name.")
 
-    @extend_schema(operation_id="scenario_sets_list", parameters=[FilterSerializer, *PAGE_PARAMETERS],
-                   responses={200: paginated_schema(ScenarioSetOutput, "PaginatedScenarioSetList")})
+    @extend_schema(
+        operation_id="scenario_sets_list",
+        parameters=[FilterSerializer, *PAGE_PARAMETERS],
+        responses={200: paginated_schema(ScenarioSetOutput, "PaginatedScenarioSetList")},
+    )
     def get(self, request):
         filters = query_params(self.FilterSerializer, request)
         qs = selectors.scenario_set_list(user=request.user)
         if filters.get("name"):
             qs = qs.filter(name=filters["name"])
-        return paginated_response(request=request, view=self, queryset=qs.order_by("-created_at", "-id"),
-                                  serializer_class=ScenarioSetOutput)
+        return paginated_response(
+            request=request, view=self, queryset=qs.order_by("-created_at", "-id"), serializer_class=ScenarioSetOutput
+        )
 
 
 class ScenarioSetCreateApi(UploadApi):
@@ -57,8 +61,11 @@ class ScenarioSetCreateApi(UploadApi):
         name = serializers.CharField(max_length=200)
         description = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
         validation_fraction = serializers.FloatField(
-            required=False, default=0.2, min_value=0.0, max_value=0.99,
-            help_text="Share of lines without a \"split\" key held out for validation (seeded, reproducible).",
+            required=False,
+            default=0.2,
+            min_value=0.0,
+            max_value=0.99,
+            help_text='Share of lines without a "split" key held out for validation (seeded, reproducible).',
         )
 
     class JsonInputSerializer(InputSerializer):
@@ -67,22 +74,30 @@ class ScenarioSetCreateApi(UploadApi):
     class FileInputSerializer(InputSerializer):
         file = serializers.FileField(help_text="A UTF-8 .jsonl file, one JSON object per line, at most 20 MiB.")
 
-    @extend_schema(operation_id="scenario_sets_create",
-                   request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
-                   responses={201: ScenarioSetOutput, 400: ErrorSerializer, 413: ErrorSerializer})
+    @extend_schema(
+        operation_id="scenario_sets_create",
+        request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+        responses={201: ScenarioSetOutput, 400: ErrorSerializer, 413: ErrorSerializer},
+    )
     def post(self, request):
         data = body(self.InputSerializer, request)
         jsonl = request.data.get("jsonl")
         if jsonl is not None and not isinstance(jsonl, str):
             raise serializers.ValidationError({"jsonl": ["must be a string"]})
-        raw = upload_bytes(file=request.FILES.get("file"), content=jsonl, max_bytes=MAX_SCENARIO_BYTES,
-                           what="scenario file")
+        raw = upload_bytes(
+            file=request.FILES.get("file"), content=jsonl, max_bytes=MAX_SCENARIO_BYTES, what="scenario file"
+        )
         if b"\\u0000" in raw:
             # json.loads turns the escape into a NUL character, which PostgreSQL's jsonb refuses.
-            raise ApplicationError("The scenario file contains \\u0000 (NUL) characters; remove them.",
-                                   field_errors={"file": ["NUL character"]})
+            raise ApplicationError(
+                "The scenario file contains \\u0000 (NUL) characters; remove them.",
+                field_errors={"file": ["NUL character"]},
+            )
         scenario_set = services.scenario_set_create(
-            owner=request.user, name=data["name"], jsonl=raw, validation_fraction=data["validation_fraction"],
+            owner=request.user,
+            name=data["name"],
+            jsonl=raw,
+            validation_fraction=data["validation_fraction"],
             description=data["description"],
         )
         return Response(ScenarioSetOutput(scenario_set).data, status=201)
@@ -105,8 +120,11 @@ class ScenarioListApi(Api):
         split = serializers.CharField()
         data = serializers.JSONField()
 
-    @extend_schema(operation_id="scenario_sets_scenarios_list", parameters=[FilterSerializer, *PAGE_PARAMETERS],
-                   responses={200: paginated_schema(OutputSerializer, "PaginatedScenarioList"), 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="scenario_sets_scenarios_list",
+        parameters=[FilterSerializer, *PAGE_PARAMETERS],
+        responses={200: paginated_schema(OutputSerializer, "PaginatedScenarioList"), 404: ErrorSerializer},
+    )
     def get(self, request, scenario_set_id: int):
         scenario_set = selectors.scenario_set_get(user=request.user, scenario_set_id=scenario_set_id)
         filters = query_params(self.FilterSerializer, request)

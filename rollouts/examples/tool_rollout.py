@@ -11,22 +11,32 @@ import json
 import art
 
 CAPITALS = {
-    "france": "Paris", "italy": "Rome", "japan": "Tokyo", "kenya": "Nairobi", "peru": "Lima",
-    "canada": "Ottawa", "egypt": "Cairo", "norway": "Oslo", "spain": "Madrid", "chile": "Santiago",
+    "france": "Paris",
+    "italy": "Rome",
+    "japan": "Tokyo",
+    "kenya": "Nairobi",
+    "peru": "Lima",
+    "canada": "Ottawa",
+    "egypt": "Cairo",
+    "norway": "Oslo",
+    "spain": "Madrid",
+    "chile": "Santiago",
 }
 
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "lookup_capital",
-        "description": "Look up the capital city of a country.",
-        "parameters": {
-            "type": "object",
-            "properties": {"country": {"type": "string", "description": "The country's name in English."}},
-            "required": ["country"],
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_capital",
+            "description": "Look up the capital city of a country.",
+            "parameters": {
+                "type": "object",
+                "properties": {"country": {"type": "string", "description": "The country's name in English."}},
+                "required": ["country"],
+            },
         },
-    },
-}]
+    }
+]
 
 
 def lookup_capital(country: str) -> str:
@@ -45,7 +55,9 @@ async def rollout(model: art.Model, scenario) -> art.Trajectory:
     tool_calls = 0
     for turn in range(2):
         completion = await client.chat.completions.create(
-            model=model.name, messages=trajectory.messages(), tools=TOOLS,
+            model=model.name,
+            messages=trajectory.messages(),
+            tools=TOOLS,
             tool_choice={"type": "function", "function": {"name": "lookup_capital"}} if turn == 0 else "none",
         )
         choice = completion.choices[0]

@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -15,134 +14,182 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Trajectory',
+            name="Trajectory",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step', models.PositiveIntegerField()),
-                ('index', models.PositiveSmallIntegerField(help_text='Position within the group.')),
-                ('messages', models.JSONField(default=list)),
-                ('tools', models.JSONField(blank=True, null=True)),
-                ('reward', models.FloatField(null=True)),
-                ('advantage', models.FloatField(null=True)),
-                ('metrics', models.JSONField(blank=True, default=dict)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('logs', models.JSONField(blank=True, default=list)),
-                ('error', models.TextField(blank=True)),
-                ('prompt_tokens', models.PositiveIntegerField(default=0)),
-                ('completion_tokens', models.PositiveIntegerField(default=0)),
-                ('duration_ms', models.PositiveIntegerField(default=0)),
-                ('search_text', models.TextField(blank=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("step", models.PositiveIntegerField()),
+                ("index", models.PositiveSmallIntegerField(help_text="Position within the group.")),
+                ("messages", models.JSONField(default=list)),
+                ("tools", models.JSONField(blank=True, null=True)),
+                ("reward", models.FloatField(null=True)),
+                ("advantage", models.FloatField(null=True)),
+                ("metrics", models.JSONField(blank=True, default=dict)),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                ("logs", models.JSONField(blank=True, default=list)),
+                ("error", models.TextField(blank=True)),
+                ("prompt_tokens", models.PositiveIntegerField(default=0)),
+                ("completion_tokens", models.PositiveIntegerField(default=0)),
+                ("duration_ms", models.PositiveIntegerField(default=0)),
+                ("search_text", models.TextField(blank=True)),
             ],
             options={
-                'ordering': ['step', 'group_id', 'index'],
+                "ordering": ["step", "group_id", "index"],
             },
         ),
         migrations.CreateModel(
-            name='TrajectoryGroup',
+            name="TrajectoryGroup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step', models.PositiveIntegerField()),
-                ('split', models.CharField(choices=[('train', 'Train'), ('validation', 'Validation')], default='train', max_length=12)),
-                ('reward_mean', models.FloatField(null=True)),
-                ('reward_std', models.FloatField(null=True)),
-                ('error_count', models.PositiveIntegerField(default=0)),
-                ('skipped', models.BooleanField(default=False, help_text='All rewards equal: no training signal.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("step", models.PositiveIntegerField()),
+                (
+                    "split",
+                    models.CharField(
+                        choices=[("train", "Train"), ("validation", "Validation")], default="train", max_length=12
+                    ),
+                ),
+                ("reward_mean", models.FloatField(null=True)),
+                ("reward_std", models.FloatField(null=True)),
+                ("error_count", models.PositiveIntegerField(default=0)),
+                ("skipped", models.BooleanField(default=False, help_text="All rewards equal: no training signal.")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['step', 'id'],
+                "ordering": ["step", "id"],
             },
         ),
         migrations.CreateModel(
-            name='RewardFunction',
+            name="RewardFunction",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('description', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200)),
+                ("description", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-updated_at'],
-                'abstract': False,
+                "ordering": ["-updated_at"],
+                "abstract": False,
             },
         ),
         migrations.CreateModel(
-            name='RewardFunctionVersion',
+            name="RewardFunctionVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('content', models.TextField()),
-                ('sha256', models.CharField(max_length=64)),
-                ('note', models.CharField(blank=True, max_length=500)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('kind', models.CharField(choices=[('trajectory', 'Per trajectory: reward(trajectory, scenario)'), ('group', 'Per group: score_group(group, scenario)')], max_length=20)),
-                ('asset', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='rollouts.rewardfunction')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("number", models.PositiveIntegerField()),
+                ("content", models.TextField()),
+                ("sha256", models.CharField(max_length=64)),
+                ("note", models.CharField(blank=True, max_length=500)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("trajectory", "Per trajectory: reward(trajectory, scenario)"),
+                            ("group", "Per group: score_group(group, scenario)"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "asset",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="versions",
+                        to="rollouts.rewardfunction",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-number'],
-                'abstract': False,
+                "ordering": ["-number"],
+                "abstract": False,
             },
         ),
         migrations.CreateModel(
-            name='RolloutScript',
+            name="RolloutScript",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('description', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200)),
+                ("description", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-updated_at'],
-                'abstract': False,
+                "ordering": ["-updated_at"],
+                "abstract": False,
             },
         ),
         migrations.CreateModel(
-            name='RolloutScriptVersion',
+            name="RolloutScriptVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('content', models.TextField()),
-                ('sha256', models.CharField(max_length=64)),
-                ('note', models.CharField(blank=True, max_length=500)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('asset', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='rollouts.rolloutscript')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("number", models.PositiveIntegerField()),
+                ("content", models.TextField()),
+                ("sha256", models.CharField(max_length=64)),
+                ("note", models.CharField(blank=True, max_length=500)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "asset",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="versions",
+                        to="rollouts.rolloutscript",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-number'],
-                'abstract': False,
+                "ordering": ["-number"],
+                "abstract": False,
             },
         ),
         migrations.CreateModel(
-            name='ScenarioSet',
+            name="ScenarioSet",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('description', models.TextField(blank=True)),
-                ('sha256', models.CharField(max_length=64)),
-                ('train_count', models.PositiveIntegerField(default=0)),
-                ('validation_count', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200)),
+                ("description", models.TextField(blank=True)),
+                ("sha256", models.CharField(max_length=64)),
+                ("train_count", models.PositiveIntegerField(default=0)),
+                ("validation_count", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Scenario',
+            name="Scenario",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField(help_text='Line number in the upload, from 0.')),
-                ('split', models.CharField(choices=[('train', 'Train'), ('validation', 'Validation')], max_length=12)),
-                ('data', models.JSONField()),
-                ('scenario_set', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='scenarios', to='rollouts.scenarioset')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("index", models.PositiveIntegerField(help_text="Line number in the upload, from 0.")),
+                ("split", models.CharField(choices=[("train", "Train"), ("validation", "Validation")], max_length=12)),
+                ("data", models.JSONField()),
+                (
+                    "scenario_set",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="scenarios", to="rollouts.scenarioset"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['index'],
+                "ordering": ["index"],
             },
         ),
     ]

@@ -5,81 +5,88 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('rollouts', '0001_initial'),
-        ('training', '0001_initial'),
+        ("rollouts", "0001_initial"),
+        ("training", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='trajectory',
-            name='run',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='trajectories', to='training.run'),
+            model_name="trajectory",
+            name="run",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="trajectories", to="training.run"
+            ),
         ),
         migrations.AddField(
-            model_name='trajectorygroup',
-            name='run',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='groups', to='training.run'),
+            model_name="trajectorygroup",
+            name="run",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="groups", to="training.run"
+            ),
         ),
         migrations.AddField(
-            model_name='trajectorygroup',
-            name='scenario',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='rollouts.scenario'),
+            model_name="trajectorygroup",
+            name="scenario",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="+", to="rollouts.scenario"
+            ),
         ),
         migrations.AddField(
-            model_name='trajectory',
-            name='group',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='trajectories', to='rollouts.trajectorygroup'),
+            model_name="trajectory",
+            name="group",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="trajectories", to="rollouts.trajectorygroup"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='rewardfunction',
-            constraint=models.UniqueConstraint(fields=('owner', 'name'), name='uniq_reward_owner_name'),
+            model_name="rewardfunction",
+            constraint=models.UniqueConstraint(fields=("owner", "name"), name="uniq_reward_owner_name"),
         ),
         migrations.AddConstraint(
-            model_name='rewardfunctionversion',
-            constraint=models.UniqueConstraint(fields=('asset', 'number'), name='uniq_reward_version_number'),
+            model_name="rewardfunctionversion",
+            constraint=models.UniqueConstraint(fields=("asset", "number"), name="uniq_reward_version_number"),
         ),
         migrations.AddConstraint(
-            model_name='rewardfunctionversion',
-            constraint=models.UniqueConstraint(fields=('asset', 'sha256'), name='uniq_reward_version_sha'),
+            model_name="rewardfunctionversion",
+            constraint=models.UniqueConstraint(fields=("asset", "sha256"), name="uniq_reward_version_sha"),
         ),
         migrations.AddConstraint(
-            model_name='rolloutscript',
-            constraint=models.UniqueConstraint(fields=('owner', 'name'), name='uniq_script_owner_name'),
+            model_name="rolloutscript",
+            constraint=models.UniqueConstraint(fields=("owner", "name"), name="uniq_script_owner_name"),
         ),
         migrations.AddConstraint(
-            model_name='rolloutscriptversion',
-            constraint=models.UniqueConstraint(fields=('asset', 'number'), name='uniq_script_version_number'),
+            model_name="rolloutscriptversion",
+            constraint=models.UniqueConstraint(fields=("asset", "number"), name="uniq_script_version_number"),
         ),
         migrations.AddConstraint(
-            model_name='rolloutscriptversion',
-            constraint=models.UniqueConstraint(fields=('asset', 'sha256'), name='uniq_script_version_sha'),
+            model_name="rolloutscriptversion",
+            constraint=models.UniqueConstraint(fields=("asset", "sha256"), name="uniq_script_version_sha"),
         ),
         migrations.AddConstraint(
-            model_name='scenarioset',
-            constraint=models.UniqueConstraint(fields=('owner', 'name'), name='uniq_scenarioset_owner_name'),
+            model_name="scenarioset",
+            constraint=models.UniqueConstraint(fields=("owner", "name"), name="uniq_scenarioset_owner_name"),
         ),
         migrations.AddIndex(
-            model_name='scenario',
-            index=models.Index(fields=['scenario_set', 'split', 'index'], name='rollouts_sc_scenari_11806b_idx'),
+            model_name="scenario",
+            index=models.Index(fields=["scenario_set", "split", "index"], name="rollouts_sc_scenari_11806b_idx"),
         ),
         migrations.AddConstraint(
-            model_name='scenario',
-            constraint=models.UniqueConstraint(fields=('scenario_set', 'index'), name='uniq_scenario_index'),
+            model_name="scenario",
+            constraint=models.UniqueConstraint(fields=("scenario_set", "index"), name="uniq_scenario_index"),
         ),
         migrations.AddIndex(
-            model_name='trajectorygroup',
-            index=models.Index(fields=['run', 'split', 'step'], name='rollouts_tr_run_id_1ee856_idx'),
+            model_name="trajectorygroup",
+            index=models.Index(fields=["run", "split", "step"], name="rollouts_tr_run_id_1ee856_idx"),
         ),
         migrations.AddIndex(
-            model_name='trajectory',
-            index=models.Index(fields=['run', 'step', 'group'], name='rollouts_tr_run_id_47bc8b_idx'),
+            model_name="trajectory",
+            index=models.Index(fields=["run", "step", "group"], name="rollouts_tr_run_id_47bc8b_idx"),
         ),
         migrations.AddIndex(
-            model_name='trajectory',
-            index=models.Index(fields=['run', 'reward'], name='rollouts_tr_run_id_bfd3d5_idx'),
+            model_name="trajectory",
+            index=models.Index(fields=["run", "reward"], name="rollouts_tr_run_id_bfd3d5_idx"),
         ),
     ]

@@ -5,15 +5,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('rollouts', '0003_dry_run'),
+        ("rollouts", "0003_dry_run"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='rolloutscript',
-            name='companion_reward',
-            field=models.ForeignKey(blank=True, help_text='Reward function that goes with this script; the launch form preselects its newest version.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='rollouts.rewardfunction'),
+            model_name="rolloutscript",
+            name="companion_reward",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="Reward function that goes with this script; the launch form preselects its newest version.",
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="rollouts.rewardfunction",
+            ),
         ),
     ]

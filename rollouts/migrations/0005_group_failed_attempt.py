@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('rollouts', '0004_script_companion_reward'),
+        ("rollouts", "0004_script_companion_reward"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='trajectorygroup',
-            name='failed_attempt',
-            field=models.BooleanField(default=False, help_text='Produced by an attempt at the step that failed: kept to inspect, never trained on.'),
+            model_name="trajectorygroup",
+            name="failed_attempt",
+            field=models.BooleanField(
+                default=False,
+                help_text="Produced by an attempt at the step that failed: kept to inspect, never trained on.",
+            ),
         ),
     ]

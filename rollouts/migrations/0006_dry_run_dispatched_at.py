@@ -10,15 +10,14 @@ def _already_sent(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('rollouts', '0005_group_failed_attempt'),
+        ("rollouts", "0005_group_failed_attempt"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='dryrun',
-            name='dispatched_at',
+            model_name="dryrun",
+            name="dispatched_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.RunPython(_already_sent, migrations.RunPython.noop),

@@ -4,25 +4,31 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('rollouts', '0006_dry_run_dispatched_at'),
+        ("rollouts", "0006_dry_run_dispatched_at"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='dryrun',
-            name='samples',
-            field=models.PositiveSmallIntegerField(default=1, help_text="Rollouts per scenario: with more than one, the result shows the reward's spread within each scenario, the signal GRPO trains on."),
+            model_name="dryrun",
+            name="samples",
+            field=models.PositiveSmallIntegerField(
+                default=1,
+                help_text="Rollouts per scenario: with more than one, the result shows the reward's spread within each scenario, the signal GRPO trains on.",
+            ),
         ),
         migrations.AddField(
-            model_name='trajectory',
-            name='reward_ms',
-            field=models.PositiveIntegerField(blank=True, help_text="Time the reward function took for this trajectory (a group reward's time shared among its trajectories); null when none ran.", null=True),
+            model_name="trajectory",
+            name="reward_ms",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Time the reward function took for this trajectory (a group reward's time shared among its trajectories); null when none ran.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='trajectory',
-            name='truncated',
-            field=models.BooleanField(default=False, help_text='The last completion stopped at max_tokens.'),
+            model_name="trajectory",
+            name="truncated",
+            field=models.BooleanField(default=False, help_text="The last completion stopped at max_tokens."),
         ),
     ]

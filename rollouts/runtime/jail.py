@@ -205,14 +205,17 @@ def _cgroup_layout(explicit: str) -> dict:
     if root is None:
         raise JailUnavailable(
             "No cgroup hierarchy with the memory, pids and cpu controllers is mounted; the sandbox needs "
-            "one for its batch-wide limits. Mount cgroup2 at /sys/fs/cgroup (or the v1 controllers).")
+            "one for its batch-wide limits. Mount cgroup2 at /sys/fs/cgroup (or the v1 controllers)."
+        )
     parent = Path(root) / CGROUP_NAME
     parent.mkdir(mode=0o700, exist_ok=True)
     wanted = {"memory", "pids", "cpu"}
     available = set((Path(root) / "cgroup.controllers").read_text().split())
     if not wanted <= available:
-        raise JailUnavailable(f"The cgroup v2 hierarchy at {root} lacks the {', '.join(sorted(wanted - available))} "
-                              "controller(s) the sandbox needs.")
+        raise JailUnavailable(
+            f"The cgroup v2 hierarchy at {root} lacks the {', '.join(sorted(wanted - available))} "
+            "controller(s) the sandbox needs."
+        )
     try:
         _write(Path(root) / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
         _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
@@ -220,7 +223,8 @@ def _cgroup_layout(explicit: str) -> dict:
         raise JailUnavailable(
             f"Cannot enable the memory, pids and cpu controllers under {parent} ({exc}). In a container the "
             "worker's cgroup usually holds processes, which cgroup v2 forbids for a parent of limited groups: "
-            "give the worker a delegated cgroup and name it in ARTWEB_SANDBOX_CGROUP.") from exc
+            "give the worker a delegated cgroup and name it in ARTWEB_SANDBOX_CGROUP."
+        ) from exc
     return {"v2": True, "unified": str(parent)}
 
 
@@ -231,8 +235,9 @@ def _require_v2_controllers(parent: Path) -> None:
         raise JailUnavailable(f"ARTWEB_SANDBOX_CGROUP={parent} is not a cgroup v2 directory ({exc}).") from exc
     missing = {"memory", "pids", "cpu"} - enabled
     if missing:
-        raise JailUnavailable(f"ARTWEB_SANDBOX_CGROUP={parent}: enable {', '.join(sorted(missing))} in its "
-                              "cgroup.subtree_control.")
+        raise JailUnavailable(
+            f"ARTWEB_SANDBOX_CGROUP={parent}: enable {', '.join(sorted(missing))} in its cgroup.subtree_control."
+        )
     if not os.access(parent, os.W_OK):
         raise JailUnavailable(f"ARTWEB_SANDBOX_CGROUP={parent} is not writable by this worker.")
 
@@ -263,11 +268,16 @@ def _cgroup_mounts() -> dict[str, str]:
 @cache
 def interpreter_paths(python: str) -> tuple[str, ...]:
     """Directories the interpreter needs: its prefix (a virtualenv), base prefix and executable's home."""
-    code = ("import json, os, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, "
-            "os.path.dirname(os.path.realpath(sys.executable))]))")
+    code = (
+        "import json, os, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, "
+        "os.path.dirname(os.path.realpath(sys.executable))]))"
+    )
     probe = subprocess.run(
         [python, "-I", "-c", code],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     if probe.returncode != 0:
         raise JailUnavailable(f"The sandbox interpreter {python} does not start: {probe.stderr.strip()[-500:]}")
@@ -296,7 +306,7 @@ def etc_files(batch_dir: Path) -> list[str]:
     etc.chmod(0o755)
     files = {
         "passwd": f"sandbox:x:{INSIDE_UID}:{INSIDE_UID}:sandbox:{SCRATCH}:/bin/sh\n"
-                  "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
         "group": f"sandbox:x:{INSIDE_UID}:\nnogroup:x:65534:\n",
         "hosts": "127.0.0.1 localhost\n::1 localhost\n",
     }
@@ -321,7 +331,8 @@ def bwrap_path() -> str:
         raise JailUnavailable(
             "bubblewrap (bwrap) is not installed; the rollout sandbox needs it to run user code. Install it "
             "(Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap). On a development "
-            f"machine only, ARTWEB_SANDBOX={OPT_OUT} runs user code without the jail.")
+            f"machine only, ARTWEB_SANDBOX={OPT_OUT} runs user code without the jail."
+        )
     return path
 
 
@@ -357,19 +368,44 @@ def _stage(stage_dir: Path, sources: dict[str, str]) -> list[tuple[str, str, str
 
 
 def _bwrap_args(staged: list[tuple[str, str, str]], scratch_mb: int = 256) -> list[str]:
-    args = [bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
-            "--hostname", "sandbox", *_system_mounts(),
-            # The scratch before the interpreter: a virtualenv that lives under /tmp on the host is then
-            # bound on top of the jail's /tmp instead of vanishing under it.
-            "--size", str(scratch_mb << 20), "--tmpfs", SCRATCH]
+    args = [
+        bwrap_path(),
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(INSIDE_UID),
+        "--gid",
+        str(INSIDE_UID),
+        "--hostname",
+        "sandbox",
+        *_system_mounts(),
+        # The scratch before the interpreter: a virtualenv that lives under /tmp on the host is then
+        # bound on top of the jail's /tmp instead of vanishing under it.
+        "--size",
+        str(scratch_mb << 20),
+        "--tmpfs",
+        SCRATCH,
+    ]
     for _, staging, inside in staged:
         args += ["--ro-bind", staging, inside]
     return args
 
 
-def _child_setup(*, staged: list[tuple[str, str, str]], uid: int, procs: list[str], cpu_seconds: int,
-                 file_mb: int, address_space_mb: int | None = None, nice: int = 0) -> Callable[[], None]:
+def _child_setup(
+    *,
+    staged: list[tuple[str, str, str]],
+    uid: int,
+    procs: list[str],
+    cpu_seconds: int,
+    file_mb: int,
+    address_space_mb: int | None = None,
+    nice: int = 0,
+) -> Callable[[], None]:
     """What the child does between fork and exec, as root: join the batch's cgroups, set rlimits and the
     CPU priority (`nice`), stage the sources (see _stage), then become the sandbox uid for good.
 
@@ -423,7 +459,8 @@ def jail_check(config: JailConfig, python: str) -> None:
             "The rollout sandbox must be started by a worker running as root: it switches user code to an "
             "unprivileged uid of its own (ARTWEB_SANDBOX_UID) and sets up cgroups for the batch's limits. "
             "Run the GPU worker as root in its container (the Docker image does), or, on a development "
-            f"machine only, set ARTWEB_SANDBOX={OPT_OUT}.")
+            f"machine only, set ARTWEB_SANDBOX={OPT_OUT}."
+        )
     if config.uid in (0, os.getuid()):
         raise JailUnavailable(f"ARTWEB_SANDBOX_UID={config.uid} is root or the worker's own uid; choose an unused uid.")
     bwrap_path()
@@ -433,11 +470,24 @@ def jail_check(config: JailConfig, python: str) -> None:
         Path(tmp).chmod(0o711)
         staged = _stage(Path(tmp) / "stage", _sources(python, here / "guest", here / "guest_fallbacks"))
         probe = subprocess.run(
-            [*_bwrap_args(staged), "--proc", "/proc", "--dev", "/dev", "--",
-             python, "-I", "-c", "import openai, httpx"],
-            capture_output=True, text=True, timeout=120, check=False, env={"PATH": "/usr/bin:/bin"},
-            preexec_fn=_child_setup(staged=staged, uid=config.uid, procs=[], cpu_seconds=120,
-                                    file_mb=64),
+            [
+                *_bwrap_args(staged),
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--",
+                python,
+                "-I",
+                "-c",
+                "import openai, httpx",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={"PATH": "/usr/bin:/bin"},
+            preexec_fn=_child_setup(staged=staged, uid=config.uid, procs=[], cpu_seconds=120, file_mb=64),
         )
     if probe.returncode != 0:
         raise JailUnavailable(
@@ -445,14 +495,24 @@ def jail_check(config: JailConfig, python: str) -> None:
             "unprivileged user namespaces (sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 "
             "where it exists; on Ubuntu 24.04 also kernel.apparmor_restrict_unprivileged_userns=0), a container "
             "needs them allowed by its seccomp/AppArmor profile (see docker/docker-compose.yml), and the sandbox "
-            f"interpreter {python} needs openai and httpx installed.")
+            f"interpreter {python} needs openai and httpx installed."
+        )
 
 
 class Jail:
     """The jail of one batch: its cgroup, and the bwrap command line for each sandbox process."""
 
-    def __init__(self, *, config: JailConfig, root: Path, socket_dir: Path, guest_dir: Path,
-                 fallbacks_dir: Path, python: str, limits: JailLimits) -> None:
+    def __init__(
+        self,
+        *,
+        config: JailConfig,
+        root: Path,
+        socket_dir: Path,
+        guest_dir: Path,
+        fallbacks_dir: Path,
+        python: str,
+        limits: JailLimits,
+    ) -> None:
         """root: the batch's directory (mode 0711); each sandbox's files are in root/shared/<name>."""
         jail_check(config, python)
         self.uid = config.uid
@@ -465,22 +525,44 @@ class Jail:
 
     def command(self, files_dir: Path, argv: list[str]) -> list[str]:
         """bwrap + argv, with files_dir at BATCH_DIR and the working directory SCRATCH."""
-        return [*_bwrap_args(self.staged, self.limits.scratch_mb),
-                "--ro-bind", str(files_dir), BATCH_DIR,
-                "--ro-bind", str(self.socket_dir), SOCKET_DIR,
-                *self.etc,
-                "--proc", "/proc", "--dev", "/dev",
-                "--size", str(self.limits.shm_mb << 20), "--tmpfs", "/dev/shm",
-                # bwrap builds the jail's root on a tmpfs; once everything is mounted, it is read-only.
-                "--remount-ro", "/",
-                "--chdir", SCRATCH, "--", *argv]
+        return [
+            *_bwrap_args(self.staged, self.limits.scratch_mb),
+            "--ro-bind",
+            str(files_dir),
+            BATCH_DIR,
+            "--ro-bind",
+            str(self.socket_dir),
+            SOCKET_DIR,
+            *self.etc,
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(self.limits.shm_mb << 20),
+            "--tmpfs",
+            "/dev/shm",
+            # bwrap builds the jail's root on a tmpfs; once everything is mounted, it is read-only.
+            "--remount-ro",
+            "/",
+            "--chdir",
+            SCRATCH,
+            "--",
+            *argv,
+        ]
 
     def preexec(self, *, cpu_seconds: int, file_mb: int, nice: int = 0) -> Callable[[], None]:
         """`nice` > 0 starts the processes at a lower CPU priority; only this worker (root) can restore it
         (renice), user code cannot."""
-        return _child_setup(staged=self.staged, uid=self.uid, procs=self.cgroup.procs_files(),
-                            cpu_seconds=cpu_seconds, file_mb=file_mb, address_space_mb=self.limits.memory_mb,
-                            nice=nice)
+        return _child_setup(
+            staged=self.staged,
+            uid=self.uid,
+            procs=self.cgroup.procs_files(),
+            cpu_seconds=cpu_seconds,
+            file_mb=file_mb,
+            address_space_mb=self.limits.memory_mb,
+            nice=nice,
+        )
 
     def renice(self, nice: int = 0) -> None:
         """Every thread of the batch to CPU priority `nice` (the priority is a thread's own in Linux)."""
@@ -505,10 +587,11 @@ def guest_python_args() -> list[str]:
     return ["-I", "-u", "-X", "utf8", f"{GUEST_ROOT}/guest/_artweb_guest.py", f"{BATCH_DIR}/batch.json"]
 
 
-
 if __name__ == "__main__":  # `python -m rollouts.runtime.jail`: say whether a jail can be built here
-    conf = JailConfig(uid=int(os.environ.get("ARTWEB_SANDBOX_UID", "64000")),
-                      cgroup_parent=os.environ.get("ARTWEB_SANDBOX_CGROUP", ""))
+    conf = JailConfig(
+        uid=int(os.environ.get("ARTWEB_SANDBOX_UID", "64000")),
+        cgroup_parent=os.environ.get("ARTWEB_SANDBOX_CGROUP", ""),
+    )
     try:
         jail_check(conf, sys.executable)
     except JailUnavailable as exc:

@@ -55,7 +55,7 @@ def merge_adapter(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, o
 
     lora: dict[str, dict[str, torch.Tensor]] = {}  # base weight name -> {"A": (r, in), "B": (out, r)}
     with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="pt") as fh:
-        for key in fh.keys():  # noqa: SIM118 - a safetensors handle, not a dict
+        for key in fh.keys():
             # "base_model.model.<module>.lora_A.weight" (an adapter name may follow lora_A in older files)
             module, _, rest = key.partition(".lora_")
             if not rest:
@@ -66,7 +66,7 @@ def merge_adapter(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, o
     merged: dict[str, torch.Tensor] = {}
     for weights_file in sorted(base_dir.glob("*.safetensors")):
         with safe_open(str(weights_file), framework="pt") as fh:
-            for key in fh.keys():  # noqa: SIM118
+            for key in fh.keys():
                 tensor = fh.get_tensor(key)
                 pair = lora.pop(key, None)
                 if pair is not None:

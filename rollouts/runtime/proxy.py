@@ -24,16 +24,26 @@ import aiohttp
 from aiohttp import web
 
 # What a rollout may call; every other method and path is refused before it reaches an upstream.
-FORWARDED_ROUTES = {("POST", "/v1/chat/completions"): "/chat/completions",
-                    ("POST", "/v1/completions"): "/completions"}
+FORWARDED_ROUTES = {("POST", "/v1/chat/completions"): "/chat/completions", ("POST", "/v1/completions"): "/completions"}
 PASSED_ROUTES = "POST /v1/chat/completions, POST /v1/completions and GET /v1/models"
 
 # Request fields that would run the caller's own Jinja template inside the inference server.
 REFUSED_FIELDS = frozenset({"chat_template"})
 
 # RFC 9110 section 7.6.1: these describe one connection, not the message, and never cross a proxy.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                        "transfer-encoding", "upgrade", "proxy-connection"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-connection",
+    }
+)
 # Set again by this side's own server for the body it actually sends.
 RESPONSE_DROPPED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
 
@@ -135,8 +145,9 @@ class InferenceProxy:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 ready = threading.Event()
-                self._thread = threading.Thread(target=self._run, args=(loop, ready), name="inference-proxy",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, args=(loop, ready), name="inference-proxy", daemon=True
+                )
                 self._thread.start()
                 ready.wait()
                 self._loop = loop
@@ -156,7 +167,8 @@ class InferenceProxy:
             # No cap on connections: a batch keeps hundreds of streams open to one server at once.
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
             self._session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False,
+                connector=connector,
+                auto_decompress=False,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=10),
             )
         sock = _Socket(path=key, models=models)
@@ -262,8 +274,11 @@ class InferenceProxy:
             return _model_not_found(name, sock.models)
         suffix = FORWARDED_ROUTES.get((method, path))
         if suffix is None:
-            return _error(404, f"{method} {path} is not available here: the inference proxy passes only "
-                               f"{PASSED_ROUTES}.", "route_not_found")
+            return _error(
+                404,
+                f"{method} {path} is not available here: the inference proxy passes only {PASSED_ROUTES}.",
+                "route_not_found",
+            )
 
         body = await self._read_body(request)
         if isinstance(body, web.Response):
@@ -273,14 +288,21 @@ class InferenceProxy:
             return _model_not_found(model, sock.models)
         refused = sorted(REFUSED_FIELDS & body.keys())
         if refused:
-            return _error(400, f"The request field(s) {', '.join(refused)} are not accepted here: the chat template "
-                               "is the model's own.", "field_not_allowed")
+            return _error(
+                400,
+                f"The request field(s) {', '.join(refused)} are not accepted here: the chat template "
+                "is the model's own.",
+                "field_not_allowed",
+            )
         upstream = sock.models[model]
         return await self._forward(request, upstream, suffix, model, body)
 
     async def _read_body(self, request: web.Request) -> dict | web.Response:
-        too_large = _error(413, f"The request body is larger than the proxy's limit of {self.max_body_bytes} "
-                                f"bytes.", "request_too_large")
+        too_large = _error(
+            413,
+            f"The request body is larger than the proxy's limit of {self.max_body_bytes} bytes.",
+            "request_too_large",
+        )
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             return too_large
         raw = bytearray()
@@ -296,11 +318,15 @@ class InferenceProxy:
             return _error(400, "The request body must be a JSON object.", "invalid_json")
         return body
 
-    async def _forward(self, request: web.Request, upstream: Upstream, suffix: str, model: str,
-                       body: dict) -> web.StreamResponse:
-        headers = {"Content-Type": "application/json", "Accept": request.headers.get("Accept", "*/*"),
-                   # Bytes pass through unchanged, so they must arrive unencoded.
-                   "Accept-Encoding": "identity"}
+    async def _forward(
+        self, request: web.Request, upstream: Upstream, suffix: str, model: str, body: dict
+    ) -> web.StreamResponse:
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": request.headers.get("Accept", "*/*"),
+            # Bytes pass through unchanged, so they must arrive unencoded.
+            "Accept-Encoding": "identity",
+        }
         if upstream.api_key:
             headers["Authorization"] = f"Bearer {upstream.api_key}"
         # The body goes upstream as the proxy parsed it, not as sent: two parsers reading one document two
@@ -311,17 +337,30 @@ class InferenceProxy:
         try:
             reply = await self._session.post(url, data=data, headers=headers)
         except TimeoutError:  # before ClientError: aiohttp's timeouts are both
-            return _error(504, f"The inference server for model `{model}` did not answer within "
-                               f"{self.timeout_s:g} s.", "upstream_timeout", "server_error")
+            return _error(
+                504,
+                f"The inference server for model `{model}` did not answer within {self.timeout_s:g} s.",
+                "upstream_timeout",
+                "server_error",
+            )
         except aiohttp.ClientConnectorError as exc:
             # The errno's own words: the OS message would name the server's address.
             errno = exc.os_error.errno
             reason = os.strerror(errno) if errno else type(exc.os_error).__name__
-            return _error(502, f"The inference server for model `{model}` cannot be reached ({reason}); it may "
-                               f"be restarting, retry shortly.", "upstream_unreachable", "server_error")
+            return _error(
+                502,
+                f"The inference server for model `{model}` cannot be reached ({reason}); it may "
+                f"be restarting, retry shortly.",
+                "upstream_unreachable",
+                "server_error",
+            )
         except aiohttp.ClientError as exc:
-            return _error(502, f"The inference server for model `{model}` failed to answer "
-                               f"({type(exc).__name__}).", "upstream_error", "server_error")
+            return _error(
+                502,
+                f"The inference server for model `{model}` failed to answer ({type(exc).__name__}).",
+                "upstream_error",
+                "server_error",
+            )
         finished = False
         try:
             response = web.StreamResponse(status=reply.status, reason=reply.reason)
@@ -404,6 +443,8 @@ def _model_not_found(model, allowed: Mapping[str, Upstream]) -> web.Response:
     names = ", ".join(allowed) or "no model"
     if model is None:
         return _error(404, f"The request names no model. This batch may use: {names}.", "model_not_found")
-    return _error(404, f"The model `{model}` does not exist or you do not have access to it. This batch may use: "
-                       f"{names}.", "model_not_found")
-
+    return _error(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it. This batch may use: {names}.",
+        "model_not_found",
+    )

@@ -114,8 +114,12 @@ def check_score(record: Any) -> dict:
         _int(reward_ms, "reward_ms")
     if error is not None:
         reward = None  # a failed score has no reward, whatever the record says
-    return {"reward": reward, "metrics": _without_nul(metrics),
-            "error": _without_nul(error[:MAX_SCORE_ERROR_CHARS]) if error else error, "reward_ms": reward_ms}
+    return {
+        "reward": reward,
+        "metrics": _without_nul(metrics),
+        "error": _without_nul(error[:MAX_SCORE_ERROR_CHARS]) if error else error,
+        "reward_ms": reward_ms,
+    }
 
 
 def _without_nul(value: Any) -> Any:

@@ -24,8 +24,16 @@ from rollouts.runtime.guest.artweb_sdk.ruler import (
     score_message_lists,
 )
 
-__all__ = ["DEFAULT_RUBRIC", "Judge", "RulerError", "TrajectoryScore", "group_schema", "judge_messages",
-           "parse_scores", "ruler_score_group"]
+__all__ = [
+    "DEFAULT_RUBRIC",
+    "Judge",
+    "RulerError",
+    "TrajectoryScore",
+    "group_schema",
+    "judge_messages",
+    "parse_scores",
+    "ruler_score_group",
+]
 
 
 @dataclass(frozen=True)
@@ -40,8 +48,9 @@ class Judge:
     max_chars_per_message: int = MAX_CHARS_PER_MESSAGE
 
 
-def ruler_score_group(trajectories: list[dict], judge: Judge, *, rubric: str = DEFAULT_RUBRIC,
-                      scenario: dict | None = None) -> list[dict]:
+def ruler_score_group(
+    trajectories: list[dict], judge: Judge, *, rubric: str = DEFAULT_RUBRIC, scenario: dict | None = None
+) -> list[dict]:
     """Make the judge's scores the rewards of the records without an error; from synchronous code.
 
     Returns the same dicts, updated as artweb_sdk.ruler.apply_score says. Raises RulerError when the
@@ -51,7 +60,7 @@ def ruler_score_group(trajectories: list[dict], judge: Judge, *, rubric: str = D
     if not scored:
         return trajectories
     scores = asyncio.run(_score(scored, judge, rubric, scenario))
-    for record, score in zip(scored, scores):
+    for record, score in zip(scored, scores, strict=False):
         apply_score(record, score)
     return trajectories
 
@@ -60,10 +69,21 @@ async def _score(records: list[dict], judge: Judge, rubric: str, scenario: dict 
     from openai import AsyncOpenAI
 
     # Records keep sampling details (token ids, logprobs) next to each message; the judge reads the text.
-    message_lists = [[{k: v for k, v in m.items() if k not in ("token_ids", "logprobs", "finish_reason")}
-                      for m in r["messages"]] for r in records]
-    async with AsyncOpenAI(base_url=judge.base_url, api_key=judge.api_key, timeout=judge.timeout_s,
-                           max_retries=1) as client:
+    message_lists = [
+        [{k: v for k, v in m.items() if k not in ("token_ids", "logprobs", "finish_reason")} for m in r["messages"]]
+        for r in records
+    ]
+    async with AsyncOpenAI(
+        base_url=judge.base_url, api_key=judge.api_key, timeout=judge.timeout_s, max_retries=1
+    ) as client:
         return await score_message_lists(
-            client, judge.model, message_lists, rubric=rubric, scenario=scenario, temperature=judge.temperature,
-            max_tokens=judge.max_tokens, max_attempts=judge.max_attempts, max_chars=judge.max_chars_per_message)
+            client,
+            judge.model,
+            message_lists,
+            rubric=rubric,
+            scenario=scenario,
+            temperature=judge.temperature,
+            max_tokens=judge.max_tokens,
+            max_attempts=judge.max_attempts,
+            max_chars=judge.max_chars_per_message,
+        )

@@ -127,8 +127,18 @@ class GroupResult:
 
 
 def failed_record(error: str, duration_ms: int = 0) -> dict:
-    return {"messages": [], "tools": None, "reward": None, "metrics": {}, "metadata": {}, "logs": [],
-            "error": error, "duration_ms": duration_ms, "prompt_tokens": 0, "completion_tokens": 0}
+    return {
+        "messages": [],
+        "tools": None,
+        "reward": None,
+        "metrics": {},
+        "metadata": {},
+        "logs": [],
+        "error": error,
+        "duration_ms": duration_ms,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+    }
 
 
 def _exceptions_budget(max_exceptions: float, total: int) -> float:
@@ -186,8 +196,13 @@ def run_rollouts(
         return []
     shape, batch_timeout = _rollout_shape(request)
     started = prestarted.take(request.warm_key, shape) if request.warm_key else None
-    results = _rollouts_in(started or _StartedBatch.start(shape, prefix="artweb-batch-"), request,
-                           batch_timeout, should_stop, on_trajectory)
+    results = _rollouts_in(
+        started or _StartedBatch.start(shape, prefix="artweb-batch-"),
+        request,
+        batch_timeout,
+        should_stop,
+        on_trajectory,
+    )
     if request.warm_key and request.prestart_next:
         prestarted.add(request.warm_key, shape)
     return results
@@ -206,9 +221,13 @@ def _rollout_shape(request: RolloutRequest) -> tuple[BatchShape, float]:
     return BatchShape.of(request, n_sandboxes, limits.cpu_seconds or int(batch_timeout) + 10), batch_timeout
 
 
-def _rollouts_in(started: _StartedBatch, request: RolloutRequest, batch_timeout: float,
-                 should_stop: Callable[[], bool],
-                 on_trajectory: Callable[[int, int, dict], None] | None) -> list[GroupResult]:
+def _rollouts_in(
+    started: _StartedBatch,
+    request: RolloutRequest,
+    batch_timeout: float,
+    should_stop: Callable[[], bool],
+    on_trajectory: Callable[[int, int, dict], None] | None,
+) -> list[GroupResult]:
     """The batch, in the jail and processes `started` (closed when it ends, whatever happens)."""
     n_groups = len(request.scenarios)
     limits = request.limits
@@ -237,10 +256,16 @@ def _rollouts_in(started: _StartedBatch, request: RolloutRequest, batch_timeout:
     selector = selectors.DefaultSelector()
     try:
         for k in range(n_sandboxes):
-            layout.write(k, request, list(range(k, n_groups, n_sandboxes)), reward_kind,
-                         concurrency=math.ceil(concurrency / n_sandboxes))
-        proxy.open(socket_path, {request.model_name: Upstream(request.base_url, request.api_key),
-                                 **request.extra_models})
+            layout.write(
+                k,
+                request,
+                list(range(k, n_groups, n_sandboxes)),
+                reward_kind,
+                concurrency=math.ceil(concurrency / n_sandboxes),
+            )
+        proxy.open(
+            socket_path, {request.model_name: Upstream(request.base_url, request.api_key), **request.extra_models}
+        )
         if request.egress_hosts:
             proxy.open_egress(socket_path.with_name("egress.sock"), request.egress_hosts)
         started.hand_over(request)
@@ -252,8 +277,10 @@ def _rollouts_in(started: _StartedBatch, request: RolloutRequest, batch_timeout:
                 raise Cancelled("the rollouts were cancelled")
             if time.monotonic() > deadline:
                 for box in sandboxes:
-                    box.kill(f"The batch did not finish within its {batch_timeout:g} s limit; "
-                             "this rollout was stopped unfinished.")
+                    box.kill(
+                        f"The batch did not finish within its {batch_timeout:g} s limit; "
+                        "this rollout was stopped unfinished."
+                    )
                 break
             for key, _ in selector.select(timeout=0.2):
                 key.data.read()
@@ -286,8 +313,10 @@ def _rollouts_in(started: _StartedBatch, request: RolloutRequest, batch_timeout:
 def _note_memory(records: list[list[dict | None]], kills: int, memory_mb: int) -> None:
     """Say on each failed rollout that the kernel killed processes for memory: a forked child that died
     for it shows up in user code only as some later error."""
-    note = (f"\n\nDuring this batch the kernel killed {kills} process(es) that went past the batch's memory "
-            f"limit of {memory_mb} MB (all its processes together).")
+    note = (
+        f"\n\nDuring this batch the kernel killed {kills} process(es) that went past the batch's memory "
+        f"limit of {memory_mb} MB (all its processes together)."
+    )
     for group in records:
         for record in group:
             if record is not None and record["error"] is not None and note not in record["error"]:
@@ -299,8 +328,10 @@ def _results(request, records, missing: str | None, sandboxes=()) -> list[GroupR
     return [
         GroupResult(
             scenario=scenario,
-            trajectories=[r if r is not None else failed_record(missing or reasons.get(g) or "The rollout produced "
-                                                                "no result.") for r in records[g]],
+            trajectories=[
+                r if r is not None else failed_record(missing or reasons.get(g) or "The rollout produced no result.")
+                for r in records[g]
+            ],
         )
         for g, scenario in enumerate(request.scenarios)
     ]
@@ -331,17 +362,26 @@ def dry_run(
     chosen = list(scenarios[:max_scenarios])
     limits = SandboxLimits(rollout_timeout_s=max(1.0, timeout_s - 10), batch_timeout_s=timeout_s)
     request = RolloutRequest(
-        script=script, reward=reward, scenarios=chosen, group_size=group_size, base_url=base_url,
-        model_name=model_name, api_key=api_key, sampling={"max_tokens": 256, **(sampling or {})},
-        concurrency=16, max_exceptions=len(chosen) * group_size, limits=limits, sandboxes=1, python=python,
-        jail=jail or JailConfig(), vocab_size=vocab_size,
+        script=script,
+        reward=reward,
+        scenarios=chosen,
+        group_size=group_size,
+        base_url=base_url,
+        model_name=model_name,
+        api_key=api_key,
+        sampling={"max_tokens": 256, **(sampling or {})},
+        concurrency=16,
+        max_exceptions=len(chosen) * group_size,
+        limits=limits,
+        sandboxes=1,
+        python=python,
+        jail=jail or JailConfig(),
+        vocab_size=vocab_size,
         # A dry run serves the base model, so a script's art.rewards calls can be tried with it as judge.
         judge_model=model_name,
     )
     results = run_rollouts(request)
-    trajectories = [
-        {**t, "scenario_index": i} for i, group in enumerate(results) for t in group.trajectories
-    ]
+    trajectories = [{**t, "scenario_index": i} for i, group in enumerate(results) for t in group.trajectories]
     return {
         "trajectories": trajectories,
         "rewards": [t["reward"] for t in trajectories],
@@ -356,9 +396,9 @@ def dry_run(
 
 class _BatchFiles:
     """workroot/
-         shared/          the jail's files: sandbox-<k>/ (script, reward, batch.json) and etc/
-         sock/            the proxy's socket, the jail's only way out
-         logs/            each sandbox process's output, outside every jail
+    shared/          the jail's files: sandbox-<k>/ (script, reward, batch.json) and etc/
+    sock/            the proxy's socket, the jail's only way out
+    logs/            each sandbox process's output, outside every jail
     """
 
     def __init__(self, workroot: Path, n: int) -> None:
@@ -374,8 +414,9 @@ class _BatchFiles:
     def box(self, k: int) -> Path:
         return self.shared / f"sandbox-{k}"
 
-    def write(self, k: int, request: RolloutRequest, groups: list[int], reward_kind: str | None, *,
-              concurrency: int) -> None:
+    def write(
+        self, k: int, request: RolloutRequest, groups: list[int], reward_kind: str | None, *, concurrency: int
+    ) -> None:
         d = self.box(k)
         (d / "rollout.py").write_text(request.script, encoding="utf-8")
         if request.reward is not None:
@@ -393,16 +434,19 @@ class _BatchFiles:
         }
         (d / "batch.json").write_text(json.dumps(spec))
 
-    def write_scores(self, k: int, request: ScoreRequest, groups: list[int], reward_kind: str | None, *,
-                     concurrency: int) -> None:
+    def write_scores(
+        self, k: int, request: ScoreRequest, groups: list[int], reward_kind: str | None, *, concurrency: int
+    ) -> None:
         """A score-mode sandbox's files: the reward function (if any) and its groups' stored trajectories."""
         d = self.box(k)
         if request.reward is not None:
             (d / "reward.py").write_text(request.reward, encoding="utf-8")
         spec = {
             "mode": "score",
-            "groups": [{"index": g, "scenario": request.groups[g].scenario,
-                        "trajectories": request.groups[g].trajectories} for g in groups],
+            "groups": [
+                {"index": g, "scenario": request.groups[g].scenario, "trajectories": request.groups[g].trajectories}
+                for g in groups
+            ],
             "model_name": request.judge_model or "none",
             "reward_kind": reward_kind,
             "ruler": request.ruler,
@@ -459,8 +503,12 @@ class BatchShape:
         return cls(sandboxes, request.jail, request.python or sys.executable, request.limits, cpu_seconds)
 
     def jail_limits(self) -> JailLimits:
-        return JailLimits(memory_mb=self.limits.memory_mb, processes=self.limits.max_processes + 32 * self.sandboxes,
-                          cpus=self.limits.cpus or float(self.sandboxes), scratch_mb=self.limits.scratch_mb)
+        return JailLimits(
+            memory_mb=self.limits.memory_mb,
+            processes=self.limits.max_processes + 32 * self.sandboxes,
+            cpus=self.limits.cpus or float(self.sandboxes),
+            scratch_mb=self.limits.scratch_mb,
+        )
 
 
 class _StartedBatch:
@@ -476,15 +524,22 @@ class _StartedBatch:
         self._closed = False
 
     @classmethod
-    def start(cls, shape: BatchShape, *, prefix: str, box_type: type[_Sandbox] | None = None,
-              ahead: bool = False) -> _StartedBatch:
+    def start(
+        cls, shape: BatchShape, *, prefix: str, box_type: type[_Sandbox] | None = None, ahead: bool = False
+    ) -> _StartedBatch:
         """Raises JailUnavailable (before any process starts) when the jail cannot be built here."""
         batch = cls(shape, _BatchFiles(Path(tempfile.mkdtemp(prefix=prefix)), shape.sandboxes))
         try:
             if shape.jail.jailed:
-                batch.jail = Jail(config=shape.jail, root=batch.layout.root, socket_dir=batch.layout.root / "sock",
-                                  guest_dir=GUEST_DIR, fallbacks_dir=FALLBACKS_DIR, python=shape.python,
-                                  limits=shape.jail_limits())
+                batch.jail = Jail(
+                    config=shape.jail,
+                    root=batch.layout.root,
+                    socket_dir=batch.layout.root / "sock",
+                    guest_dir=GUEST_DIR,
+                    fallbacks_dir=FALLBACKS_DIR,
+                    python=shape.python,
+                    limits=shape.jail_limits(),
+                )
                 batch.layout.hand_over(batch.jail.uid)
             for k in range(shape.sandboxes):
                 batch.boxes.append((box_type or _Sandbox).start(shape, batch.layout, k, batch.jail, ahead=ahead))
@@ -548,7 +603,7 @@ class PrestartedBatches:
         with self._lock:
             self._by_key[key] = batch
             oldest = sorted(self._by_key.items(), key=lambda item: item[1].started_at)
-            dropped = [self._by_key.pop(k) for k, _ in oldest[:max(0, len(oldest) - self.capacity)]]
+            dropped = [self._by_key.pop(k) for k, _ in oldest[: max(0, len(oldest) - self.capacity)]]
         for old in dropped:
             old.close()
 
@@ -608,8 +663,16 @@ def _unjailed_limits(limits: SandboxLimits, cpu_seconds: int) -> Callable[[], No
 class _Sandbox:
     """One sandbox process: started first (it imports the SDK and waits), then given its part of a batch."""
 
-    def __init__(self, proc: subprocess.Popen, read_fd: int, control_fd: int, log_path: Path, limits: SandboxLimits,
-                 cpu_seconds: int, jail: Jail | None) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        read_fd: int,
+        control_fd: int,
+        log_path: Path,
+        limits: SandboxLimits,
+        cpu_seconds: int,
+        jail: Jail | None,
+    ) -> None:
         self.groups: list[int] = []  # set by begin()
         self.group_size = 0
         self.vocab_size: int | None = None
@@ -629,8 +692,9 @@ class _Sandbox:
         self.eof = False
 
     @classmethod
-    def start(cls, shape: BatchShape, layout: _BatchFiles, k: int, jail: Jail | None, *,
-              ahead: bool = False) -> _Sandbox:
+    def start(
+        cls, shape: BatchShape, layout: _BatchFiles, k: int, jail: Jail | None, *, ahead: bool = False
+    ) -> _Sandbox:
         """Start the process of layout.box(k); it waits for begin(). Started ahead of its batch, it imports the
         SDK and the OpenAI client meanwhile, at the lowest CPU priority (jailed: begin's hand-over restores it).
         The environment here is the same for every batch; what is the batch's own goes with begin()."""
@@ -646,7 +710,9 @@ class _Sandbox:
             "USER": "sandbox",
             # The guest relays OPENAI_BASE_URL (127.0.0.1 in the jail) to this socket; the key is a dummy:
             # the proxy holds the real one.
-            "ARTWEB_PROXY_SOCKET": "/run/artweb/inference.sock" if jail else str(layout.root / "sock" / "inference.sock"),
+            "ARTWEB_PROXY_SOCKET": "/run/artweb/inference.sock"
+            if jail
+            else str(layout.root / "sock" / "inference.sock"),
             "OPENAI_API_KEY": "artweb",
             "ARTWEB_RESULT_FD": str(write_fd),
             "ARTWEB_CONTROL_FD": str(control_read),
@@ -657,8 +723,9 @@ class _Sandbox:
         if jail is not None:
             env.update(HOME="/tmp", TMPDIR="/tmp")
             argv = jail.command(layout.box(k), [shape.python, *guest_python_args()])
-            preexec = jail.preexec(cpu_seconds=shape.cpu_seconds, file_mb=limits.file_mb,
-                                   nice=PRESTART_NICE if ahead else 0)
+            preexec = jail.preexec(
+                cpu_seconds=shape.cpu_seconds, file_mb=limits.file_mb, nice=PRESTART_NICE if ahead else 0
+            )
             cwd = "/"
         else:
             box = layout.box(k)
@@ -667,12 +734,18 @@ class _Sandbox:
             preexec = _unjailed_limits(limits, shape.cpu_seconds)
             cwd = str(box)
         log_path = layout.logs / f"sandbox-{k}.log"
-        log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed below
+        log = open(log_path, "wb")
         try:
             proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(write_fd, control_read), start_new_session=True,
-                preexec_fn=preexec,  # noqa: PLW1509
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd, control_read),
+                start_new_session=True,
+                preexec_fn=preexec,
             )
         except BaseException:
             for fd in (read_fd, control_write):
@@ -699,15 +772,16 @@ class _Sandbox:
         env.update({k: str(v) for k, v in request.env.items() if k in PASSED_ENV})
         if request.egress_hosts:
             # The guest relays a local port to this socket and names it as the HTTPS proxy (see open_egress).
-            env["ARTWEB_EGRESS_SOCKET"] = ("/run/artweb/egress.sock" if self.jail
-                                           else str(layout.root / "sock" / "egress.sock"))
+            env["ARTWEB_EGRESS_SOCKET"] = (
+                "/run/artweb/egress.sock" if self.jail else str(layout.root / "sock" / "egress.sock")
+            )
         if "WEAVE_PROJECT" not in env:
             # A script calling weave.init() gets a disabled client at once instead of a network error.
             env["WEAVE_DISABLED"] = "true"
         view = memoryview((json.dumps({"env": env}) + "\n").encode())
         try:
             while view:
-                view = view[os.write(self.control_fd, view):]
+                view = view[os.write(self.control_fd, view) :]
         except OSError:  # it died while waiting: check_exit says how
             pass
         finally:
@@ -762,9 +836,11 @@ class _Sandbox:
         self._ready.append((group, index, record))
 
     def _violation(self, why: str) -> None:
-        self.kill(f"The sandbox running this rollout broke artweb's result protocol ({why}) and was stopped; "
-                  "its unfinished rollouts have no result. Write trajectories only by returning them from "
-                  "rollout().")
+        self.kill(
+            f"The sandbox running this rollout broke artweb's result protocol ({why}) and was stopped; "
+            "its unfinished rollouts have no result. Write trajectories only by returning them from "
+            "rollout()."
+        )
         self._buffer = b""
 
     def take(self) -> list[tuple[int, int, dict]]:
@@ -809,8 +885,10 @@ class _Sandbox:
         if self.jail is not None and code is not None and code > 128 and code - 128 in signal.valid_signals():
             code = 128 - code  # bwrap exits with 128 + N when the jailed process died of signal N
         if self.jail is not None and self.jail.cgroup.oom_kills() > 0:
-            why = (f"the batch reached its memory limit of {self.limits.memory_mb} MB (all its processes together) "
-                   "and the kernel killed a process")
+            why = (
+                f"the batch reached its memory limit of {self.limits.memory_mb} MB (all its processes together) "
+                "and the kernel killed a process"
+            )
         elif code is not None and code < 0:
             sig = signal.Signals(-code)
             if sig == signal.SIGXCPU:
@@ -824,8 +902,12 @@ class _Sandbox:
         else:
             why = f"it exited with status {code} (os._exit(), or a crash outside a rollout)"
         tail = self._log_tail()
-        return ("The sandbox process running this rollout stopped before the rollout finished: " + why + "."
-                + (f"\n\nLast output of the sandbox process:\n{tail}" if tail else ""))
+        return (
+            "The sandbox process running this rollout stopped before the rollout finished: "
+            + why
+            + "."
+            + (f"\n\nLast output of the sandbox process:\n{tail}" if tail else "")
+        )
 
     def _log_tail(self, lines: int = 20) -> str:
         try:
@@ -938,8 +1020,13 @@ def run_scores(request: ScoreRequest, should_stop: Callable[[], bool] = lambda: 
     selector = selectors.DefaultSelector()
     try:
         for k in range(n_sandboxes):
-            layout.write_scores(k, request, list(range(k, n_groups, n_sandboxes)), reward_kind,
-                                concurrency=math.ceil(concurrency / n_sandboxes))
+            layout.write_scores(
+                k,
+                request,
+                list(range(k, n_groups, n_sandboxes)),
+                reward_kind,
+                concurrency=math.ceil(concurrency / n_sandboxes),
+            )
         # Only the judge passes, and only under RULER; a reward function reaches no model.
         proxy.open(socket_path, {request.judge_model: request.judge} if request.ruler and request.judge else {})
         started.hand_over(request)
@@ -952,8 +1039,10 @@ def run_scores(request: ScoreRequest, should_stop: Callable[[], bool] = lambda: 
                 raise Cancelled("the re-scoring was cancelled")
             if time.monotonic() > deadline:
                 for box in sandboxes:
-                    box.kill(f"The batch did not finish within its {batch_timeout:g} s limit; this trajectory "
-                             "was not scored.")
+                    box.kill(
+                        f"The batch did not finish within its {batch_timeout:g} s limit; this trajectory "
+                        "was not scored."
+                    )
                 break
             for key, _ in selector.select(timeout=0.2):
                 key.data.read()
@@ -973,11 +1062,19 @@ def run_scores(request: ScoreRequest, should_stop: Callable[[], bool] = lambda: 
         reasons = {g: box.exit_reason for box in sandboxes for g in box.groups}
         note = ""
         if jail is not None and (kills := jail.cgroup.oom_kills()):
-            note = (f"\n\nDuring this batch the kernel killed {kills} process(es) that went past the batch's "
-                    f"memory limit of {limits.memory_mb} MB.")
-        return [[(s if s["error"] is None else {**s, "error": s["error"] + note}) if s is not None
-                 else failed_score(reasons.get(g) or "The sandbox sent no score for this trajectory.")
-                 for s in group] for g, group in enumerate(scores)]
+            note = (
+                f"\n\nDuring this batch the kernel killed {kills} process(es) that went past the batch's "
+                f"memory limit of {limits.memory_mb} MB."
+            )
+        return [
+            [
+                (s if s["error"] is None else {**s, "error": s["error"] + note})
+                if s is not None
+                else failed_score(reasons.get(g) or "The sandbox sent no score for this trajectory.")
+                for s in group
+            ]
+            for g, group in enumerate(scores)
+        ]
     finally:
         selector.close()
         started.close()
@@ -1036,11 +1133,18 @@ class _ScoreSandbox(_Sandbox):
         self._ready.append((group, index, score))
 
     def _describe_exit(self, code: int | None) -> str:
-        return super()._describe_exit(code).replace(
-            "running this rollout stopped before the rollout finished", "stopped before this trajectory was scored")
+        return (
+            super()
+            ._describe_exit(code)
+            .replace(
+                "running this rollout stopped before the rollout finished", "stopped before this trajectory was scored"
+            )
+        )
 
     def _violation(self, why: str) -> None:
         self.void = True
-        self.kill(f"The sandbox scoring this trajectory broke artweb's result protocol ({why}) and was stopped; "
-                  "no score it sent counts. A reward function gives its score by returning it.")
+        self.kill(
+            f"The sandbox scoring this trajectory broke artweb's result protocol ({why}) and was stopped; "
+            "no score it sent counts. A reward function gives its score by returning it."
+        )
         self._buffer = b""

@@ -21,8 +21,9 @@ def _issue(line: int | None, message: str) -> dict:
 def _parse(source: str | bytes, what: str) -> tuple[ast.Module | None, list[dict]]:
     if isinstance(source, bytes):
         if len(source) > MAX_SOURCE_BYTES:
-            return None, [_issue(None, f"The {what} is {len(source) // 1024} KB; the limit is "
-                                       f"{MAX_SOURCE_BYTES // 1024} KB.")]
+            return None, [
+                _issue(None, f"The {what} is {len(source) // 1024} KB; the limit is {MAX_SOURCE_BYTES // 1024} KB.")
+            ]
         try:
             source = source.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -51,7 +52,7 @@ def _accepts(fn: ast.FunctionDef | ast.AsyncFunctionDef, count: int) -> bool:
     """True when fn can be called with `count` positional arguments."""
     positional = fn.args.posonlyargs + fn.args.args
     required = len(positional) - len(fn.args.defaults)
-    kw_required = [a for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is None]
+    kw_required = [a for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=False) if d is None]
     if kw_required:
         return False
     return required <= count and (count <= len(positional) or fn.args.vararg is not None)
@@ -64,11 +65,20 @@ def validate_script(source: str | bytes) -> list[dict]:
         return issues
     fn = _top_level_functions(tree).get("rollout")
     if fn is None:
-        return [_issue(None, "Define `async def rollout(model, scenario)` at the top level of the script: "
-                             "artweb calls it once per rollout and expects an art.Trajectory back.")]
+        return [
+            _issue(
+                None,
+                "Define `async def rollout(model, scenario)` at the top level of the script: "
+                "artweb calls it once per rollout and expects an art.Trajectory back.",
+            )
+        ]
     if not isinstance(fn, ast.AsyncFunctionDef):
-        issues.append(_issue(fn.lineno, "`rollout` must be async: write `async def rollout(model, scenario)` "
-                                        "and await the client's calls."))
+        issues.append(
+            _issue(
+                fn.lineno,
+                "`rollout` must be async: write `async def rollout(model, scenario)` and await the client's calls.",
+            )
+        )
     if not _accepts(fn, 2):
         issues.append(_issue(fn.lineno, "`rollout` must take two arguments, (model, scenario)."))
     return issues
@@ -85,13 +95,19 @@ def validate_reward(source: str | bytes) -> tuple[str | None, list[dict]]:
         return None, issues
     found = {name: fn for name, fn in _top_level_functions(tree).items() if name in REWARD_ENTRY_POINTS}
     if not found:
-        return None, [_issue(None, "Define `def reward(trajectory, scenario) -> float` (one trajectory at a time) "
-                                   "or `def score_group(group, scenario) -> list[float]` (a whole group) at the "
-                                   "top level.")]
+        return None, [
+            _issue(
+                None,
+                "Define `def reward(trajectory, scenario) -> float` (one trajectory at a time) "
+                "or `def score_group(group, scenario) -> list[float]` (a whole group) at the "
+                "top level.",
+            )
+        ]
     if len(found) > 1:
         line = max(fn.lineno for fn in found.values())
-        return None, [_issue(line, "Define either `reward` or `score_group`, not both: artweb would not know "
-                                   "which one to call.")]
+        return None, [
+            _issue(line, "Define either `reward` or `score_group`, not both: artweb would not know which one to call.")
+        ]
     name, fn = next(iter(found.items()))
     if not _accepts(fn, 2):
         first = "trajectory" if name == "reward" else "group"
@@ -115,8 +131,11 @@ def script_sets_reward(source: str) -> bool:
     if tree is None:
         return True  # a script that does not parse fails on its own, with its own message
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else (
-            [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else ([node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        )
         if any(isinstance(t, ast.Attribute) and t.attr == "reward" for t in targets):
             return True
         if isinstance(node, ast.Call) and any(k.arg == "reward" for k in node.keywords):

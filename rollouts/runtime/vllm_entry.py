@@ -19,10 +19,14 @@ from pathlib import Path
 
 # Polled by VLLMServer.wait_healthy before it has anything to send; it reveals nothing but "up".
 OPEN_PATHS = frozenset({"/health"})
-UNAUTHORIZED_BODY = json.dumps({"error": {"message": "A valid API key is required.",
-                                          "type": "authentication_error", "code": "invalid_api_key"}}).encode()
-UNAUTHORIZED_HEADERS = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-                        (b"content-length", str(len(UNAUTHORIZED_BODY)).encode())]
+UNAUTHORIZED_BODY = json.dumps(
+    {"error": {"message": "A valid API key is required.", "type": "authentication_error", "code": "invalid_api_key"}}
+).encode()
+UNAUTHORIZED_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"www-authenticate", b"Bearer"),
+    (b"content-length", str(len(UNAUTHORIZED_BODY)).encode()),
+]
 
 
 class RequireApiKey:
@@ -57,7 +61,7 @@ def accept_aliases(path: str) -> None:
     try:
         from vllm.entrypoints.openai.models.serving import OpenAIModelRegistry
     except ImportError as exc:  # another vLLM layout: say which mode works instead
-        raise SystemExit(f"This vLLM version has no OpenAIModelRegistry ({exc}); use adapter_mode='lora'.")
+        raise SystemExit(f"This vLLM version has no OpenAIModelRegistry ({exc}); use adapter_mode='lora'.") from exc
 
     original = OpenAIModelRegistry.is_base_model
     cache = {"stamp": None, "names": frozenset()}

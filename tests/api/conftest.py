@@ -22,8 +22,9 @@ def api_settings(settings):
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "EXCEPTION_HANDLER": "artweb.api_errors.exception_handler"}
     # The personas' passwords are hashed on creation; the production hasher costs about a second each here.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                                   "LOCATION": "artweb-api-tests"}}
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "artweb-api-tests"}
+    }
     from django.core.cache import cache
 
     cache.clear()

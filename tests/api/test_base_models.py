@@ -25,15 +25,18 @@ def test_it_registers_a_model_idempotently(alice_api, alice):
     assert BaseModel.objects.get().owner == alice
 
 
-@pytest.mark.parametrize("payload, field", [
-    ({"name": "m", "source": "org/m", "max_length": 8}, "max_length"),
-    ({"name": "m", "source": "org/m", "max_length": "long"}, "max_length"),
-    ({"name": "", "source": "org/m"}, "name"),
-    ({"name": "m"}, "source"),
-    ({"name": "m", "source": "/etc"}, "source"),
-    ({"name": "m", "source": "~/models"}, "source"),
-    ({"name": "m", "source": "org/../../etc"}, "source"),
-])
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"name": "m", "source": "org/m", "max_length": 8}, "max_length"),
+        ({"name": "m", "source": "org/m", "max_length": "long"}, "max_length"),
+        ({"name": "", "source": "org/m"}, "name"),
+        ({"name": "m"}, "source"),
+        ({"name": "m", "source": "/etc"}, "source"),
+        ({"name": "m", "source": "~/models"}, "source"),
+        ({"name": "m", "source": "org/../../etc"}, "source"),
+    ],
+)
 def test_it_rejects_bad_registrations(alice_api, payload, field):
     assert_error(alice_api.post("/api/v1/base-models/register/", payload, format="json"), 400, field=field)
     assert not BaseModel.objects.exists()
@@ -41,14 +44,16 @@ def test_it_rejects_bad_registrations(alice_api, payload, field):
 
 def test_a_name_taken_by_bob_is_refused_without_showing_his_model(alice_api, bob):
     BaseModel.objects.create(name="mine", source="bob/secret-model", owner=bob)
-    response = alice_api.post("/api/v1/base-models/register/", {"name": "mine", "source": "bob/secret-model"},
-                              format="json")
+    response = alice_api.post(
+        "/api/v1/base-models/register/", {"name": "mine", "source": "bob/secret-model"}, format="json"
+    )
     assert_error(response, 400, field="name")
     assert "secret" not in response.content.decode()
 
 
 def test_staff_may_register_a_server_directory(staff_api, tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    response = staff_api.post("/api/v1/base-models/register/", {"name": "local", "source": str(tmp_path)},
-                              format="json")
+    response = staff_api.post(
+        "/api/v1/base-models/register/", {"name": "local", "source": str(tmp_path)}, format="json"
+    )
     assert response.status_code == 201, response.json()

@@ -62,7 +62,8 @@ def test_bob_cannot_touch_alices_checkpoints(bob_api, checkpoint):
 
 
 def test_first_downloads_at_once_each_get_a_whole_archive_and_it_goes_with_its_checkpoint(
-        checkpoint, django_capture_on_commit_callbacks):
+    checkpoint, django_capture_on_commit_callbacks
+):
     from concurrent.futures import ThreadPoolExecutor
 
     from training.services.checkpoints import checkpoint_archive, checkpoint_delete
@@ -88,8 +89,12 @@ def test_abandoned_attempt_directories_are_removed_and_committed_ones_kept(alice
     settings.DATA_DIR = tmp_path / "data"
     run = RunFactory(owner=alice, status=Run.Status.RUNNING, steps_done=1)
     root = tmp_path / "data" / "checkpoints" / f"run-{run.id}"
-    committed, abandoned, fresh, staging = (root / "step-000001-aaaaaaaa", root / "step-000002-bbbbbbbb",
-                                            root / "step-000002-cccccccc", root / ".step-000002-dddddddd.tmp-1")
+    committed, abandoned, fresh, staging = (
+        root / "step-000001-aaaaaaaa",
+        root / "step-000002-bbbbbbbb",
+        root / "step-000002-cccccccc",
+        root / ".step-000002-dddddddd.tmp-1",
+    )
     for path in (committed, abandoned, fresh, staging):
         path.mkdir(parents=True)
         (path / "adapter_model.safetensors").write_bytes(b"x")

@@ -27,8 +27,7 @@ def create(api, **payload):
 
 
 def test_it_creates_lists_shows_and_never_returns_the_key(alice_api, alice):
-    response = create(alice_api, kind="wandb", settings={"project": "my-agent", "trajectories_per_step": 4},
-                      secret=KEY)
+    response = create(alice_api, kind="wandb", settings={"project": "my-agent", "trajectories_per_step": 4}, secret=KEY)
     assert response.status_code == 201, response.json()
     body = response.json()
     assert body["kind"] == "wandb" and body["run"] is None and body["enabled"] is True
@@ -55,18 +54,28 @@ def test_it_creates_a_target_for_one_run_and_filters_by_run(alice_api, alice):
     assert len(alice_api.get("/api/v1/export-targets/").json()["results"]) == 2
 
 
-@pytest.mark.parametrize("payload, field, says", [
-    ({"kind": "wandb", "settings": {}}, "settings.project", "required"),
-    ({"kind": "wandb", "settings": {"project": "has spaces"}}, "settings.project", "use letters, digits"),
-    ({"kind": "weave", "settings": {"project": "no-entity"}}, "settings.project", "entity/project"),
-    ({"kind": "wandb", "settings": {"project": "p", "trajectories_per_step": 999}},
-     "settings.trajectories_per_step", "less than or equal to 256"),
-    ({"kind": "wandb", "settings": {"project": "p", "mode": "sometimes"}}, "settings.mode", "'online' or 'offline'"),
-    ({"kind": "langfuse", "settings": {"host": "ftp://x"}}, "settings.host", "http:// or https://"),
-    ({"kind": "langfuse", "settings": {"secret_key": "sk"}}, "settings.secret_key", "the settings are host"),
-    ({"kind": "datadog"}, "kind", None),
-    ({"kind": "wandb", "settings": {"project": "p"}, "run": 987654}, "run", "no run 987654 among yours"),
-])
+@pytest.mark.parametrize(
+    "payload, field, says",
+    [
+        ({"kind": "wandb", "settings": {}}, "settings.project", "required"),
+        ({"kind": "wandb", "settings": {"project": "has spaces"}}, "settings.project", "use letters, digits"),
+        ({"kind": "weave", "settings": {"project": "no-entity"}}, "settings.project", "entity/project"),
+        (
+            {"kind": "wandb", "settings": {"project": "p", "trajectories_per_step": 999}},
+            "settings.trajectories_per_step",
+            "less than or equal to 256",
+        ),
+        (
+            {"kind": "wandb", "settings": {"project": "p", "mode": "sometimes"}},
+            "settings.mode",
+            "'online' or 'offline'",
+        ),
+        ({"kind": "langfuse", "settings": {"host": "ftp://x"}}, "settings.host", "http:// or https://"),
+        ({"kind": "langfuse", "settings": {"secret_key": "sk"}}, "settings.secret_key", "the settings are host"),
+        ({"kind": "datadog"}, "kind", None),
+        ({"kind": "wandb", "settings": {"project": "p"}, "run": 987654}, "run", "no run 987654 among yours"),
+    ],
+)
 def test_it_says_which_field_is_wrong_and_what_to_enter(alice_api, payload, field, says):
     body = assert_error(create(alice_api, **payload), 400, field=field)
     if says:
@@ -76,8 +85,12 @@ def test_it_says_which_field_is_wrong_and_what_to_enter(alice_api, payload, fiel
 
 def test_it_refuses_a_second_target_of_a_kind_for_the_same_scope(alice_api):
     assert create(alice_api, kind="wandb", settings={"project": "a"}).status_code == 201
-    assert_error(create(alice_api, kind="wandb", settings={"project": "b"}), 400, field="kind",
-                 contains="already a Weights & Biases export for your runs")
+    assert_error(
+        create(alice_api, kind="wandb", settings={"project": "b"}),
+        400,
+        field="kind",
+        contains="already a Weights & Biases export for your runs",
+    )
 
 
 def test_editing_without_a_key_keeps_the_stored_one(alice_api, alice):
@@ -105,8 +118,9 @@ def test_another_user_gets_404_for_every_operation(alice, bob_api):
     for action, payload in (("update/", {"enabled": False}), ("test/", None), ("delete/", None)):
         assert_error(bob_api.post(base + action, payload, format="json"), 404)
     assert bob_api.get("/api/v1/export-targets/").json()["results"] == []
-    assert_error(create(bob_api, kind="wandb", settings={"project": "p"}, run=RunFactory(owner=alice).id), 400,
-                 field="run")
+    assert_error(
+        create(bob_api, kind="wandb", settings={"project": "p"}, run=RunFactory(owner=alice).id), 400, field="run"
+    )
     target.refresh_from_db()
     assert target.enabled and ExportTarget.objects.filter(id=target.id).exists()
 
@@ -123,8 +137,12 @@ def test_it_needs_a_token(anon_api):
 
 
 def test_the_test_action_answers_with_the_services_message(alice_api, recording_server):
-    target_id = create(alice_api, kind="langfuse", secret="sk-lf-secret-1234",
-                       settings={"host": recording_server.url, "public_key": "pk-lf"}).json()["id"]
+    target_id = create(
+        alice_api,
+        kind="langfuse",
+        secret="sk-lf-secret-1234",
+        settings={"host": recording_server.url, "public_key": "pk-lf"},
+    ).json()["id"]
     ok = alice_api.post(f"/api/v1/export-targets/{target_id}/test/")
     assert ok.status_code == 200
     assert ok.json()["ok"] is True and "accepted a test trace" in ok.json()["message"]
@@ -132,8 +150,11 @@ def test_the_test_action_answers_with_the_services_message(alice_api, recording_
     assert len(recording_server.requests) == 1
 
     dead = f"http://127.0.0.1:{free_port()}"
-    alice_api.post(f"/api/v1/export-targets/{target_id}/update/", {"settings": {"host": dead, "public_key": "pk-lf"}},
-                   format="json")
+    alice_api.post(
+        f"/api/v1/export-targets/{target_id}/update/",
+        {"settings": {"host": dead, "public_key": "pk-lf"}},
+        format="json",
+    )
     failed = alice_api.post(f"/api/v1/export-targets/{target_id}/test/").json()
     assert failed["ok"] is False and failed["message"].startswith(f"Langfuse at {dead} is unreachable")
     assert failed["target"]["last_error"] == f"Test event: {failed['message']}"

@@ -66,8 +66,9 @@ def test_runs(alice, flat):
 
 def test_scripts(alice, flat):
     def seed(n):
-        scripts = [RolloutScriptFactory(owner=alice, companion_reward=RewardFunctionFactory(owner=alice))
-                   for _ in range(n)]
+        scripts = [
+            RolloutScriptFactory(owner=alice, companion_reward=RewardFunctionFactory(owner=alice)) for _ in range(n)
+        ]
         for script in scripts:
             for number in (1, 2):
                 RolloutScriptVersionFactory(asset=script, number=number, content=f"# v{number}\n{SCRIPT}")
@@ -92,8 +93,10 @@ def test_script_versions(alice, flat):
     numbers = itertools.count(1)
 
     def seed(n):
-        return [RolloutScriptVersionFactory(asset=script, number=(k := next(numbers)), content=f"# v{k}\n{SCRIPT}").id
-                for _ in range(n)]
+        return [
+            RolloutScriptVersionFactory(asset=script, number=(k := next(numbers)), content=f"# v{k}\n{SCRIPT}").id
+            for _ in range(n)
+        ]
 
     flat(f"/api/v1/scripts/{script.id}/versions/", seed, budget=4)
 
@@ -114,18 +117,34 @@ def test_base_models(alice, flat):
 
 def test_judges(alice, flat):
     def seed(n):
-        return [JudgeEndpoint.objects.create(owner=alice, name=f"judge-{next(_numbers)}", model="m",
-                                             base_url="https://judge.example/v1", key_encrypted="x",
-                                             key_last4="wxyz").id for _ in range(n)]
+        return [
+            JudgeEndpoint.objects.create(
+                owner=alice,
+                name=f"judge-{next(_numbers)}",
+                model="m",
+                base_url="https://judge.example/v1",
+                key_encrypted="x",
+                key_last4="wxyz",
+            ).id
+            for _ in range(n)
+        ]
 
     flat("/api/v1/judges/", seed, budget=2)
 
 
 def test_export_targets(alice, flat):
     def seed(n):
-        return [ExportTarget.objects.create(owner=alice, run=RunFactory(owner=alice), kind="wandb",
-                                            settings={"project": "p"}, secret_encrypted="x", secret_last4="abcd").id
-                for _ in range(n)]
+        return [
+            ExportTarget.objects.create(
+                owner=alice,
+                run=RunFactory(owner=alice),
+                kind="wandb",
+                settings={"project": "p"},
+                secret_encrypted="x",
+                secret_last4="abcd",
+            ).id
+            for _ in range(n)
+        ]
 
     flat("/api/v1/export-targets/", seed, budget=2)
 
@@ -142,8 +161,10 @@ def test_groups(run, flat):
     scenarios = list(run.scenario_set.scenarios.all())
 
     def seed(n):
-        return [TrajectoryGroupFactory(run=run, step=1, scenario=scenarios[next(_numbers) % len(scenarios)]).id
-                for _ in range(n)]
+        return [
+            TrajectoryGroupFactory(run=run, step=1, scenario=scenarios[next(_numbers) % len(scenarios)]).id
+            for _ in range(n)
+        ]
 
     flat(f"/api/v1/runs/{run.id}/groups/", seed, budget=3)
 

@@ -12,9 +12,15 @@ pytestmark = pytest.mark.django_db
 
 
 def create_payload(assets, **overrides):
-    payload = {"name": "first", "base_model": assets["base_model"].name, "script": "alice-script",
-               "reward": "alice-reward", "scenario_set": "alice-scenarios", "config": {"num_steps": 5},
-               "tags": ["demo"]}
+    payload = {
+        "name": "first",
+        "base_model": assets["base_model"].name,
+        "script": "alice-script",
+        "reward": "alice-reward",
+        "scenario_set": "alice-scenarios",
+        "config": {"num_steps": 5},
+        "tags": ["demo"],
+    }
     payload.update(overrides)
     return payload
 
@@ -23,8 +29,10 @@ def create_payload(assets, **overrides):
 def enqueued():
     """run_create queues run_step_task after commit; no worker runs in these tests, so the queueing call
     itself is replaced and recorded (the test transaction never commits, so it would not fire anyway)."""
-    with mock.patch("artweb.dispatch.transaction.on_commit", side_effect=lambda send: send()), \
-            mock.patch("training.tasks.run_step_task.apply_async") as send:
+    with (
+        mock.patch("artweb.dispatch.transaction.on_commit", side_effect=lambda send: send()),
+        mock.patch("training.tasks.run_step_task.apply_async") as send,
+    ):
         yield send
 
 
@@ -64,8 +72,16 @@ def test_it_shows_a_run_with_its_config(alice_api, alice):
 
 def test_it_hides_other_users_runs(alice_api, bob):
     theirs = RunFactory(owner=bob, name="bobs-secret")
-    for path in ("", "metrics/", "events/", "logs/", "groups/", "trajectories/", "trajectories/export/",
-                 "checkpoints/"):
+    for path in (
+        "",
+        "metrics/",
+        "events/",
+        "logs/",
+        "groups/",
+        "trajectories/",
+        "trajectories/export/",
+        "checkpoints/",
+    ):
         response = alice_api.get(f"/api/v1/runs/{theirs.id}/{path}")
         body = assert_error(response, 404)
         assert "bobs-secret" not in response.content.decode()
@@ -100,67 +116,90 @@ def test_it_creates_and_queues_a_run_by_names(alice_api, alice_assets, enqueued)
 
 
 def test_it_creates_a_run_by_ids_and_version(alice_api, alice_assets, enqueued):
-    payload = create_payload(alice_assets, base_model=alice_assets["base_model"].id,
-                             script=alice_assets["script"].asset_id, script_version=1,
-                             reward=None, scenario_set=alice_assets["scenario_set"].id)
+    payload = create_payload(
+        alice_assets,
+        base_model=alice_assets["base_model"].id,
+        script=alice_assets["script"].asset_id,
+        script_version=1,
+        reward=None,
+        scenario_set=alice_assets["scenario_set"].id,
+    )
     response = alice_api.post("/api/v1/runs/create/", payload, format="json")
     assert response.status_code == 201, response.json()
     assert response.json()["reward"] is None
 
 
-@pytest.mark.parametrize("overrides, field", [
-    ({"config": {"num_steps": 0}}, "num_steps"),
-    ({"config": {"group_size": 1000}}, "group_size"),
-    ({"config": {"temperature": "hot"}}, "temperature"),
-    ({"config": {"warp_drive": True}}, "warp_drive"),
-    ({"config": {"train": {"learning_rate": -1}}}, "train"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"config": {"num_steps": 0}}, "num_steps"),
+        ({"config": {"group_size": 1000}}, "group_size"),
+        ({"config": {"temperature": "hot"}}, "temperature"),
+        ({"config": {"warp_drive": True}}, "warp_drive"),
+        ({"config": {"train": {"learning_rate": -1}}}, "train"),
+    ],
+)
 def test_it_rejects_an_out_of_range_config_and_writes_nothing(alice_api, alice_assets, enqueued, overrides, field):
-    body = assert_error(alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, **overrides),
-                                       format="json"), 400)
+    body = assert_error(
+        alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, **overrides), format="json"), 400
+    )
     assert any(k.startswith(field) for k in body["field_errors"]), body
     assert "config" in body["message"].lower()
     assert not Run.objects.exists() and not RunEvent.objects.exists()
     enqueued.assert_not_called()
 
 
-@pytest.mark.parametrize("overrides, field", [
-    ({"name": ""}, "name"),
-    ({"name": "x" * 201}, "name"),
-    ({"config": [1, 2]}, "config"),
-    ({"tags": "not-a-list"}, "tags"),
-    ({"script": ["a"]}, "script"),
-    ({"script": True}, "script"),
-    ({"script_version": "two"}, "script_version"),
-    ({"script_version": 99}, "script_version"),
-    ({"script": "no-such-script"}, "script"),
-    ({"base_model": 10**6}, "base_model"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"name": ""}, "name"),
+        ({"name": "x" * 201}, "name"),
+        ({"config": [1, 2]}, "config"),
+        ({"tags": "not-a-list"}, "tags"),
+        ({"script": ["a"]}, "script"),
+        ({"script": True}, "script"),
+        ({"script_version": "two"}, "script_version"),
+        ({"script_version": 99}, "script_version"),
+        ({"script": "no-such-script"}, "script"),
+        ({"base_model": 10**6}, "base_model"),
+    ],
+)
 def test_it_rejects_wrong_types_and_unknown_references(alice_api, alice_assets, enqueued, overrides, field):
-    assert_error(alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, **overrides), format="json"),
-                 400, field=field)
+    assert_error(
+        alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, **overrides), format="json"),
+        400,
+        field=field,
+    )
     assert not Run.objects.exists()
 
 
 def test_it_rejects_malformed_json(alice_api, alice_assets):
-    body = assert_error(alice_api.post("/api/v1/runs/create/", '{"name": "x", ', content_type="application/json"),
-                        400, contains="JSON")
+    body = assert_error(
+        alice_api.post("/api/v1/runs/create/", '{"name": "x", ', content_type="application/json"), 400, contains="JSON"
+    )
     assert body["field_errors"] == {}
     assert_error(alice_api.post("/api/v1/runs/create/", "[1, 2]", content_type="application/json"), 400)
     assert_error(alice_api.post("/api/v1/runs/create/", '{"name": NaN}', content_type="application/json"), 400)
-    assert_error(alice_api.post("/api/v1/runs/create/", b'{"name": "\xff"}', content_type="application/json"), 400,
-                 contains="UTF-8")
+    assert_error(
+        alice_api.post("/api/v1/runs/create/", b'{"name": "\xff"}', content_type="application/json"),
+        400,
+        contains="UTF-8",
+    )
     assert not Run.objects.exists()
 
 
 def test_it_rejects_nul_characters(alice_api, alice_assets):
-    assert_error(alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, name="a\x00b"), format="json"),
-                 400, field="name")
+    assert_error(
+        alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, name="a\x00b"), format="json"),
+        400,
+        field="name",
+    )
 
 
 def test_it_rejects_an_oversized_body(alice_api):
-    response = alice_api.post("/api/v1/runs/create/", '{"name": "' + "x" * (2 * 1024 * 1024) + '"}',
-                              content_type="application/json")
+    response = alice_api.post(
+        "/api/v1/runs/create/", '{"name": "' + "x" * (2 * 1024 * 1024) + '"}', content_type="application/json"
+    )
     assert_error(response, 413, contains="larger")
 
 
@@ -169,8 +208,11 @@ def test_alice_cannot_start_a_run_with_bobs_script(alice_api, alice_assets, bob,
 
     bobs = RolloutScriptVersionFactory(asset__owner=bob, asset__name="bob-script")
     for ref in ("bob-script", bobs.asset_id):
-        body = assert_error(alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, script=ref),
-                                           format="json"), 400, field="script")
+        body = assert_error(
+            alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, script=ref), format="json"),
+            400,
+            field="script",
+        )
         assert body["field_errors"]["script"] == ["not found"]
     assert not Run.objects.exists()
 
@@ -178,8 +220,12 @@ def test_alice_cannot_start_a_run_with_bobs_script(alice_api, alice_assets, bob,
 def test_it_throttles_run_creation(alice_api, alice_assets, enqueued, api_settings):
     api_settings.REST_FRAMEWORK = {**api_settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"runs": "2/min"}}
     for i in range(2):
-        assert alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, name=f"r{i}"),
-                              format="json").status_code == 201
+        assert (
+            alice_api.post(
+                "/api/v1/runs/create/", create_payload(alice_assets, name=f"r{i}"), format="json"
+            ).status_code
+            == 201
+        )
     response = alice_api.post("/api/v1/runs/create/", create_payload(alice_assets, name="r3"), format="json")
     assert_error(response, 429, contains="try again")
     assert response["Retry-After"]
@@ -227,8 +273,9 @@ def test_bob_cannot_act_on_alices_run(bob_api, alice):
 
 def test_it_serves_metrics_series_since_a_cursor(alice_api, alice):
     run = RunFactory(owner=alice, num_steps=10)
-    Step.objects.bulk_create([Step(run=run, step=i, reward_mean=i / 10, metrics={"loss": 1.0 / i})
-                              for i in range(1, 11)])
+    Step.objects.bulk_create(
+        [Step(run=run, step=i, reward_mean=i / 10, metrics={"loss": 1.0 / i}) for i in range(1, 11)]
+    )
     body = alice_api.get(f"/api/v1/runs/{run.id}/metrics/?series=reward_mean,loss").json()
     assert set(body["series"]) == {"reward_mean", "loss"}
     assert body["series"]["reward_mean"]["x"] == list(range(1, 11))
@@ -247,8 +294,15 @@ def test_it_downsamples_metrics_keeping_spikes(alice_api, alice):
     assert len(points["x"]) <= 100 and 1234 in points["x"] and 9.0 in points["y"]
 
 
-@pytest.mark.parametrize("query, field", [("series=reward%3Bdrop", "series"), ("since_step=-1", "since_step"),
-                                          ("max_points=abc", "max_points"), ("since_step=99999999999", "since_step")])
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ("series=reward%3Bdrop", "series"),
+        ("since_step=-1", "since_step"),
+        ("max_points=abc", "max_points"),
+        ("since_step=99999999999", "since_step"),
+    ],
+)
 def test_it_rejects_bad_metrics_queries(alice_api, alice, query, field):
     run = RunFactory(owner=alice)
     assert_error(alice_api.get(f"/api/v1/runs/{run.id}/metrics/?{query}"), 400, field=field)
@@ -277,13 +331,26 @@ def test_the_fast_metrics_selector_answers_like_run_metrics(alice):
     from training.selectors import run_metrics, run_metrics_series
 
     run = RunFactory(owner=alice)
-    Step.objects.bulk_create([
-        Step(run=run, step=1, reward_mean=0.1, metrics={"loss": 1.5, "flag": True, "note": "text"},
-             timings={"train": 2.0, "note": 3.0}),
-        Step(run=run, step=2, reward_mean=None, val_reward=0.7, metrics={"loss": None, "tokens": 12},
-             timings={"loss": 9.0}),
-        Step(run=run, step=3, reward_mean=0.3, metrics={}, timings={}),
-    ])
+    Step.objects.bulk_create(
+        [
+            Step(
+                run=run,
+                step=1,
+                reward_mean=0.1,
+                metrics={"loss": 1.5, "flag": True, "note": "text"},
+                timings={"train": 2.0, "note": 3.0},
+            ),
+            Step(
+                run=run,
+                step=2,
+                reward_mean=None,
+                val_reward=0.7,
+                metrics={"loss": None, "tokens": 12},
+                timings={"loss": 9.0},
+            ),
+            Step(run=run, step=3, reward_mean=0.3, metrics={}, timings={}),
+        ]
+    )
     names = ["reward_mean", "val_reward", "loss", "flag", "note", "train", "tokens", "absent", "loss"]
     for kwargs in ({}, {"since_step": 1}, {"max_points": 4}, {"since_step": 3}):
         assert run_metrics_series(run=run, series=names, **kwargs) == run_metrics(run=run, series=names, **kwargs)

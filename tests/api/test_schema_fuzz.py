@@ -45,17 +45,25 @@ OPERATIONS = sorted((result.ok() for result in _schema().get_all_operations()), 
 def fuzz(db, alice, api_settings):
     from rest_framework.authtoken.models import Token
 
-    api_settings.REST_FRAMEWORK = {**api_settings.REST_FRAMEWORK,
-                                   "DEFAULT_THROTTLE_RATES": {s: "100000/min" for s in
-                                                              ("writes", "uploads", "runs", "tokens")}}
+    api_settings.REST_FRAMEWORK = {
+        **api_settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": dict.fromkeys(("writes", "uploads", "runs", "tokens"), "100000/min"),
+    }
     run = RunFactory(owner=alice)
     StepFactory(run=run)
     trajectory = TrajectoryFactory(group__run=run)
     checkpoint = CheckpointFactory(run=run, path="/nonexistent/checkpoint")
     reward = RewardFunctionVersionFactory(asset__owner=alice)
-    ids = {"run_id": run.id, "trajectory_id": trajectory.id, "group_id": trajectory.group_id,
-           "checkpoint_id": checkpoint.id, "script_id": run.script_version.asset_id, "reward_id": reward.asset_id,
-           "scenario_set_id": run.scenario_set_id, "number": 1}
+    ids = {
+        "run_id": run.id,
+        "trajectory_id": trajectory.id,
+        "group_id": trajectory.group_id,
+        "checkpoint_id": checkpoint.id,
+        "script_id": run.script_version.asset_id,
+        "reward_id": reward.asset_id,
+        "scenario_set_id": run.scenario_set_id,
+        "number": 1,
+    }
     # Django closes "old" connections at the end of each request; in-process that would be the test's
     # own connection in the middle of its transaction.
     request_started.disconnect(close_old_connections)

@@ -18,17 +18,32 @@ def filled_run(alice):
     scenarios = list(run.scenario_set.scenarios.all())
     for step in (1, 2, 3):
         for g in range(2):
-            group = TrajectoryGroup.objects.create(run=run, step=step, scenario=scenarios[g],
-                                                   split="validation" if (step == 3 and g == 1) else "train",
-                                                   reward_mean=0.5)
-            Trajectory.objects.bulk_create([
-                Trajectory(group=group, run=run, step=step, index=i, reward=i / 3,
-                           messages=[{"role": "user", "content": f"q{step}"},
-                                     {"role": "assistant", "content": "needle" if (step, g, i) == (2, 0, 3) else "a"}],
-                           search_text="needle" if (step, g, i) == (2, 0, 3) else f"q{step} a",
-                           error="timeout" if (step, g, i) == (1, 1, 0) else "", logs=["log line"])
-                for i in range(4)
-            ])
+            group = TrajectoryGroup.objects.create(
+                run=run,
+                step=step,
+                scenario=scenarios[g],
+                split="validation" if (step == 3 and g == 1) else "train",
+                reward_mean=0.5,
+            )
+            Trajectory.objects.bulk_create(
+                [
+                    Trajectory(
+                        group=group,
+                        run=run,
+                        step=step,
+                        index=i,
+                        reward=i / 3,
+                        messages=[
+                            {"role": "user", "content": f"q{step}"},
+                            {"role": "assistant", "content": "needle" if (step, g, i) == (2, 0, 3) else "a"},
+                        ],
+                        search_text="needle" if (step, g, i) == (2, 0, 3) else f"q{step} a",
+                        error="timeout" if (step, g, i) == (1, 1, 0) else "",
+                        logs=["log line"],
+                    )
+                    for i in range(4)
+                ]
+            )
     return run
 
 
@@ -45,20 +60,39 @@ def test_it_pages_trajectories_in_order_with_a_cursor(alice_api, filled_run):
     assert "logs" not in page["results"][0]  # the list is light; the detail has everything
 
 
-@pytest.mark.parametrize("query, count", [
-    ("step=2", 8), ("min_reward=0.9", 6), ("max_reward=0.1", 6), ("min_reward=0.3&max_reward=0.4", 6),
-    ("q=NEEDLE", 1), ("has_error=true", 1), ("has_error=false", 23), ("split=validation", 4), ("step=9", 0),
-])
+@pytest.mark.parametrize(
+    "query, count",
+    [
+        ("step=2", 8),
+        ("min_reward=0.9", 6),
+        ("max_reward=0.1", 6),
+        ("min_reward=0.3&max_reward=0.4", 6),
+        ("q=NEEDLE", 1),
+        ("has_error=true", 1),
+        ("has_error=false", 23),
+        ("split=validation", 4),
+        ("step=9", 0),
+    ],
+)
 def test_it_filters_trajectories(alice_api, filled_run, query, count):
     page = alice_api.get(f"/api/v1/runs/{filled_run.id}/trajectories/?limit=200&{query}").json()
     assert len(page["results"]) == count, query
 
 
-@pytest.mark.parametrize("query, field", [
-    ("cursor=garbage", "cursor"), ("cursor=WzEsMl0", "cursor"), ("limit=0", "limit"), ("limit=1000", "limit"),
-    ("min_reward=nan", "min_reward"), ("min_reward=inf", "min_reward"), ("step=-3", "step"),
-    ("has_error=maybe", "has_error"), ("split=test", "split"),
-])
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ("cursor=garbage", "cursor"),
+        ("cursor=WzEsMl0", "cursor"),
+        ("limit=0", "limit"),
+        ("limit=1000", "limit"),
+        ("min_reward=nan", "min_reward"),
+        ("min_reward=inf", "min_reward"),
+        ("step=-3", "step"),
+        ("has_error=maybe", "has_error"),
+        ("split=test", "split"),
+    ],
+)
 def test_it_rejects_bad_trajectory_queries(alice_api, filled_run, query, field):
     assert_error(alice_api.get(f"/api/v1/runs/{filled_run.id}/trajectories/?{query}"), 400, field=field)
 

@@ -9,8 +9,18 @@ import pytest
 from artweb.launcher import BASE_DIR
 
 # Variables that settings read; a subprocess starts without them unless a test sets them.
-SETTINGS_VARS = ("DEBUG", "SECRET_KEY", "DATABASE_URL", "REDIS_URL", "ARTWEB_DATA_DIR", "ALLOWED_HOSTS",
-                 "CSRF_TRUSTED_ORIGINS", "CELERY_BROKER_URL", "SECURE_SSL_REDIRECT", "ARTWEB_TEST_DB_NAME")
+SETTINGS_VARS = (
+    "DEBUG",
+    "SECRET_KEY",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "ARTWEB_DATA_DIR",
+    "ALLOWED_HOSTS",
+    "CSRF_TRUSTED_ORIGINS",
+    "CELERY_BROKER_URL",
+    "SECURE_SSL_REDIRECT",
+    "ARTWEB_TEST_DB_NAME",
+)
 
 
 @pytest.fixture
@@ -22,7 +32,14 @@ def run_python():
         base.pop("DJANGO_SETTINGS_MODULE", None)
         base.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # a test harness setting, never part of a deployment
         args = ["-c", code_or_args] if isinstance(code_or_args, str) else list(code_or_args)
-        return subprocess.run([sys.executable, *args], check=False, cwd=BASE_DIR, env={**base, **env},
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, *args],
+            check=False,
+            cwd=BASE_DIR,
+            env={**base, **env},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     return run

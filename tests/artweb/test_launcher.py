@@ -176,16 +176,25 @@ def test_it_uses_configured_services_instead(services_dir):
 
 
 def test_it_allows_one_launcher_per_data_dir(tmp_path):
-    with single_launcher(tmp_path), pytest.raises(LaunchError, match="Another artweb launcher"), \
-            single_launcher(tmp_path):
+    with (
+        single_launcher(tmp_path),
+        pytest.raises(LaunchError, match="Another artweb launcher"),
+        single_launcher(tmp_path),
+    ):
         pass
 
 
 def test_services_mode_stops_everything_on_ctrl_c(services_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env["ARTWEB_DATA_DIR"] = str(services_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "artweb.launcher", "services"], cwd=BASE_DIR, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "artweb.launcher", "services"],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         output = []
         for line in proc.stdout:
@@ -196,8 +205,9 @@ def test_services_mode_stops_everything_on_ctrl_c(services_dir):
         # The launcher's umask: what it and the servers create is private.
         assert services_dir.stat().st_mode & 0o777 in (0o700, 0o711)  # 0711 as root: see tighten_data_dir
         assert (services_dir / "services" / "redis" / "redis.log").stat().st_mode & 0o077 == 0
-        states = [ServiceState.read(cls(services_dir / "services").state_file)
-                  for cls in (EmbeddedPostgres, EmbeddedRedis)]
+        states = [
+            ServiceState.read(cls(services_dir / "services").state_file) for cls in (EmbeddedPostgres, EmbeddedRedis)
+        ]
         assert all(s and pid_alive(s.pid) for s in states)
 
         proc.send_signal(signal.SIGINT)
@@ -212,8 +222,11 @@ def test_it_makes_an_existing_data_dir_private_without_walking_the_big_trees(tmp
     data = tmp_path / "data"
     for path in (data / "uploads", data / "models" / "m", data / "services" / "redis"):
         path.mkdir(parents=True, mode=0o755)
-    for path in (data / "uploads" / "s.jsonl", data / "models" / "m" / "weights.bin",
-                 data / "services" / "redis" / "dump.rdb"):
+    for path in (
+        data / "uploads" / "s.jsonl",
+        data / "models" / "m" / "weights.bin",
+        data / "services" / "redis" / "dump.rdb",
+    ):
         path.write_text("x")
         path.chmod(0o644)
     data.chmod(0o755)

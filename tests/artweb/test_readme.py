@@ -92,18 +92,10 @@ def _string_constants(tree: ast.Module) -> dict[str, list[str]]:
     variable names a read may be written with instead of a literal."""
     out = {}
     for node in tree.body:
-        if not (
-            isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-        ):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             continue
         value = node.value
-        items = (
-            value.values
-            if isinstance(value, ast.Dict)
-            else value.elts
-            if isinstance(value, ast.Tuple)
-            else [value]
-        )
+        items = value.values if isinstance(value, ast.Dict) else value.elts if isinstance(value, ast.Tuple) else [value]
         if items and all(isinstance(i, ast.Constant) and isinstance(i.value, str) for i in items):
             out[node.targets[0].id] = [i.value for i in items]
     return out
@@ -123,9 +115,7 @@ def _loop_constants(tree: ast.Module) -> dict[str, list[str]]:
     return out
 
 
-def python_env_reads(
-    source: str, *, environ_params: tuple[str, ...] = ()
-) -> tuple[dict[str, list[int]], list[int]]:
+def python_env_reads(source: str, *, environ_params: tuple[str, ...] = ()) -> tuple[dict[str, list[int]], list[int]]:
     """({variable: [line, ...]}, [lines of reads whose variable cannot be told]) for one module.
 
     environ_params: parameter names that hold a copy of the process environment in this module.
@@ -137,9 +127,7 @@ def python_env_reads(
         if isinstance(node, ast.Assign):
             targets = {t.id for t in node.targets if isinstance(t, ast.Name)}
             if any(_is_os_environ(n) for n in ast.walk(node.value)):
-                environs |= (
-                    targets  # env = os.environ / dict(os.environ) / {**os.environ, ...} / ... if ... else {}
-                )
+                environs |= targets  # env = os.environ / dict(os.environ) / {**os.environ, ...} / ... if ... else {}
             if (
                 isinstance(node.value, ast.Call)
                 and isinstance(node.value.func, ast.Attribute)
@@ -157,9 +145,7 @@ def python_env_reads(
         if isinstance(node, ast.Call):
             f = node.func
             environ_method = (
-                isinstance(f, ast.Attribute)
-                and f.attr in ("get", "setdefault", "pop")
-                and is_environ(f.value)
+                isinstance(f, ast.Attribute) and f.attr in ("get", "setdefault", "pop") and is_environ(f.value)
             )
             getenv = (
                 isinstance(f, ast.Attribute)
@@ -269,9 +255,7 @@ def _route(text: str) -> str:
 
 def documented_routes(section: str) -> set[str]:
     return {
-        _route(route)
-        for cell in table_first_cells(readme_section(section))
-        for route in re.findall(r"`([^`]+)`", cell)
+        _route(route) for cell in table_first_cells(readme_section(section)) for route in re.findall(r"`([^`]+)`", cell)
     }
 
 
@@ -344,10 +328,7 @@ os.environ.get(make_name())
 def test_it_finds_what_shell_docker_and_make_files_read():
     script = 'ARG BASE\nFROM ${BASE}\nexport MINE=1\necho "$MINE ${PORT:-8000} $HOME" "$@"\n'
     assert shell_env_reads(script) == {"PORT", "HOME"}
-    makefile = (
-        "VENV := .venv\nSTEPS ?= 10\nURL ?= $(or $(DATABASE_URL),x)\n"
-        "run:\n\t$(VENV)/bin/x $(STEPS) $$SHELLVAR\n"
-    )
+    makefile = "VENV := .venv\nSTEPS ?= 10\nURL ?= $(or $(DATABASE_URL),x)\nrun:\n\t$(VENV)/bin/x $(STEPS) $$SHELLVAR\n"
     assert makefile_env_reads(makefile) == {"STEPS", "URL", "DATABASE_URL"}
 
 
@@ -393,9 +374,7 @@ def test_it_documents_every_api_route_and_no_other():
     routes = {_route(r.removeprefix("api/v1/")) for r, _ in url_routes() if r.startswith("api/v1/")}
     documented = {r.removeprefix("api/v1/") for r in documented_routes("REST API")}
 
-    assert not routes - documented, (
-        f"API routes missing from README.md's REST API table: {sorted(routes - documented)}"
-    )
+    assert not routes - documented, f"API routes missing from README.md's REST API table: {sorted(routes - documented)}"
     assert not documented - routes, (
         f"README.md's REST API table names routes that do not exist: {sorted(documented - routes)}"
     )
@@ -403,9 +382,7 @@ def test_it_documents_every_api_route_and_no_other():
 
 def test_it_documents_every_page_and_no_other():
     pages = {
-        _route(r) or "/"
-        for r, name in url_routes()
-        if not r.startswith(("api/", "admin/")) and name not in NOT_PAGES
+        _route(r) or "/" for r, name in url_routes() if not r.startswith(("api/", "admin/")) and name not in NOT_PAGES
     }
     documented = {r or "/" for r in documented_routes("Pages")}
 
@@ -413,9 +390,7 @@ def test_it_documents_every_page_and_no_other():
     assert not documented - pages, (
         f"README.md's Pages table names pages that do not exist: {sorted(documented - pages)}"
     )
-    assert {name for _, name in url_routes()} >= set(NOT_PAGES), (
-        "NOT_PAGES names a route that no longer exists"
-    )
+    assert {name for _, name in url_routes()} >= set(NOT_PAGES), "NOT_PAGES names a route that no longer exists"
 
 
 def test_it_documents_the_probes():

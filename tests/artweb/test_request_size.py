@@ -44,22 +44,35 @@ def jsonl_of(size: int) -> bytes:
 async def test_it_refuses_a_declared_length_over_the_limit_before_any_view(one_mib_limit):
     # No credentials: had the request reached Django, the answer would be 401.
     async with http_client() as client:
-        response = await client.post(UPLOAD, files={"file": ("big.jsonl", jsonl_of(2 * MIB))},
-                                     data={"name": "big"})
+        response = await client.post(UPLOAD, files={"file": ("big.jsonl", jsonl_of(2 * MIB))}, data={"name": "big"})
     assert response.status_code == 413
     assert response.json() == {
         "message": "The request body is larger than 1 MiB, the limit set by ARTWEB_MAX_REQUEST_MB. Send less, "
-                   "or ask the operator to raise the limit.",
-        "field_errors": {}}
+        "or ask the operator to raise the limit.",
+        "field_errors": {},
+    }
     assert not await ScenarioSet.objects.aexists()
 
 
 async def test_it_stops_reading_a_streamed_body_at_the_limit(one_mib_limit):
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": UPLOAD, "raw_path": UPLOAD.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
-                         (b"transfer-encoding", b"chunked")],
-             "client": ("127.0.0.1", 5000), "server": ("localhost", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": UPLOAD,
+        "raw_path": UPLOAD.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"localhost"),
+            (b"content-type", b"application/json"),
+            (b"transfer-encoding", b"chunked"),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("localhost", 80),
+    }
     app = ApplicationCommunicator(application, scope)
     chunk = b"x" * (MIB // 2)
     for _ in range(3):  # 1.5 MiB so far, and more announced
@@ -74,9 +87,12 @@ async def test_it_stops_reading_a_streamed_body_at_the_limit(one_mib_limit):
 async def test_uploads_under_the_limit_still_work(one_mib_limit, alice):
     token = await sync_to_async(Token.objects.create)(user=alice)
     async with http_client() as client:
-        response = await client.post(UPLOAD, files={"file": ("small.jsonl", jsonl_of(MIB // 2))},
-                                     data={"name": "small", "validation_fraction": "0"},
-                                     headers={"Authorization": f"Token {token.key}"})
+        response = await client.post(
+            UPLOAD,
+            files={"file": ("small.jsonl", jsonl_of(MIB // 2))},
+            data={"name": "small", "validation_fraction": "0"},
+            headers={"Authorization": f"Token {token.key}"},
+        )
     assert response.status_code == 201, response.text
     assert await ScenarioSet.objects.filter(name="small", owner=alice).aexists()
 

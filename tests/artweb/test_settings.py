@@ -31,8 +31,7 @@ def settings_from(run_python):
 
 
 def production_env(**extra):
-    return {"DEBUG": "false", "SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": "artweb.example.com",
-            **extra}
+    return {"DEBUG": "false", "SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": "artweb.example.com", **extra}
 
 
 def test_it_reads_database_and_redis_urls(settings_from):
@@ -51,8 +50,12 @@ def test_it_defaults_to_local_services_in_development(settings_from):
 
 
 def test_it_reads_the_data_dir_hosts_and_test_database(settings_from, tmp_path):
-    s = settings_from(ARTWEB_DATA_DIR=str(tmp_path), ALLOWED_HOSTS="a.example,b.example",
-                      ARTWEB_TEST_DB_NAME="test_other", CELERY_BROKER_URL="redis://broker:6379/5")
+    s = settings_from(
+        ARTWEB_DATA_DIR=str(tmp_path),
+        ALLOWED_HOSTS="a.example,b.example",
+        ARTWEB_TEST_DB_NAME="test_other",
+        CELERY_BROKER_URL="redis://broker:6379/5",
+    )
     assert s["data_dir"] == str(tmp_path.resolve())
     assert s["media"] == str(tmp_path.resolve() / "uploads")
     assert s["hosts"] == ["a.example", "b.example"]

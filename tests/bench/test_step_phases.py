@@ -10,8 +10,12 @@ from tests.factories import RunFactory, StepFactory
 def test_it_prints_each_step_and_the_median_of_each_phase(alice, capsys):
     run = RunFactory(owner=alice)
     for step, (rollouts, train) in enumerate([(4.0, 10.0), (2.0, 12.0), (3.0, 11.0)], start=1):
-        StepFactory(run=run, step=step, reward_mean=0.1 * step,
-                    timings={"rollouts": rollouts, "train": train, "step": rollouts + train + 1.0})
+        StepFactory(
+            run=run,
+            step=step,
+            reward_mean=0.1 * step,
+            timings={"rollouts": rollouts, "train": train, "step": rollouts + train + 1.0},
+        )
     assert step_phases.main([str(run.id)]) == 0
     out = capsys.readouterr().out
     assert "   2        0.200" in out and "15.0" in out  # step 2: reward, step seconds

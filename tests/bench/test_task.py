@@ -26,8 +26,10 @@ def test_the_prompt_and_reward_are_the_shipped_ones():
     scenarios = load_scenarios()
     assert len(scenarios["train"]) == 48 and sum(len(v) for k, v in scenarios.items() if k != "train") == 12
     ocean = next(s for s in scenarios["train"] if s["word"] == "blue")
-    assert messages_for(ocean) == [{"role": "system", "content": system_prompt()},
-                                   {"role": "user", "content": ocean["prompt"]}]
+    assert messages_for(ocean) == [
+        {"role": "system", "content": system_prompt()},
+        {"role": "user", "content": ocean["prompt"]},
+    ]
     assert "single sentence" in system_prompt()
     score = load_reward()
     assert score(ocean, "The blue sea is calm.") == 1.0

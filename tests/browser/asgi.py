@@ -8,7 +8,9 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
 from artweb import asgi
 
-application = asgi.ProtocolTypeRouter({
-    "http": ASGIStaticFilesHandler(asgi.django_asgi_app),
-    "websocket": asgi.application.application_mapping["websocket"],
-})
+application = asgi.ProtocolTypeRouter(
+    {
+        "http": ASGIStaticFilesHandler(asgi.django_asgi_app),
+        "websocket": asgi.application.application_mapping["websocket"],
+    }
+)

@@ -37,9 +37,12 @@ def asgi_server(django_db_setup, channel_prefix):
     ARTIFACTS.mkdir(exist_ok=True)
     from django.db import connection
 
-    server = AsgiServer(database_url=database_url(connection.settings_dict), channel_prefix=channel_prefix,
-                        broker_url=os.environ.get("ARTWEB_TEST_IDLE_BROKER", "redis://127.0.0.1:6379/15"),
-                        log_path=ARTIFACTS / "asgi-server.log").start()
+    server = AsgiServer(
+        database_url=database_url(connection.settings_dict),
+        channel_prefix=channel_prefix,
+        broker_url=os.environ.get("ARTWEB_TEST_IDLE_BROKER", "redis://127.0.0.1:6379/15"),
+        log_path=ARTIFACTS / "asgi-server.log",
+    ).start()
     yield server
     server.stop()  # before the test database is dropped: the server holds connections to it
 

@@ -17,8 +17,16 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("ARTWEB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def free_port() -> int:
@@ -46,12 +54,27 @@ class AsgiServer:
         self.log = None
 
     def start(self, timeout: float = 60.0) -> AsgiServer:
-        self.log = open(self.log_path, "wb") if self.log_path else None  # noqa: SIM115 - open while it runs
+        self.log = open(self.log_path, "wb") if self.log_path else None
         log = self.log or subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.browser.asgi:application", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning", "--ws", "websockets"],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "tests.browser.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--ws",
+                "websockets",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

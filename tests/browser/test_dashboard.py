@@ -29,12 +29,16 @@ from training.services.broadcast import run_broadcast
 
 pytestmark = pytest.mark.timeout(120)
 
-needs_validation = pytest.mark.skipif(importlib.util.find_spec("rollouts.runtime.validation") is None,
-                                      reason="rollouts.runtime.validation is not in this checkout yet")
+needs_validation = pytest.mark.skipif(
+    importlib.util.find_spec("rollouts.runtime.validation") is None,
+    reason="rollouts.runtime.validation is not in this checkout yet",
+)
 
 BROKEN_SCRIPT = "import art\n\n\nasync def rollout(model, scenario)\n    return None\n"
-SCENARIOS = "\n".join(json.dumps({"prompt": f"Say w{i}", "answer": f"w{i}", **({"split": "validation"} if i < 2 else {})})
-                      for i in range(8))
+SCENARIOS = "\n".join(
+    json.dumps({"prompt": f"Say w{i}", "answer": f"w{i}", **({"split": "validation"} if i < 2 else {})})
+    for i in range(8)
+)
 
 
 def as_worker(fn, *args, **kwargs):
@@ -57,16 +61,34 @@ def commit_step(run: Run, step: int, reward: float) -> None:
 
 
 def _commit_step(run: Run, step: int, reward: float) -> None:
-    metrics = {"reward_mean": reward, "reward_std": 0.1, "loss": 0.5 / step, "kl": 0.001 * step, "grad_norm": 1.0,
-               "completion_tokens_mean": 40.0, "tokens_per_second": 900.0}
+    metrics = {
+        "reward_mean": reward,
+        "reward_std": 0.1,
+        "loss": 0.5 / step,
+        "kl": 0.001 * step,
+        "grad_norm": 1.0,
+        "completion_tokens_mean": 40.0,
+        "tokens_per_second": 900.0,
+    }
     timings = {"step": 2.0}
     with transaction.atomic():
         Run.objects.filter(id=run.id).update(steps_done=step, latest_reward=reward)
-        Step.objects.create(run=run, step=step, reward_mean=reward, reward_std=0.1, metrics=metrics, timings=timings,
-                            duration_s=2.0)
-        run_broadcast(run.id, {"type": "step", "run": run.id, "step": step,
-                               "metrics": {**metrics, "duration_s": timings["step"]}, "timings": timings,
-                               "steps_done": step, "num_steps": run.num_steps}, to_list=True)
+        Step.objects.create(
+            run=run, step=step, reward_mean=reward, reward_std=0.1, metrics=metrics, timings=timings, duration_s=2.0
+        )
+        run_broadcast(
+            run.id,
+            {
+                "type": "step",
+                "run": run.id,
+                "step": step,
+                "metrics": {**metrics, "duration_s": timings["step"]},
+                "timings": timings,
+                "steps_done": step,
+                "num_steps": run.num_steps,
+            },
+            to_list=True,
+        )
 
 
 def points(page, chart: str, trace: int = 0) -> int:
@@ -135,9 +157,15 @@ def test_it_draws_live_points_over_the_websocket(signed_in, user):
     page = signed_in
     run = RunFactory(owner=user, name="live-run", num_steps=40, status="running", steps_done=5)
     for i in range(1, 6):
-        StepFactory(run=run, step=i, reward_mean=0.1 * i, reward_std=0.05,
-                    metrics={"loss": 1.0 / i, "kl": 0.01 * i, "grad_norm": 1.0, "tokens_per_second": 800.0},
-                    timings={"step": 2.0}, duration_s=2.0)
+        StepFactory(
+            run=run,
+            step=i,
+            reward_mean=0.1 * i,
+            reward_std=0.05,
+            metrics={"loss": 1.0 / i, "kl": 0.01 * i, "grad_norm": 1.0, "tokens_per_second": 800.0},
+            timings={"step": 2.0},
+            duration_s=2.0,
+        )
 
     page.goto(f"/runs/{run.id}/")
     page.wait_for_function("window.__artwebLive && window.__artwebLive.state === 'open'")
@@ -184,16 +212,32 @@ def test_it_opens_a_trajectory_in_the_inspector(signed_in, user):
         for g in range(3):
             group = TrajectoryGroupFactory(run=run, step=step, reward_mean=0.5, reward_std=0.5)
             for i in range(4):
-                TrajectoryFactory(group=group, index=i, reward=float(i % 2), advantage=(1.0 if i % 2 else -1.0),
-                                  completion_tokens=12, messages=[
-                                      {"role": "system", "content": "Answer with one word."},
-                                      {"role": "user", "content": f"Say the word w{g}"},
-                                      {"role": "assistant", "content": None, "token_ids": [5, 6],
-                                       "tool_calls": [{"id": "c1", "type": "function", "function": {
-                                           "name": "dictionary", "arguments": json.dumps({"word": f"w{g}"})}}]},
-                                      {"role": "tool", "tool_call_id": "c1", "content": "a word"},
-                                      {"role": "assistant", "content": f"w{g} (step {step}, #{i})", "token_ids": [7]},
-                                  ], search_text=f"w{g} step {step} #{i}")
+                TrajectoryFactory(
+                    group=group,
+                    index=i,
+                    reward=float(i % 2),
+                    advantage=(1.0 if i % 2 else -1.0),
+                    completion_tokens=12,
+                    messages=[
+                        {"role": "system", "content": "Answer with one word."},
+                        {"role": "user", "content": f"Say the word w{g}"},
+                        {
+                            "role": "assistant",
+                            "content": None,
+                            "token_ids": [5, 6],
+                            "tool_calls": [
+                                {
+                                    "id": "c1",
+                                    "type": "function",
+                                    "function": {"name": "dictionary", "arguments": json.dumps({"word": f"w{g}"})},
+                                }
+                            ],
+                        },
+                        {"role": "tool", "tool_call_id": "c1", "content": "a word"},
+                        {"role": "assistant", "content": f"w{g} (step {step}, #{i})", "token_ids": [7]},
+                    ],
+                    search_text=f"w{g} step {step} #{i}",
+                )
 
     page.goto(f"/runs/{run.id}/trajectories/")
     assert page.locator(".group").count() == 3
@@ -218,8 +262,14 @@ def test_it_opens_a_trajectory_in_the_inspector(signed_in, user):
 def test_it_compares_two_runs(signed_in, user):
     page = signed_in
     a = RunFactory(owner=user, name="lr-small", config={"group_size": 6, "train": {"learning_rate": 1e-6}})
-    b = RunFactory(owner=user, name="lr-big", config={"group_size": 6, "train": {"learning_rate": 1e-5}},
-                   script_version=a.script_version, reward_version=a.reward_version, scenario_set=a.scenario_set)
+    b = RunFactory(
+        owner=user,
+        name="lr-big",
+        config={"group_size": 6, "train": {"learning_rate": 1e-5}},
+        script_version=a.script_version,
+        reward_version=a.reward_version,
+        scenario_set=a.scenario_set,
+    )
     for run, slope in ((a, 0.01), (b, 0.03)):
         for i in range(1, 21):
             StepFactory(run=run, step=i, reward_mean=slope * i, metrics={"loss": 1.0 / i, "kl": 0.0, "grad_norm": 1.0})
@@ -239,13 +289,21 @@ def test_it_compares_two_runs(signed_in, user):
 
 def test_a_failed_steps_rollouts_are_shown_with_their_errors_in_the_inspector(signed_in, user):
     page = signed_in
-    run = RunFactory(owner=user, name="failed-step", num_steps=3, steps_done=1, status=Run.Status.FAILED,
-                     error="StepFailed: 2 of 2 rollouts failed")
-    group = TrajectoryGroupFactory(run=run, step=2, reward_mean=None, reward_std=None, error_count=2,
-                                   failed_attempt=True)
+    run = RunFactory(
+        owner=user,
+        name="failed-step",
+        num_steps=3,
+        steps_done=1,
+        status=Run.Status.FAILED,
+        error="StepFailed: 2 of 2 rollouts failed",
+    )
+    group = TrajectoryGroupFactory(
+        run=run, step=2, reward_mean=None, reward_std=None, error_count=2, failed_attempt=True
+    )
     for i in range(2):
-        TrajectoryFactory(group=group, index=i, reward=None, error=f"RuntimeError: rollout {i} broke",
-                          logs=[f"rollout {i} starting"])
+        TrajectoryFactory(
+            group=group, index=i, reward=None, error=f"RuntimeError: rollout {i} broke", logs=[f"rollout {i} starting"]
+        )
     page.goto(f"/runs/{run.id}/trajectories/?step=2")
     head = page.inner_text(".group")
     assert "failed attempt" in head and "2 errors" in head

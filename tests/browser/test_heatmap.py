@@ -21,19 +21,33 @@ pytestmark = pytest.mark.timeout(120)
 
 # Train rewards, {step: {scenario index: reward}}: scenario 0 learns, 1 regresses (1.0 then 0.0),
 # 2 is solved at step 3, 3 never is; step 2 has no group of scenario 2 (an empty cell).
-REWARDS = {1: {0: 0.0, 1: 1.0, 2: 0.0, 3: 0.0}, 2: {0: 0.5, 1: 1.0, 3: 0.25},
-           3: {0: 1.0, 1: 0.5, 2: 1.0, 3: 0.0}, 4: {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.25}}
+REWARDS = {
+    1: {0: 0.0, 1: 1.0, 2: 0.0, 3: 0.0},
+    2: {0: 0.5, 1: 1.0, 3: 0.25},
+    3: {0: 1.0, 1: 0.5, 2: 1.0, 3: 0.0},
+    4: {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.25},
+}
 
 
 def _group(run, step, index, reward, split="train"):
     scenario = Scenario.objects.get(scenario_set=run.scenario_set, index=index)
     group = TrajectoryGroup.objects.create(run=run, step=step, split=split, scenario=scenario, reward_mean=reward)
-    rows = Trajectory.objects.bulk_create([
-        Trajectory(group=group, run=run, step=step, index=i, reward=reward,
-                   messages=[{"role": "user", "content": scenario.data["prompt"]},
-                             {"role": "assistant", "content": f"answer {i}"}])
-        for i in range(2)
-    ])
+    rows = Trajectory.objects.bulk_create(
+        [
+            Trajectory(
+                group=group,
+                run=run,
+                step=step,
+                index=i,
+                reward=reward,
+                messages=[
+                    {"role": "user", "content": scenario.data["prompt"]},
+                    {"role": "assistant", "content": f"answer {i}"},
+                ],
+            )
+            for i in range(2)
+        ]
+    )
     return group, rows
 
 
@@ -49,7 +63,8 @@ def score_group(run, step, index, reward):
 def seeded(user):
     scenario_set = ScenarioSetFactory(owner=user, train_count=4, validation_count=2)
     Scenario.objects.filter(scenario_set=scenario_set, index=2).update(
-        data={"prompt": "<img src=x onerror=alert(1)> Spell 'two'", "answer": "two"})
+        data={"prompt": "<img src=x onerror=alert(1)> Spell 'two'", "answer": "two"}
+    )
     run = RunFactory(owner=user, scenario_set=scenario_set, name="heat", status="running", num_steps=10)
     for step, rewards in REWARDS.items():
         for index, reward in rewards.items():
@@ -78,8 +93,10 @@ def hover(page, scenario, step):
     """Move the mouse over a cell and wait until the page says which cell it is over."""
     x, y = cell_center(page, scenario, step)
     page.mouse.move(x, y)
-    page.wait_for_function(f"document.getElementById('heatmap-hover').dataset.scenario === '{scenario}' && "
-                           f"document.getElementById('heatmap-hover').dataset.step === '{step}'")
+    page.wait_for_function(
+        f"document.getElementById('heatmap-hover').dataset.scenario === '{scenario}' && "
+        f"document.getElementById('heatmap-hover').dataset.step === '{step}'"
+    )
     return x, y
 
 
@@ -179,8 +196,9 @@ def test_a_long_run_is_binned_and_a_click_zooms_to_single_steps(signed_in, user)
     page = signed_in
     run = RunFactory(owner=user, name="long", num_steps=900)
     scenario = run.scenario_set.scenarios.get(index=0)
-    TrajectoryGroup.objects.bulk_create([TrajectoryGroup(run=run, step=s, scenario=scenario, reward_mean=s / 900)
-                                         for s in range(1, 901)])
+    TrajectoryGroup.objects.bulk_create(
+        [TrajectoryGroup(run=run, step=s, scenario=scenario, reward_mean=s / 900) for s in range(1, 901)]
+    )
     open_heatmap(page, run)
     assert "binned" in page.inner_text("#heatmap-summary")
     assert page.evaluate("document.getElementById('heatmap').data[0].x.length") == 400
@@ -192,8 +210,9 @@ def test_a_long_run_is_binned_and_a_click_zooms_to_single_steps(signed_in, user)
     page.wait_for_url(re.compile(r"from=\d+&to=\d+|to=\d+&from=\d+|from=\d+.*to=\d+"))
     page.wait_for_function("window.__artwebHeatmap && window.__artwebHeatmap.drawnAt !== null")
     assert "binned" not in page.inner_text("#heatmap-summary")
-    first, last = page.evaluate("[document.getElementById('heatmap').data[0].x[0], "
-                                "document.getElementById('heatmap').data[0].x.at(-1)]")
+    first, last = page.evaluate(
+        "[document.getElementById('heatmap').data[0].x[0], document.getElementById('heatmap').data[0].x.at(-1)]"
+    )
     assert first <= 450 <= last and last - first == 399
     assert_no_console_errors(page)
 

@@ -26,8 +26,11 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _traj(answer: str, reward: float) -> dict:
-    return {"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": answer}],
-            "reward": reward, "completion_tokens": 3}
+    return {
+        "messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": answer}],
+        "reward": reward,
+        "completion_tokens": 3,
+    }
 
 
 def test_it_shows_each_scored_group_while_the_step_trains(signed_in, user):
@@ -39,9 +42,10 @@ def test_it_shows_each_scored_group_while_the_step_trains(signed_in, user):
     assert page.inner_text("#groups-live") == "No groups scored yet."
 
     scenarios = list(run.scenario_set.scenarios.filter(split="train").order_by("index")[:2])
-    results = [SimpleNamespace(trajectories=[_traj("crimson red", 1.0), _traj("a dull grey", 0.0),
-                                             _traj("pale red", 0.5)]),
-               SimpleNamespace(trajectories=[_traj("blue", 0.0), _traj("navy", 1.0)])]
+    results = [
+        SimpleNamespace(trajectories=[_traj("crimson red", 1.0), _traj("a dull grey", 0.0), _traj("pale red", 0.5)]),
+        SimpleNamespace(trajectories=[_traj("blue", 0.0), _traj("navy", 1.0)]),
+    ]
     groups = as_worker(_persist_groups, run, 2, "train", scenarios, results, me="worker-1")
 
     # Step 2 is still training: rewards and answers now, advantages pending.
@@ -82,9 +86,17 @@ def test_it_lists_a_new_run_without_a_reload(signed_in, user):
     page.wait_for_selector("#live-state[data-state=open]")
 
     def launch(name):
-        return run_create(owner=user, name=name, base_model=first.base_model, script_version=first.script_version,
-                          reward_version=first.reward_version, scenario_set=first.scenario_set,
-                          config={"num_steps": 5}, tags=["sweep"], start=False)
+        return run_create(
+            owner=user,
+            name=name,
+            base_model=first.base_model,
+            script_version=first.script_version,
+            reward_version=first.reward_version,
+            scenario_set=first.scenario_set,
+            config={"num_steps": 5},
+            tags=["sweep"],
+            start=False,
+        )
 
     run = as_worker(launch, "brand new")
     row = page.locator(f"tr[data-run='{run.id}']")
@@ -116,8 +128,15 @@ def test_it_lists_a_first_run_on_an_empty_list(signed_in, user):
     page.goto("/")
     page.wait_for_selector("#live-state[data-state=open]")
     assert page.locator("#runs-empty").is_visible()
-    run = as_worker(run_create, owner=user, name="my first", base_model=BaseModelFactory(), script_version=script,
-                    scenario_set=scenarios, start=False)
+    run = as_worker(
+        run_create,
+        owner=user,
+        name="my first",
+        base_model=BaseModelFactory(),
+        script_version=script,
+        scenario_set=scenarios,
+        start=False,
+    )
     page.locator(f"tr[data-run='{run.id}']").wait_for()
     assert page.locator("#runs-table").is_visible() and page.locator("#runs-empty").count() == 0
     assert page.inner_text("#runs-count") == "1 run"

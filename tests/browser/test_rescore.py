@@ -33,16 +33,47 @@ def stack(django_db_setup, django_db_blocker, channel_prefix):
     redis.Redis.from_url(broker).delete("default")  # nothing left over from an earlier session
     with django_db_blocker.unblock():
         db_url = database_url(connection.settings_dict)
-    server = AsgiServer(database_url=db_url, channel_prefix=channel_prefix, broker_url=broker,
-                        log_path=ARTIFACTS / "rescore-server.log").start()
-    log = open(ARTIFACTS / "rescore-worker.log", "wb")  # noqa: SIM115 - open while the worker runs
-    env = {**os.environ, "DATABASE_URL": db_url, "CELERY_BROKER_URL": broker, "DB_CONN_MAX_AGE": "0",
-           "ARTWEB_SWEEP_SECONDS": "0", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    server = AsgiServer(
+        database_url=db_url, channel_prefix=channel_prefix, broker_url=broker, log_path=ARTIFACTS / "rescore-server.log"
+    ).start()
+    log = open(ARTIFACTS / "rescore-worker.log", "wb")
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "CELERY_BROKER_URL": broker,
+        "DB_CONN_MAX_AGE": "0",
+        "ARTWEB_SWEEP_SECONDS": "0",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
     env = {k: v for k, v in env.items() if not k.startswith("PYTEST")}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "artweb", "worker", "-Q", "default", "--pool", "solo",
-         "--concurrency", "1", "-n", f"rescore-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
-         "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "artweb",
+            "worker",
+            "-Q",
+            "default",
+            "--pool",
+            "solo",
+            "--concurrency",
+            "1",
+            "-n",
+            f"rescore-{os.getpid()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     yield server
     worker.terminate()
     try:

@@ -32,8 +32,10 @@ ROLLOUT_TIMEOUT = "Timed out: the rollout did not finish within 20 s (wall clock
 def _step(run, step, rows):
     """One group of trajectories at `step`; rows: (reward_ms, error)."""
     group = TrajectoryGroupFactory(run=run, step=step)
-    return [TrajectoryFactory(group=group, index=i, reward_ms=ms, error=error, reward=None if error else 0.5)
-            for i, (ms, error) in enumerate(rows)]
+    return [
+        TrajectoryFactory(group=group, index=i, reward_ms=ms, error=error, reward=None if error else 0.5)
+        for i, (ms, error) in enumerate(rows)
+    ]
 
 
 def _rows(page, selector):
@@ -43,8 +45,9 @@ def _rows(page, selector):
 def _open(page, run):
     page.goto(f"/runs/{run.id}/health/")
     # Drawn from the page's data, then again once the socket opened (it fetches what the render missed).
-    page.wait_for_function("window.__artwebHealth && window.__artwebHealth.socket === 'open' "
-                           "&& window.__artwebHealth.drawn >= 2")
+    page.wait_for_function(
+        "window.__artwebHealth && window.__artwebHealth.socket === 'open' && window.__artwebHealth.drawn >= 2"
+    )
 
 
 def test_it_shows_errors_latency_and_the_slowest_rewards_of_a_run(signed_in, user):
@@ -66,8 +69,12 @@ def test_it_shows_errors_latency_and_the_slowest_rewards_of_a_run(signed_in, use
     assert errors[0][3].startswith(f"#{first[1].id} (step 1)")
     slowest = _rows(page, "#health-slowest")
     assert [(row[0], row[1], row[2]) for row in slowest] == [
-        (f"#{second[0].id}", "2", "400 ms"), (f"#{second[1].id}", "2", "50 ms"), (f"#{first[1].id}", "1", "30 ms"),
-        (f"#{first[2].id}", "1", "20 ms"), (f"#{first[0].id}", "1", "10 ms")]
+        (f"#{second[0].id}", "2", "400 ms"),
+        (f"#{second[1].id}", "2", "50 ms"),
+        (f"#{first[1].id}", "1", "30 ms"),
+        (f"#{first[2].id}", "1", "20 ms"),
+        (f"#{first[0].id}", "1", "10 ms"),
+    ]
     # Plotly drew both per-step charts: p50 and p95 lines, and the error share.
     assert page.locator("#chart-latency .scatterlayer .trace").count() == 2
     assert page.locator("#chart-errors .barlayer .trace").count() == 1

@@ -20,20 +20,39 @@ SIGNAL_CHARTS = ("chart-dead", "chart-effective", "chart-adv", "chart-mismatch",
 
 
 def _metrics(step: int, *, dead: bool = False) -> dict:
-    return {"reward_mean": 0.5, "groups": 4, "groups_no_signal": 4 if dead else 1,
-            "dead_group_share": 1.0 if dead else 0.25, "effective_batch": 0 if dead else 18,
-            "advantage_std": 0.0 if dead else 0.9, "sampler_kl": 0.002 * step, "truncation_rate": 0.1,
-            "entropy": 2.0 - 0.1 * step, "completion_tokens_mean": 30.0}
+    return {
+        "reward_mean": 0.5,
+        "groups": 4,
+        "groups_no_signal": 4 if dead else 1,
+        "dead_group_share": 1.0 if dead else 0.25,
+        "effective_batch": 0 if dead else 18,
+        "advantage_std": 0.0 if dead else 0.9,
+        "sampler_kl": 0.002 * step,
+        "truncation_rate": 0.1,
+        "entropy": 2.0 - 0.1 * step,
+        "completion_tokens_mean": 30.0,
+    }
 
 
 def _commit(run: Run, step: int, metrics: dict) -> None:
     with transaction.atomic():
         Run.objects.filter(id=run.id).update(steps_done=step)
-        Step.objects.create(run=run, step=step, reward_mean=0.5, reward_std=0.0, metrics=metrics,
-                            timings={"step": 1.0}, duration_s=1.0)
+        Step.objects.create(
+            run=run, step=step, reward_mean=0.5, reward_std=0.0, metrics=metrics, timings={"step": 1.0}, duration_s=1.0
+        )
         TrajectoryGroupFactory(run=run, step=step, split="train", reward_mean=0.5, reward_std=0.0)
-        run_broadcast(run.id, {"type": "step", "run": run.id, "step": step, "metrics": {**metrics, "duration_s": 1.0},
-                               "timings": {"step": 1.0}, "steps_done": step, "num_steps": run.num_steps})
+        run_broadcast(
+            run.id,
+            {
+                "type": "step",
+                "run": run.id,
+                "step": step,
+                "metrics": {**metrics, "duration_s": 1.0},
+                "timings": {"step": 1.0},
+                "steps_done": step,
+                "num_steps": run.num_steps,
+            },
+        )
     run_alerts_check(run=run, step=step)
 
 

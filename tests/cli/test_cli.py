@@ -41,7 +41,7 @@ def purge_queues(url: str) -> None:
         for queue in ("gpu", "default"):
             try:
                 conn.default_channel.queue_purge(queue)
-            except Exception:  # noqa: BLE001, S110 - a queue that was never declared has nothing to purge
+            except Exception:
                 pass
 
 
@@ -49,8 +49,12 @@ def purge_queues(url: str) -> None:
 def server_env(transactional_db, tmp_path):
     url = broker_url()
     purge_queues(url)
-    env = stack.stack_env(db_name=connection.settings_dict["NAME"], data_dir=tmp_path / "data",
-                          CELERY_BROKER_URL=url, ARTWEB_VLLM_PORT=str(stack.free_port()))
+    env = stack.stack_env(
+        db_name=connection.settings_dict["NAME"],
+        data_dir=tmp_path / "data",
+        CELERY_BROKER_URL=url,
+        ARTWEB_VLLM_PORT=str(stack.free_port()),
+    )
     yield env
     purge_queues(url)
 
@@ -80,15 +84,28 @@ class Cli:
         return env
 
     def __call__(self, *args: str, ok: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "artweb.cli", *args], env=self.env(), capture_output=True,
-                                text=True, timeout=timeout, cwd=stack.REPO, check=False)
+        result = subprocess.run(
+            [sys.executable, "-m", "artweb.cli", *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=stack.REPO,
+            check=False,
+        )
         if ok:
             assert result.returncode == 0, (args, result.stdout, result.stderr)
         return result
 
     def popen(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "artweb.cli", *args], env=self.env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=stack.REPO)
+        return subprocess.Popen(
+            [sys.executable, "-m", "artweb.cli", *args],
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=stack.REPO,
+        )
 
 
 def login_and_upload(cli: Cli) -> None:
@@ -104,8 +121,19 @@ def login_and_upload(cli: Cli) -> None:
 
 
 def write_run_file(path: Path, *, model: str, **config) -> Path:
-    path.write_text(json.dumps({"name": "cli-run", "model": model, "script": "example", "reward": "example",
-                                "scenarios": "example", "tags": ["cli"], **config}))
+    path.write_text(
+        json.dumps(
+            {
+                "name": "cli-run",
+                "model": model,
+                "script": "example",
+                "reward": "example",
+                "scenarios": "example",
+                "tags": ["cli"],
+                **config,
+            }
+        )
+    )
     return path
 
 
@@ -123,8 +151,10 @@ def test_the_cli_drives_a_run_against_a_live_server(server, alice_login, tmp_pat
     assert "smol" in cli("models", "list").stdout
 
     yaml_file = tmp_path / "run.yaml"
-    yaml_file.write_text("name: from-yaml\nbase_model: smol\nscript: example\nscript_version: 1\nreward: example\n"
-                         "scenario_set: example\nconfig:\n  num_steps: 3\n  group_size: 2\n")
+    yaml_file.write_text(
+        "name: from-yaml\nbase_model: smol\nscript: example\nscript_version: 1\nreward: example\n"
+        "scenario_set: example\nconfig:\n  num_steps: 3\n  group_size: 2\n"
+    )
     started = cli("runs", "start", "--config", str(yaml_file)).stdout
     run = Run.objects.get(name="from-yaml")
     assert f"run {run.id} 'from-yaml' queued (3 steps)" in started
@@ -150,10 +180,20 @@ def test_the_cli_drives_a_run_against_a_live_server(server, alice_login, tmp_pat
     watch = cli.popen("runs", "watch", str(run.id), "--interval", "0.5", "--timeout", "120")
     time.sleep(2)
     group = TrajectoryGroup.objects.create(run=run, step=3, scenario=scenario, reward_mean=0.75)
-    Trajectory.objects.bulk_create([
-        Trajectory(group=group, run=run, step=3, index=i, reward=i / 2, search_text=f"answer {i}",
-                   messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": f"answer {i}"}])
-        for i in range(2)])
+    Trajectory.objects.bulk_create(
+        [
+            Trajectory(
+                group=group,
+                run=run,
+                step=3,
+                index=i,
+                reward=i / 2,
+                search_text=f"answer {i}",
+                messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": f"answer {i}"}],
+            )
+            for i in range(2)
+        ]
+    )
     Step.objects.create(run=run, step=3, reward_mean=0.75, metrics={"loss": 0.3})
     adapter = tmp_path / "ckpt" / "step-3"
     adapter.mkdir(parents=True)
@@ -200,8 +240,15 @@ def test_the_cli_reports_an_unreachable_server(tmp_path):
     assert no_token.returncode == 2 and "ARTWEB_TOKEN" in no_token.stderr
 
 
-SMALL = {"num_steps": 2, "group_size": 4, "scenarios_per_step": 2, "max_tokens": 24, "val_every": 2,
-         "val_scenarios": 2, "train": {"learning_rate": 5e-5}}
+SMALL = {
+    "num_steps": 2,
+    "group_size": 4,
+    "scenarios_per_step": 2,
+    "max_tokens": 24,
+    "val_every": 2,
+    "val_scenarios": 2,
+    "train": {"learning_rate": 5e-5},
+}
 
 
 @pytest.mark.vllm
@@ -213,8 +260,9 @@ def test_the_cli_trains_the_example_task_end_to_end(server_env, alice_login, vll
     from training.services import base_model_register
 
     # Registering a server directory is an operator's job (staff only over the API), done here directly.
-    base_model_register(name="SmolLM2-135M-Instruct", source=str(vllm_model_dir), local_path=str(vllm_model_dir),
-                        supports_tools=True)
+    base_model_register(
+        name="SmolLM2-135M-Instruct", source=str(vllm_model_dir), local_path=str(vllm_model_dir), supports_tools=True
+    )
     web = stack.start_web(server_env, tmp_path / "logs")
     worker = stack.start_gpu_worker(server_env, tmp_path / "logs")
     try:

@@ -28,8 +28,16 @@ server_env, server, alice_login = test_cli.server_env, test_cli.server, test_cli
 
 class ExportsCli(Cli):
     def run(self, *args: str, input: str | None = None, ok: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "artweb.cli", "exports", *args], env=self.env(), input=input,
-                                capture_output=True, text=True, timeout=120, cwd=stack.REPO, check=False)
+        result = subprocess.run(
+            [sys.executable, "-m", "artweb.cli", "exports", *args],
+            env=self.env(),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=stack.REPO,
+            check=False,
+        )
         if ok:
             assert result.returncode == 0, (args, result.stdout, result.stderr)
         return result
@@ -40,8 +48,17 @@ def test_the_cli_creates_tests_edits_and_deletes_export_targets(server, alice_lo
     cli.token = cli("token", "create", "--username", "alice", "--password", PASSWORD).stdout.strip()
     endpoint = start_recording_server()
     try:
-        out = cli.run("create", "langfuse", "--set", f"host={endpoint.url}", "--set", "public_key=pk-lf-cli",
-                      "--secret-stdin", "--test", input=SECRET + "\n").stdout
+        out = cli.run(
+            "create",
+            "langfuse",
+            "--set",
+            f"host={endpoint.url}",
+            "--set",
+            "public_key=pk-lf-cli",
+            "--secret-stdin",
+            "--test",
+            input=SECRET + "\n",
+        ).stdout
         target = ExportTarget.objects.get(owner=alice_login, kind="langfuse")
         assert f"created export {target.id}: langfuse for all your runs (key ••••9876)" in out
         assert f"test event sent: Langfuse at {endpoint.url} accepted a test trace" in out
@@ -66,8 +83,18 @@ def test_the_cli_creates_tests_edits_and_deletes_export_targets(server, alice_lo
         assert SECRET not in failed.stdout + failed.stderr
 
         run = RunFactory(owner=alice_login, name="cli-exports")
-        out = cli.run("create", "wandb", "--run", str(run.id), "--set", "project=my-agent",
-                      "--set", "trajectories_per_step=4", "--set", "log_checkpoints=true").stdout
+        out = cli.run(
+            "create",
+            "wandb",
+            "--run",
+            str(run.id),
+            "--set",
+            "project=my-agent",
+            "--set",
+            "trajectories_per_step=4",
+            "--set",
+            "log_checkpoints=true",
+        ).stdout
         wandb_target = ExportTarget.objects.get(owner=alice_login, kind="wandb")
         assert f"wandb for run {run.id} (key none)" in out
         assert wandb_target.settings["trajectories_per_step"] == 4 and wandb_target.settings["log_checkpoints"] is True

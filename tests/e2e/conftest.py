@@ -13,8 +13,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "rollouts" / "examples"
 @pytest.fixture
 def stack_env(transactional_db, tmp_path, vllm_model_dir):
     """Environment for worker/web processes: the test database, a fresh data dir, a free vLLM port."""
-    return stack.stack_env(db_name=connection.settings_dict["NAME"], data_dir=tmp_path / "data",
-                           ARTWEB_VLLM_PORT=str(stack.free_port()))
+    return stack.stack_env(
+        db_name=connection.settings_dict["NAME"], data_dir=tmp_path / "data", ARTWEB_VLLM_PORT=str(stack.free_port())
+    )
 
 
 @pytest.fixture
@@ -32,13 +33,19 @@ def example_run_inputs(transactional_db, django_user_model, vllm_model_dir):
     from training.services import base_model_register
 
     alice = django_user_model.objects.create_user("alice", "alice@example.com", "alice-pass-123")
-    model = base_model_register(name="SmolLM2-135M-Instruct", source=str(vllm_model_dir),
-                                local_path=str(vllm_model_dir), supports_tools=True)
+    model = base_model_register(
+        name="SmolLM2-135M-Instruct", source=str(vllm_model_dir), local_path=str(vllm_model_dir), supports_tools=True
+    )
     script = script_create(owner=alice, name="example", content=(EXAMPLES / "rollout.py").read_text())
     reward = reward_create(owner=alice, name="example", content=(EXAMPLES / "reward.py").read_text())
     scenarios = scenario_set_create(owner=alice, name="example", jsonl=(EXAMPLES / "scenarios.jsonl").read_text())
-    return {"owner": alice, "base_model": model, "script_version": script, "reward_version": reward,
-            "scenario_set": scenarios}
+    return {
+        "owner": alice,
+        "base_model": model,
+        "script_version": script,
+        "reward_version": reward,
+        "scenario_set": scenarios,
+    }
 
 
 class SocketRecorder:
@@ -56,7 +63,7 @@ class SocketRecorder:
         try:
             for raw in self.ws:
                 self.messages.append(json.loads(raw))
-        except Exception:  # noqa: BLE001 - closed at teardown
+        except Exception:
             pass
 
     def of_type(self, kind: str) -> list[dict]:

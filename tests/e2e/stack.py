@@ -80,15 +80,54 @@ def start(name: str, args: list[str], env: dict, log_dir: Path) -> Proc:
 def start_gpu_worker(env: dict, log_dir: Path, name: str = "gpu-worker", pool: str = "solo") -> Proc:
     """A GPU worker; pool="prefork" starts it as the launcher and the Docker image do (one pool child that
     runs the steps, under a parent that survives it)."""
-    return start(name, [sys.executable, "-m", "celery", "-A", "artweb", "worker", "-Q", "gpu", "--pool", pool,
-                        "--concurrency", "1", "--prefetch-multiplier", "1", "-n", f"{name}-{free_port()}@%h",
-                        "--without-gossip", "--without-mingle", "--loglevel", "INFO"], env, log_dir)
+    return start(
+        name,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "artweb",
+            "worker",
+            "-Q",
+            "gpu",
+            "--pool",
+            pool,
+            "--concurrency",
+            "1",
+            "--prefetch-multiplier",
+            "1",
+            "-n",
+            f"{name}-{free_port()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+        ],
+        env,
+        log_dir,
+    )
 
 
 def start_web(env: dict, log_dir: Path) -> Proc:
     port = free_port()
-    proc = start("web", [sys.executable, "-m", "uvicorn", "artweb.asgi:application", "--host", "127.0.0.1",
-                         "--port", str(port), "--log-level", "warning"], env, log_dir)
+    proc = start(
+        "web",
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "artweb.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env,
+        log_dir,
+    )
     proc.extra["url"] = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while time.time() < deadline:

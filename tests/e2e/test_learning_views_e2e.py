@@ -23,14 +23,36 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "rollouts" / "examples"
 
 
 def _default_worker(env, log_dir):
-    return stack.start("default-worker", [
-        sys.executable, "-m", "celery", "-A", "artweb", "worker", "-Q", "default", "--pool", "solo", "--concurrency", "1",
-        "-n", f"default-{stack.free_port()}@%h", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
-    ], env, log_dir)
+    return stack.start(
+        "default-worker",
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "artweb",
+            "worker",
+            "-Q",
+            "default",
+            "--pool",
+            "solo",
+            "--concurrency",
+            "1",
+            "-n",
+            f"default-{stack.free_port()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+        ],
+        env,
+        log_dir,
+    )
 
 
 def test_the_heatmap_monitor_and_reward_health_follow_a_real_run_and_a_rescore_agrees(
-        example_run_inputs, stack_env, procs, tmp_path, monkeypatch):
+    example_run_inputs, stack_env, procs, tmp_path, monkeypatch
+):
     from playwright.sync_api import expect, sync_playwright
 
     from tests.browser.server import CHROMIUM, CHROMIUM_ARGS
@@ -67,8 +89,13 @@ def test_the_heatmap_monitor_and_reward_health_follow_a_real_run_and_a_rescore_a
         monitor.wait_for_function("window.__artwebLive && window.__artwebLive.state === 'open'")
 
         procs.append(stack.start_gpu_worker(stack_env, tmp_path / "logs"))
-        stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
-                       procs=procs, what="the run to finish")
+        stack.wait_for(
+            lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+            timeout=900,
+            interval=2,
+            procs=procs,
+            what="the run to finish",
+        )
         run.refresh_from_db()
         assert run.status == Run.Status.COMPLETED, (run.error, procs[-1].tail())
 
@@ -76,16 +103,18 @@ def test_the_heatmap_monitor_and_reward_health_follow_a_real_run_and_a_rescore_a
         trained = set(run.groups.filter(split="train").values_list("scenario__index", flat=True))
         heatmap.wait_for_function(
             f"document.getElementById('heatmap').data && "
-            f"document.getElementById('heatmap').data[0].z.length === {len(trained)}")
+            f"document.getElementById('heatmap').data[0].z.length === {len(trained)}"
+        )
         assert heatmap.evaluate("window.__artwebHeatmap.live + window.__artwebHeatmap.draws") > 1
         assert not heatmap.locator("#heatmap-empty").is_visible()
 
         # Reward health: the example reward was timed on every trajectory, shown without a reload.
-        health.wait_for_function("document.getElementById('health-p50').textContent.endsWith('ms') || "
-                                 "document.getElementById('health-p50').textContent.endsWith(' s')")
-        trajectories = run.trajectories.count()
         health.wait_for_function(
-            f"document.getElementById('health-trajectories').textContent === '{trajectories}'")
+            "document.getElementById('health-p50').textContent.endsWith('ms') || "
+            "document.getElementById('health-p50').textContent.endsWith(' s')"
+        )
+        trajectories = run.trajectories.count()
+        health.wait_for_function(f"document.getElementById('health-trajectories').textContent === '{trajectories}'")
 
         # The monitor: each step's signal figures drawn as the steps committed.
         monitor.locator("#chart-effective").scroll_into_view_if_needed()
@@ -95,8 +124,11 @@ def test_the_heatmap_monitor_and_reward_health_follow_a_real_run_and_a_rescore_a
 
         # A re-score of the finished run with the reward reweighted, by the default queue's worker.
         procs.append(_default_worker(stack_env, tmp_path / "logs"))
-        reweighted = (EXAMPLES / "reward.py").read_text().replace(
-            "return 0.5 * used_word + 0.5 * brevity", "return 0.8 * used_word + 0.2 * brevity")
+        reweighted = (
+            (EXAMPLES / "reward.py")
+            .read_text()
+            .replace("return 0.5 * used_word + 0.5 * brevity", "return 0.8 * used_word + 0.2 * brevity")
+        )
         api = APIClient()
         api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=run.owner).key}")
         reward = api.post("/api/v1/rewards/create/", {"name": "reweighted", "content": reweighted}, format="json")
@@ -107,13 +139,19 @@ def test_the_heatmap_monitor_and_reward_health_follow_a_real_run_and_a_rescore_a
         rescore_id = started.json()["id"]
         page = context.new_page()
         page.goto(f"/rescores/{rescore_id}/")
-        stack.wait_for(lambda: Rescore.objects.get(id=rescore_id).status in ("done", "failed"), timeout=300,
-                       interval=1, procs=procs, what="the re-score")
+        stack.wait_for(
+            lambda: Rescore.objects.get(id=rescore_id).status in ("done", "failed"),
+            timeout=300,
+            interval=1,
+            procs=procs,
+            what="the re-score",
+        )
         rescore = Rescore.objects.get(id=rescore_id)
         assert rescore.status == "done", (rescore.error, procs[-1].tail())
         assert rescore.trajectories_done == run.trajectories.filter(group__split="train").count()
         assert rescore.summary["paired"] > 0 and -1 <= rescore.summary["spearman"] <= 1
         # The page followed the job and shows its figures (it reloads itself when the job is done).
-        expect(page.locator("#agreement [data-figure=spearman]")).to_have_text(f"{rescore.summary['spearman']:.3f}",
-                                                                               timeout=30_000)
+        expect(page.locator("#agreement [data-figure=spearman]")).to_have_text(
+            f"{rescore.summary['spearman']:.3f}", timeout=30_000
+        )
         browser.close()

@@ -15,8 +15,16 @@ from training.services import run_create
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
-SMALL = {"num_steps": 3, "group_size": 4, "scenarios_per_step": 2, "max_tokens": 24, "val_every": 3,
-         "val_scenarios": 2, "keep_last_checkpoints": 3, "train": {"learning_rate": 5e-5}}
+SMALL = {
+    "num_steps": 3,
+    "group_size": 4,
+    "scenarios_per_step": 2,
+    "max_tokens": 24,
+    "val_every": 3,
+    "val_scenarios": 2,
+    "keep_last_checkpoints": 3,
+    "train": {"learning_rate": 5e-5},
+}
 
 
 def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, socket_for, tmp_path):
@@ -26,8 +34,13 @@ def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, so
     sock = socket_for(web.extra["url"], run.id, example_run_inputs["owner"])
     procs.append(stack.start_gpu_worker(stack_env, tmp_path / "logs"))
 
-    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
-                   procs=procs, what="the run to finish")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+        timeout=900,
+        interval=2,
+        procs=procs,
+        what="the run to finish",
+    )
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED, (run.error, procs[-1].tail())
     assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
@@ -62,26 +75,42 @@ def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, 
     first = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="worker-a", pool="prefork")
     procs.append(first)
     # Kill it in the middle of step 2: after step 1 is recorded and the worker has claimed step 2.
-    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
-                   what="step 1")
-    stack.wait_for(lambda: Run.objects.filter(id=run.id, steps_done=1).exclude(worker="").exists(), timeout=60,
-                   interval=0.1, what="step 2 started")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs, what="step 1"
+    )
+    stack.wait_for(
+        lambda: Run.objects.filter(id=run.id, steps_done=1).exclude(worker="").exists(),
+        timeout=60,
+        interval=0.1,
+        what="step 2 started",
+    )
     time.sleep(1.0)
     first.kill(signal.SIGKILL)
     first.extra["must_live"] = False
     assert Run.objects.get(id=run.id).status == Run.Status.RUNNING
 
-    second = stack.start_gpu_worker({**stack_env, "ARTWEB_VLLM_PORT": str(stack.free_port())}, tmp_path / "logs",
-                                    name="worker-b", pool="prefork")
+    second = stack.start_gpu_worker(
+        {**stack_env, "ARTWEB_VLLM_PORT": str(stack.free_port())}, tmp_path / "logs", name="worker-b", pool="prefork"
+    )
     procs.append(second)
     # Nobody calls the sweep: the second worker's own sweeper requeues the run once the lease is stale.
     killed_at = time.monotonic()
-    stack.wait_for(lambda: RunEvent.objects.filter(run=run, kind="requeued").exists(), timeout=120, interval=0.5,
-                   procs=[second], what="the stale run to be requeued by the worker's sweeper")
+    stack.wait_for(
+        lambda: RunEvent.objects.filter(run=run, kind="requeued").exists(),
+        timeout=120,
+        interval=0.5,
+        procs=[second],
+        what="the stale run to be requeued by the worker's sweeper",
+    )
     stale_s = 4 * int(stack_env["ARTWEB_HEARTBEAT_SECONDS"])
     print(f"requeued {time.monotonic() - killed_at:.1f} s after the kill (stale period {stale_s} s)")
-    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
-                   procs=[second], what="the run to finish on the second worker")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+        timeout=900,
+        interval=2,
+        procs=[second],
+        what="the run to finish on the second worker",
+    )
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED, (run.error, second.tail())
     assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
@@ -99,21 +128,32 @@ def test_pause_resume_lease_loss_and_cancel_with_a_live_worker(example_run_input
 
     run = run_create(name="lifecycle", config={**SMALL, "num_steps": 8, "val_every": 0}, **example_run_inputs)
     procs.append(stack.start_gpu_worker(stack_env, tmp_path / "logs"))
-    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=0.5, procs=procs,
-                   what="step 1")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=0.5, procs=procs, what="step 1"
+    )
 
     # Pause: the step in progress finishes and is recorded; no further step starts.
     run_pause(run=Run.objects.get(id=run.id))
-    stack.wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.PAUSED, timeout=300, interval=0.5,
-                   procs=procs, what="the run to pause")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).status == Run.Status.PAUSED,
+        timeout=300,
+        interval=0.5,
+        procs=procs,
+        what="the run to pause",
+    )
     paused_at = Run.objects.get(id=run.id).steps_done
     assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == list(range(1, paused_at + 1))
     assert not run.groups.filter(step__gt=paused_at).exists()
 
     # Resume: the same worker continues from the checkpoint of the last recorded step.
     run_resume(run=Run.objects.get(id=run.id))
-    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == paused_at + 1, timeout=300, interval=0.2,
-                   procs=procs, what="a step after resuming")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).steps_done == paused_at + 1,
+        timeout=300,
+        interval=0.2,
+        procs=procs,
+        what="a step after resuming",
+    )
     resumed_step = Step.objects.get(run=run, step=paused_at + 1)
     assert resumed_step.metrics["tokens_trained"] > 0
 
@@ -124,8 +164,13 @@ def test_pause_resume_lease_loss_and_cancel_with_a_live_worker(example_run_input
     stack.wait_for(lambda: _running(worker, "bwrap"), timeout=60, interval=0.05, what="the next step's rollouts")
     Run.objects.filter(id=run.id).update(worker="elsewhere:1", heartbeat_at=timezone.now())
     worker_log = procs[-1].log
-    stack.wait_for(lambda: f"step {done + 1} stopped: lease lost" in worker_log.read_text(), timeout=60,
-                   interval=0.2, procs=procs, what="the worker to notice the lost lease")
+    stack.wait_for(
+        lambda: f"step {done + 1} stopped: lease lost" in worker_log.read_text(),
+        timeout=60,
+        interval=0.2,
+        procs=procs,
+        what="the worker to notice the lost lease",
+    )
     run.refresh_from_db()
     assert (run.status, run.worker, run.steps_done) == (Run.Status.RUNNING, "elsewhere:1", done)
     assert not run.groups.filter(step__gt=done).exists()
@@ -133,8 +178,13 @@ def test_pause_resume_lease_loss_and_cancel_with_a_live_worker(example_run_input
     # The other worker dies in turn; the stale-lease sweep hands the run back and it goes on.
     Run.objects.filter(id=run.id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
     assert runs_requeue_stale() == [run.id]
-    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == done + 1, timeout=300, interval=0.2,
-                   procs=procs, what="the step after the lease came back")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).steps_done == done + 1,
+        timeout=300,
+        interval=0.2,
+        procs=procs,
+        what="the step after the lease came back",
+    )
 
     # Cancel while the next step's rollouts are in flight: it stops within that rollout batch, and the
     # interrupted step leaves no row, no groups, no checkpoint.
@@ -142,8 +192,13 @@ def test_pause_resume_lease_loss_and_cancel_with_a_live_worker(example_run_input
     stack.wait_for(lambda: _running(worker, "bwrap"), timeout=60, interval=0.05, what="the next step's rollouts")
     requested = time.monotonic()
     run_cancel(run=Run.objects.get(id=run.id))
-    stack.wait_for(lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED, timeout=120, interval=0.2,
-                   procs=procs, what="the run to cancel")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).status == Run.Status.CANCELLED,
+        timeout=120,
+        interval=0.2,
+        procs=procs,
+        what="the run to cancel",
+    )
     latency = time.monotonic() - requested
     run.refresh_from_db()
     assert run.steps_done == done and Step.objects.filter(run=run).count() == done
@@ -183,16 +238,26 @@ def test_a_pool_child_killed_mid_step_is_replaced_at_once(example_run_inputs, st
     run = run_create(name="prefork", config={**SMALL, "val_every": 0}, **example_run_inputs)
     worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="prefork", pool="prefork")
     procs.append(worker)
-    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
-                   what="step 1")
-    stack.wait_for(lambda: Run.objects.filter(id=run.id, steps_done=1).exclude(worker="").exists(), timeout=60,
-                   interval=0.1, what="step 2 started")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs, what="step 1"
+    )
+    stack.wait_for(
+        lambda: Run.objects.filter(id=run.id, steps_done=1).exclude(worker="").exists(),
+        timeout=60,
+        interval=0.1,
+        what="step 2 started",
+    )
     holder = Run.objects.get(id=run.id).worker
     child = psutil.Process(int(holder.rsplit(":", 1)[1]))
     assert child.ppid() == worker.popen.pid  # the pool child, not the worker's main process
     child.kill()
-    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
-                   procs=[worker], what="the run to finish on a new pool child")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+        timeout=900,
+        interval=2,
+        procs=[worker],
+        what="the run to finish on a new pool child",
+    )
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED, (run.error, worker.tail())
     assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
@@ -200,24 +265,35 @@ def test_a_pool_child_killed_mid_step_is_replaced_at_once(example_run_inputs, st
     assert not RunEvent.objects.filter(run=run, kind="requeued").exists()  # taken over, not swept
 
 
-def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(example_run_inputs, stack_env, procs,
-                                                                           tmp_path):
+def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(
+    example_run_inputs, stack_env, procs, tmp_path
+):
     run = run_create(name="vllm-dies", config={**SMALL, "val_every": 0, "max_tokens": 48}, **example_run_inputs)
     worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="vllm-dies", pool="prefork")
     procs.append(worker)
-    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs,
-                   what="step 1")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).steps_done >= 1, timeout=600, interval=1, procs=procs, what="step 1"
+    )
     # Mid-rollouts: step 2's sandbox (bubblewrap) is up, its rollouts calling the server.
-    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"), timeout=120,
-                   interval=0.05, what="step 2's rollouts")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
+        timeout=120,
+        interval=0.05,
+        what="step 2's rollouts",
+    )
     vllm = [p for p in _descendants(worker) if "--served-model-name" in p.cmdline()]
     pids = {p.pid for p in vllm}
     servers = [p for p in vllm if p.ppid() not in pids]  # the API server, not its engine process
     assert len(servers) == 1, [p.cmdline() for p in _descendants(worker)]
     left_behind = servers[0].children(recursive=True)  # its engine and worker processes
     servers[0].kill()
-    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=900, interval=2,
-                   procs=[worker], what="the run to finish after the restart")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+        timeout=900,
+        interval=2,
+        procs=[worker],
+        what="the run to finish after the restart",
+    )
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED, (run.error, worker.tail())
     assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
@@ -253,9 +329,23 @@ class PrivateRedis:
 
         import redis
 
-        self.proc = subprocess.Popen([str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--save", "", "--appendonly", "no", "--dir", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                str(self.binary),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         stack.wait_for(lambda: _pings(redis.Redis.from_url(self.url)), timeout=15, interval=0.1, what="redis")
 
     def kill(self) -> None:
@@ -281,17 +371,26 @@ def test_redis_restarted_mid_run_loses_nothing(example_run_inputs, stack_env, pr
     try:
         run = run_create(name="redis-restart", config={**SMALL, "val_every": 0}, start=False, **example_run_inputs)
         Run.objects.filter(id=run.id).update(dispatched_at=None)  # owed: the worker's sweeper sends it
-        env = {**stack_env, "REDIS_URL": private.url, "CELERY_BROKER_URL": private.url,
-               "ARTWEB_SWEEP_SECONDS": "2"}
+        env = {**stack_env, "REDIS_URL": private.url, "CELERY_BROKER_URL": private.url, "ARTWEB_SWEEP_SECONDS": "2"}
         worker = stack.start_gpu_worker(env, tmp_path / "logs", name="redis-restart", pool="prefork")
         procs.append(worker)
-        stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
-                       timeout=600, interval=0.05, procs=procs, what="step 2's rollouts")
+        stack.wait_for(
+            lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
+            timeout=600,
+            interval=0.05,
+            procs=procs,
+            what="step 2's rollouts",
+        )
         private.kill()
         time.sleep(3)
         private.start()
-        stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=600, interval=2,
-                       procs=[worker], what="the run to finish after Redis came back")
+        stack.wait_for(
+            lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+            timeout=600,
+            interval=2,
+            procs=[worker],
+            what="the run to finish after Redis came back",
+        )
         run.refresh_from_db()
         assert run.status == Run.Status.COMPLETED, (run.error, worker.tail())
         assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]
@@ -309,13 +408,19 @@ def test_postgresql_unavailable_mid_run_loses_nothing(example_run_inputs, stack_
     run = run_create(name="pg-restart", config={**SMALL, "val_every": 0}, **example_run_inputs)
     worker = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="pg-restart", pool="prefork")
     procs.append(worker)
-    stack.wait_for(lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
-                   timeout=600, interval=0.05, procs=procs, what="step 2's rollouts")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).steps_done == 1 and _running(worker, "bwrap"),
+        timeout=600,
+        interval=0.05,
+        procs=procs,
+        what="step 2's rollouts",
+    )
     db = connection.settings_dict
     name = db["NAME"]
     connection.close()  # this test's own connection goes too, as in a restart
-    with psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"],
-                         dbname="postgres", autocommit=True) as admin:
+    with psycopg.connect(
+        host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"], dbname="postgres", autocommit=True
+    ) as admin:
         admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
         try:
             deadline = time.monotonic() + 5
@@ -324,8 +429,13 @@ def test_postgresql_unavailable_mid_run_loses_nothing(example_run_inputs, stack_
                 time.sleep(0.2)
         finally:
             admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-    stack.wait_for(lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES, timeout=600, interval=2,
-                   procs=[worker], what="the run to finish after the database came back")
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+        timeout=600,
+        interval=2,
+        procs=[worker],
+        what="the run to finish after the database came back",
+    )
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED, (run.error, worker.tail())
     assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3]

@@ -12,42 +12,94 @@ from tests.factories import RunFactory, StepFactory, TrajectoryFactory, Trajecto
 TOOL_MESSAGES = [
     {"role": "system", "content": "You answer with one word."},
     {"role": "user", "content": "What is the capital of France?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "France"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "France"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "Paris"},
     {"role": "assistant", "content": "Paris"},
 ]
 
 
 def _group(run, step, split, scenario, rewards, messages):
-    group = TrajectoryGroupFactory(run=run, step=step, split=split, scenario=scenario,
-                                   reward_mean=sum(rewards) / len(rewards))
+    group = TrajectoryGroupFactory(
+        run=run, step=step, split=split, scenario=scenario, reward_mean=sum(rewards) / len(rewards)
+    )
     for i, reward in enumerate(rewards):
-        TrajectoryFactory(group=group, index=i, reward=reward, advantage=reward - group.reward_mean,
-                          messages=messages, prompt_tokens=20, completion_tokens=5 + i, duration_ms=100 * (i + 1),
-                          error="" if reward is not None else "ValueError: bad tool call")
+        TrajectoryFactory(
+            group=group,
+            index=i,
+            reward=reward,
+            advantage=reward - group.reward_mean,
+            messages=messages,
+            prompt_tokens=20,
+            completion_tokens=5 + i,
+            duration_ms=100 * (i + 1),
+            error="" if reward is not None else "ValueError: bad tool call",
+        )
     return group
 
 
 @pytest.fixture
 def run_with_steps(alice):
     """alice's running run: step 1 (train), step 2 (train + validation), both committed."""
-    run = RunFactory(owner=alice, name="capitals", status="running", num_steps=2, tags=["geo"],
-                     config={"num_steps": 2, "group_size": 2, "train": {"learning_rate": 1e-5}})
+    run = RunFactory(
+        owner=alice,
+        name="capitals",
+        status="running",
+        num_steps=2,
+        tags=["geo"],
+        config={"num_steps": 2, "group_size": 2, "train": {"learning_rate": 1e-5}},
+    )
     train = Scenario.objects.filter(scenario_set=run.scenario_set, split="train").first()
     val = Scenario.objects.filter(scenario_set=run.scenario_set, split="validation").first()
     _group(run, 1, "train", train, [1.0, 0.0], TOOL_MESSAGES)
-    StepFactory(run=run, step=1, reward_mean=0.5, reward_std=0.5,
-                metrics={"loss": 0.25, "kl": 0.01, "grad_norm": 1.5, "rollouts": 2, "rollout_errors": 0,
-                         "completion_tokens_total": 11},
-                timings={"rollouts": 2.0, "train": 0.5, "step": 3.0}, duration_s=3.0)
+    StepFactory(
+        run=run,
+        step=1,
+        reward_mean=0.5,
+        reward_std=0.5,
+        metrics={
+            "loss": 0.25,
+            "kl": 0.01,
+            "grad_norm": 1.5,
+            "rollouts": 2,
+            "rollout_errors": 0,
+            "completion_tokens_total": 11,
+        },
+        timings={"rollouts": 2.0, "train": 0.5, "step": 3.0},
+        duration_s=3.0,
+    )
     _group(run, 2, "train", train, [1.0, 1.0], TOOL_MESSAGES)
-    _group(run, 2, "validation", val, [0.75], [{"role": "user", "content": "Capital of Peru?"},
-                                               {"role": "assistant", "content": "Lima"}])
-    StepFactory(run=run, step=2, reward_mean=1.0, reward_std=0.0, val_reward=0.75,
-                metrics={"loss": 0.125, "kl": 0.02, "grad_norm": 0.75, "rollouts": 2, "rollout_errors": 0,
-                         "completion_tokens_total": 11, "val_reward": 0.75},
-                timings={"rollouts": 1.0, "train": 0.5, "validation": 0.4, "step": 2.0}, duration_s=2.0)
+    _group(
+        run,
+        2,
+        "validation",
+        val,
+        [0.75],
+        [{"role": "user", "content": "Capital of Peru?"}, {"role": "assistant", "content": "Lima"}],
+    )
+    StepFactory(
+        run=run,
+        step=2,
+        reward_mean=1.0,
+        reward_std=0.0,
+        val_reward=0.75,
+        metrics={
+            "loss": 0.125,
+            "kl": 0.02,
+            "grad_norm": 0.75,
+            "rollouts": 2,
+            "rollout_errors": 0,
+            "completion_tokens_total": 11,
+            "val_reward": 0.75,
+        },
+        timings={"rollouts": 1.0, "train": 0.5, "validation": 0.4, "step": 2.0},
+        duration_s=2.0,
+    )
     run.steps_done = 2
     run.save(update_fields=["steps_done"])
     return run
@@ -79,8 +131,14 @@ def start_recording_server() -> Recorder:
             except ValueError:  # recorded all the same: what matters may be the headers
                 body = None
             rec.requests.append({"method": "POST", "path": self.path, "headers": dict(self.headers), "body": body})
-            reply = rec.reply if rec.reply is not None else {
-                "successes": [{"id": e["id"], "status": 201} for e in (body or {}).get("batch", [])], "errors": []}
+            reply = (
+                rec.reply
+                if rec.reply is not None
+                else {
+                    "successes": [{"id": e["id"], "status": 201} for e in (body or {}).get("batch", [])],
+                    "errors": [],
+                }
+            )
             data = json.dumps(reply).encode()
             self.send_response(rec.status)
             self.send_header("Content-Type", "application/json")

@@ -11,8 +11,10 @@ KEY = "wandbkey-0123456789abcdef-WXYZ"
 
 def test_staff_add_and_change_a_target_without_ever_seeing_its_key(client, staff, alice):
     client.force_login(staff)
-    add = client.post(reverse("admin:training_exporttarget_add"), {
-        "owner": alice.id, "kind": "wandb", "enabled": "on", "settings": '{"project": "p"}', "new_secret": KEY})
+    add = client.post(
+        reverse("admin:training_exporttarget_add"),
+        {"owner": alice.id, "kind": "wandb", "enabled": "on", "settings": '{"project": "p"}', "new_secret": KEY},
+    )
     assert add.status_code == 302, add.content.decode()[-2000:]
     target = ExportTarget.objects.get(owner=alice)
     assert export_target_secret(target) == KEY and target.settings["mode"] == "online"
@@ -31,9 +33,16 @@ def test_staff_add_and_change_a_target_without_ever_seeing_its_key(client, staff
 
 
 def test_the_admin_action_sends_a_test_event(client, staff, alice):
-    target = export_target_create(owner=alice, kind="langfuse", secret="sk-lf-1234",
-                                  settings={"host": f"http://127.0.0.1:{free_port()}", "public_key": "pk"})
+    target = export_target_create(
+        owner=alice,
+        kind="langfuse",
+        secret="sk-lf-1234",
+        settings={"host": f"http://127.0.0.1:{free_port()}", "public_key": "pk"},
+    )
     client.force_login(staff)
-    response = client.post(reverse("admin:training_exporttarget_changelist"),
-                           {"action": "send_test_event", "_selected_action": [target.id]}, follow=True)
+    response = client.post(
+        reverse("admin:training_exporttarget_changelist"),
+        {"action": "send_test_event", "_selected_action": [target.id]},
+        follow=True,
+    )
     assert "is unreachable" in response.content.decode()

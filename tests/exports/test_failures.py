@@ -31,8 +31,9 @@ def enqueued(monkeypatch):
     return calls
 
 
-def test_the_hooks_enqueue_on_the_default_queue_after_commit(run_with_steps, enqueued,
-                                                               django_capture_on_commit_callbacks):
+def test_the_hooks_enqueue_on_the_default_queue_after_commit(
+    run_with_steps, enqueued, django_capture_on_commit_callbacks
+):
     run = run_with_steps
     with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
         transaction.on_commit(lambda: hooks.step_committed(run_id=run.id, step=2))
@@ -94,10 +95,12 @@ def test_a_failing_exporter_does_not_change_the_runs_result(run_with_steps, monk
     before = _result(run)
 
     dead = f"http://127.0.0.1:{free_port()}"
-    lf = export_target_create(owner=run.owner, kind="langfuse", secret="sk-lf-secret-1234",
-                              settings={"host": dead, "public_key": "pk"})
-    wb = export_target_create(owner=run.owner, kind="wandb", secret="x" * 40,
-                              settings={"project": "p", "base_url": dead})
+    lf = export_target_create(
+        owner=run.owner, kind="langfuse", secret="sk-lf-secret-1234", settings={"host": dead, "public_key": "pk"}
+    )
+    wb = export_target_create(
+        owner=run.owner, kind="wandb", secret="x" * 40, settings={"project": "p", "base_url": dead}
+    )
     export_sync_task.max_retries, saved = 2, export_sync_task.max_retries
     try:
         for target in (lf, wb):

@@ -17,12 +17,17 @@ from training.models import ExportProgress, ExportTarget, RunEvent
 
 @pytest.fixture
 def langfuse_target(run_with_steps, recording_server):
-    return export_target_create(owner=run_with_steps.owner, kind="langfuse", secret="sk-lf-secret-1234",
-                                settings={"host": recording_server.url, "public_key": "pk-lf-public"})
+    return export_target_create(
+        owner=run_with_steps.owner,
+        kind="langfuse",
+        secret="sk-lf-secret-1234",
+        settings={"host": recording_server.url, "public_key": "pk-lf-public"},
+    )
 
 
-def test_it_sends_each_trajectory_as_a_trace_with_tool_calls_and_reward_scores(run_with_steps, recording_server,
-                                                                                langfuse_target):
+def test_it_sends_each_trajectory_as_a_trace_with_tool_calls_and_reward_scores(
+    run_with_steps, recording_server, langfuse_target
+):
     run = run_with_steps
     assert export_sync(target_id=langfuse_target.id, run_id=run.id) == 2
 
@@ -60,14 +65,17 @@ def test_sending_again_overwrites_instead_of_duplicating(run_with_steps, recordi
     assert {e["body"]["id"] for e in recording_server.events("trace-create")} == first
 
 
-@pytest.mark.parametrize("status, reply, says", [
-    (401, {"message": "Invalid credentials"}, "refused the keys"),
-    (207, {"successes": [], "errors": [{"id": "x", "status": 400, "message": "Invalid request data"}]},
-     "rejected"),
-    (503, {}, "HTTP 503"),
-])
-def test_a_refusal_is_recorded_on_the_target_and_the_run_timeline(run_with_steps, recording_server, langfuse_target,
-                                                                   status, reply, says):
+@pytest.mark.parametrize(
+    "status, reply, says",
+    [
+        (401, {"message": "Invalid credentials"}, "refused the keys"),
+        (207, {"successes": [], "errors": [{"id": "x", "status": 400, "message": "Invalid request data"}]}, "rejected"),
+        (503, {}, "HTTP 503"),
+    ],
+)
+def test_a_refusal_is_recorded_on_the_target_and_the_run_timeline(
+    run_with_steps, recording_server, langfuse_target, status, reply, says
+):
     run = run_with_steps
     recording_server.status, recording_server.reply = status, reply
     with pytest.raises(ExportError, match=says):
@@ -94,22 +102,29 @@ def test_a_refusal_is_recorded_on_the_target_and_the_run_timeline(run_with_steps
 def test_an_unreachable_service_is_an_export_error(run_with_steps):
     from tests.exports.conftest import free_port
 
-    target = export_target_create(owner=run_with_steps.owner, kind="langfuse", secret="sk-lf-secret-1234",
-                                  settings={"host": f"http://127.0.0.1:{free_port()}", "public_key": "pk"})
+    target = export_target_create(
+        owner=run_with_steps.owner,
+        kind="langfuse",
+        secret="sk-lf-secret-1234",
+        settings={"host": f"http://127.0.0.1:{free_port()}", "public_key": "pk"},
+    )
     with pytest.raises(ExportError, match="unreachable"):
         export_sync(target_id=target.id, run_id=run_with_steps.id)
 
 
-def test_keys_come_from_the_worker_environment_when_none_are_stored(run_with_steps, recording_server, monkeypatch,
-                                                                     staff):
+def test_keys_come_from_the_worker_environment_when_none_are_stored(
+    run_with_steps, recording_server, monkeypatch, staff
+):
     """Only for the operator's own (staff) targets: see tests/exports/test_worker_env.py for everyone else's."""
     monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", "pk-env")
     monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk-env")
     monkeypatch.setenv("LANGFUSE_HOST", recording_server.url)
     target = export_target_create(owner=staff, kind="langfuse", run=run_with_steps)
     export_sync(target_id=target.id, run_id=run_with_steps.id)
-    assert recording_server.requests[0]["headers"]["Authorization"] == "Basic " + base64.b64encode(
-        b"pk-env:sk-env").decode()
+    assert (
+        recording_server.requests[0]["headers"]["Authorization"]
+        == "Basic " + base64.b64encode(b"pk-env:sk-env").decode()
+    )
 
 
 def test_without_any_key_it_says_where_to_put_one(run_with_steps, monkeypatch, staff):
@@ -131,10 +146,26 @@ def test_trajectory_events_mark_errors():
     from training.exports.langfuse import trajectory_events
 
     run = SimpleNamespace(id=1, name="r", script_version="s v1", base_model=SimpleNamespace(name="m"))
-    group = SimpleNamespace(created_at=datetime(2026, 1, 1, tzinfo=UTC), split="train", scenario=SimpleNamespace(index=3))
-    traj = SimpleNamespace(id=9, step=2, index=0, group=group, group_id=4, messages=[{"role": "user", "content": "q"}],
-                           tools=None, reward=None, advantage=None, metrics={}, metadata={}, error="Boom",
-                           prompt_tokens=0, completion_tokens=0, duration_ms=5)
+    group = SimpleNamespace(
+        created_at=datetime(2026, 1, 1, tzinfo=UTC), split="train", scenario=SimpleNamespace(index=3)
+    )
+    traj = SimpleNamespace(
+        id=9,
+        step=2,
+        index=0,
+        group=group,
+        group_id=4,
+        messages=[{"role": "user", "content": "q"}],
+        tools=None,
+        reward=None,
+        advantage=None,
+        metrics={},
+        metadata={},
+        error="Boom",
+        prompt_tokens=0,
+        completion_tokens=0,
+        duration_ms=5,
+    )
     events = trajectory_events(run, traj, uuid.uuid4())
     kinds = [e["type"] for e in events]
     assert kinds == ["trace-create", "event-create"]  # no reply, no reward: no generation, no score

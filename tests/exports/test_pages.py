@@ -20,11 +20,14 @@ def as_user(client):
     return sign_in
 
 
-@pytest.mark.parametrize("kind, fields", [
-    ("wandb", ["project", "entity", "base_url", "mode", "trajectories_per_step", "log_checkpoints"]),
-    ("weave", ["project", "base_url"]),
-    ("langfuse", ["host", "public_key", "include_validation"]),
-])
+@pytest.mark.parametrize(
+    "kind, fields",
+    [
+        ("wandb", ["project", "entity", "base_url", "mode", "trajectories_per_step", "log_checkpoints"]),
+        ("weave", ["project", "base_url"]),
+        ("langfuse", ["host", "public_key", "include_validation"]),
+    ],
+)
 def test_it_offers_each_kinds_settings(as_user, alice, kind, fields):
     page = as_user(alice).get(f"/exports/new/{kind}/")
     assert page.status_code == 200
@@ -36,8 +39,17 @@ def test_it_offers_each_kinds_settings(as_user, alice, kind, fields):
 def test_it_creates_a_target_and_shows_only_the_keys_last_four(as_user, alice):
     run = RunFactory(owner=alice)
     client = as_user(alice)
-    response = client.post("/exports/new/wandb/", {"run": run.id, "project": "my-agent", "mode": "online",
-                                                   "trajectories_per_step": "4", "secret": KEY, "enabled": "on"})
+    response = client.post(
+        "/exports/new/wandb/",
+        {
+            "run": run.id,
+            "project": "my-agent",
+            "mode": "online",
+            "trajectories_per_step": "4",
+            "secret": KEY,
+            "enabled": "on",
+        },
+    )
     target = ExportTarget.objects.get(owner=alice)
     assert response.status_code == 302 and response["Location"] == f"/exports/{target.id}/"
     assert target.run == run and target.settings["trajectories_per_step"] == 4 and target.enabled
@@ -68,8 +80,9 @@ def test_saving_without_a_key_keeps_it_and_the_checkbox_removes_it(as_user, alic
 
 def test_the_test_button_says_what_the_service_answered(as_user, alice):
     url = f"http://127.0.0.1:{free_port()}"
-    target = export_target_create(owner=alice, kind="langfuse", settings={"host": url, "public_key": "pk"},
-                                  secret="sk-lf-secret-1234")
+    target = export_target_create(
+        owner=alice, kind="langfuse", settings={"host": url, "public_key": "pk"}, secret="sk-lf-secret-1234"
+    )
     page = as_user(alice).post(f"/exports/{target.id}/test/", follow=True).content.decode()
     assert f"Test event failed: Langfuse at {url} is unreachable" in page
     assert "sk-lf-secret-1234" not in page

@@ -43,15 +43,21 @@ def fast_wandb(monkeypatch, tmp_path):
 
 
 def test_it_sends_one_langfuse_trace_and_notes_the_success(alice, recording_server):
-    target = export_target_create(owner=alice, kind="langfuse", secret=LANGFUSE_SECRET,
-                                  settings={"host": recording_server.url, "public_key": "pk-lf-public"})
+    target = export_target_create(
+        owner=alice,
+        kind="langfuse",
+        secret=LANGFUSE_SECRET,
+        settings={"host": recording_server.url, "public_key": "pk-lf-public"},
+    )
     result = export_target_test(target=target, actor=alice)
 
     assert result.ok and f"Langfuse at {recording_server.url} accepted a test trace" in result.message
     (request,) = recording_server.requests
     assert request["path"] == "/api/public/ingestion"
-    assert request["headers"]["Authorization"] == "Basic " + base64.b64encode(
-        f"pk-lf-public:{LANGFUSE_SECRET}".encode()).decode()
+    assert (
+        request["headers"]["Authorization"]
+        == "Basic " + base64.b64encode(f"pk-lf-public:{LANGFUSE_SECRET}".encode()).decode()
+    )
     (event,) = recording_server.events()
     assert event["type"] == "trace-create" and event["body"]["name"] == "artweb connection test"
     target.refresh_from_db()
@@ -60,8 +66,9 @@ def test_it_sends_one_langfuse_trace_and_notes_the_success(alice, recording_serv
 
 def test_it_reports_an_unreachable_langfuse_at_once(alice):
     url = dead_url()
-    target = export_target_create(owner=alice, kind="langfuse", secret=LANGFUSE_SECRET,
-                                  settings={"host": url, "public_key": "pk"})
+    target = export_target_create(
+        owner=alice, kind="langfuse", secret=LANGFUSE_SECRET, settings={"host": url, "public_key": "pk"}
+    )
     started = time.perf_counter()
     result = export_target_test(target=target, actor=alice)
     assert time.perf_counter() - started < 10
@@ -72,23 +79,37 @@ def test_it_reports_an_unreachable_langfuse_at_once(alice):
     assert target.last_error == f"Test event: {result.message}" and target.last_error_at
 
 
-@pytest.mark.parametrize("status, reply, says", [
-    (401, {"message": "Invalid credentials"}, "refused the keys (HTTP 401); check the public and secret key"),
-    (207, {"successes": [], "errors": [{"id": "x", "status": 400, "message": "Invalid request data"}]},
-     "rejected 1 of 1 events; first: HTTP 400 Invalid request data"),
-])
+@pytest.mark.parametrize(
+    "status, reply, says",
+    [
+        (401, {"message": "Invalid credentials"}, "refused the keys (HTTP 401); check the public and secret key"),
+        (
+            207,
+            {"successes": [], "errors": [{"id": "x", "status": 400, "message": "Invalid request data"}]},
+            "rejected 1 of 1 events; first: HTTP 400 Invalid request data",
+        ),
+    ],
+)
 def test_it_passes_on_langfuses_refusal(alice, recording_server, status, reply, says):
     recording_server.status, recording_server.reply = status, reply
-    target = export_target_create(owner=alice, kind="langfuse", secret=LANGFUSE_SECRET,
-                                  settings={"host": recording_server.url, "public_key": "pk"})
+    target = export_target_create(
+        owner=alice,
+        kind="langfuse",
+        secret=LANGFUSE_SECRET,
+        settings={"host": recording_server.url, "public_key": "pk"},
+    )
     result = export_target_test(target=target, actor=alice)
     assert not result.ok and says in result.message
 
 
 def test_a_later_success_clears_the_error(alice, recording_server):
     recording_server.status, recording_server.reply = 503, {}
-    target = export_target_create(owner=alice, kind="langfuse", secret=LANGFUSE_SECRET,
-                                  settings={"host": recording_server.url, "public_key": "pk"})
+    target = export_target_create(
+        owner=alice,
+        kind="langfuse",
+        secret=LANGFUSE_SECRET,
+        settings={"host": recording_server.url, "public_key": "pk"},
+    )
     assert not export_target_test(target=target, actor=alice).ok
     recording_server.status, recording_server.reply = 207, None
     assert export_target_test(target=target, actor=alice).ok
@@ -107,8 +128,9 @@ def test_it_logs_a_wandb_test_run_offline(alice, fast_wandb):
 
 
 def test_it_reports_an_unreachable_wandb_server(alice, fast_wandb):
-    target = export_target_create(owner=alice, kind="wandb", secret=WANDB_KEY,
-                                  settings={"project": "p", "base_url": dead_url()})
+    target = export_target_create(
+        owner=alice, kind="wandb", secret=WANDB_KEY, settings={"project": "p", "base_url": dead_url()}
+    )
     result = export_target_test(target=target, actor=alice)
     assert not result.ok
     assert result.message.startswith("W&B refused the test run: CommError") and "connection refused" in result.message
@@ -119,16 +141,18 @@ def test_it_reports_an_unreachable_wandb_server(alice, fast_wandb):
 def test_it_reports_an_unreachable_weave_server(alice):
     """Real weave, in a process of its own (so not imported here); it answers within seconds when
     nothing listens."""
-    target = export_target_create(owner=alice, kind="weave", secret=WANDB_KEY,
-                                  settings={"project": "team/agents", "base_url": dead_url()})
+    target = export_target_create(
+        owner=alice, kind="weave", secret=WANDB_KEY, settings={"project": "team/agents", "base_url": dead_url()}
+    )
     result = export_target_test(target=target, actor=alice)
     assert not result.ok and result.message.startswith("Weave refused the test trace:"), result.message
     assert WANDB_KEY not in result.message
 
 
 def test_nobody_tests_someone_elses_target(alice, bob):
-    target = export_target_create(owner=alice, kind="langfuse", secret=LANGFUSE_SECRET,
-                                  settings={"host": dead_url(), "public_key": "pk"})
+    target = export_target_create(
+        owner=alice, kind="langfuse", secret=LANGFUSE_SECRET, settings={"host": dead_url(), "public_key": "pk"}
+    )
     with pytest.raises(ApplicationError, match="not yours"):
         export_target_test(target=target, actor=bob)
     assert ExportTarget.objects.get(id=target.id).last_error == ""

@@ -12,8 +12,9 @@ from training.models import ExportTarget
 
 
 def test_it_stores_the_key_encrypted_and_shows_only_its_last_four(alice):
-    target = export_target_create(owner=alice, kind="wandb", settings={"project": "p"},
-                                  secret="wandb-key-0123456789abcd")
+    target = export_target_create(
+        owner=alice, kind="wandb", settings={"project": "p"}, secret="wandb-key-0123456789abcd"
+    )
     row = ExportTarget.objects.get(id=target.id)
     assert "0123456789" not in row.secret_encrypted and row.secret_encrypted
     assert export_target_secret(row) == "wandb-key-0123456789abcd"
@@ -42,8 +43,10 @@ def test_keys_survive_a_secret_key_rotation_with_fallbacks():
         token = secret_encrypt("s3cret")
     with override_settings(SECRET_KEY="new-key-" * 6, SECRET_KEY_FALLBACKS=["old-key-" * 6]):
         assert secret_decrypt(token) == "s3cret"
-    with (override_settings(SECRET_KEY="new-key-" * 6, SECRET_KEY_FALLBACKS=[]),
-          pytest.raises(SecretUnreadable, match="Enter the key again")):
+    with (
+        override_settings(SECRET_KEY="new-key-" * 6, SECRET_KEY_FALLBACKS=[]),
+        pytest.raises(SecretUnreadable, match="Enter the key again"),
+    ):
         secret_decrypt(token)
 
 

@@ -21,8 +21,9 @@ def wandb_offline(tmp_path, monkeypatch):
 
 def test_it_writes_config_metrics_validation_and_trajectories(run_with_steps, wandb_offline, transactional_db):
     run = run_with_steps
-    target = export_target_create(owner=run.owner, kind="wandb", settings={"project": "artweb-tests",
-                                                                           "trajectories_per_step": 1})
+    target = export_target_create(
+        owner=run.owner, kind="wandb", settings={"project": "artweb-tests", "trajectories_per_step": 1}
+    )
     assert export_sync(target_id=target.id, run_id=run.id) == 2
 
     progress = ExportProgress.objects.get(target=target, run=run)
@@ -81,16 +82,20 @@ def test_it_logs_checkpoints_as_artifacts_when_asked(run_with_steps, wandb_offli
     ckpt_dir.mkdir()
     (ckpt_dir / "adapter_config.json").write_text('{"r": 8}')
     CheckpointFactory(run=run, step=2, path=str(ckpt_dir), val_reward=0.75)
-    target = export_target_create(owner=run.owner, kind="wandb",
-                                  settings={"project": "artweb-tests", "log_checkpoints": True})
+    target = export_target_create(
+        owner=run.owner, kind="wandb", settings={"project": "artweb-tests", "log_checkpoints": True}
+    )
     export_sync(target_id=target.id, run_id=run.id)
 
     progress = ExportProgress.objects.get(target=target, run=run)
     from tests.exports.wandb_files import records
 
     d = read_run(wandb_offline, progress.remote_id)["dirs"][0]
-    artifacts = [r.artifact for r in records(d / f"run-{progress.remote_id}.wandb")
-                 if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "model"]
+    artifacts = [
+        r.artifact
+        for r in records(d / f"run-{progress.remote_id}.wandb")
+        if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "model"
+    ]
     assert len(artifacts) == 1
     assert artifacts[0].name == f"run-{run.id}-lora"
     assert {"step-2", "latest"} <= set(artifacts[0].aliases)

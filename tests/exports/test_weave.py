@@ -20,11 +20,13 @@ def test_a_weave_target_hands_the_sandbox_its_project_and_key(alice, monkeypatch
     monkeypatch.delenv("WANDB_BASE_URL", raising=False)
     monkeypatch.delenv("WF_TRACE_SERVER_URL", raising=False)
     run = RunFactory(owner=alice)
-    target = export_target_create(owner=alice, kind="weave", settings={"project": "team/agents"},
-                                  secret="wandb-key-0123456789")
+    target = export_target_create(
+        owner=alice, kind="weave", settings={"project": "team/agents"}, secret="wandb-key-0123456789"
+    )
     assert export_rollout_env(run=run) == {"WEAVE_PROJECT": "team/agents", "WANDB_API_KEY": "wandb-key-0123456789"}
-    export_target_update(target=target, actor=alice, settings={"project": "team/agents",
-                                                               "base_url": "http://wandb.internal:8080"})
+    export_target_update(
+        target=target, actor=alice, settings={"project": "team/agents", "base_url": "http://wandb.internal:8080"}
+    )
     assert export_rollout_env(run=run)["WANDB_BASE_URL"] == "http://wandb.internal:8080"
     export_target_update(target=target, actor=alice, enabled=False)
     assert export_rollout_env(run=run) == {}
@@ -47,7 +49,7 @@ def test_an_unreadable_key_never_raises_into_the_step(alice, settings):
     assert export_rollout_env(run=run) == {}
 
 
-WEAVE_SCRIPT = textwrap.dedent('''
+WEAVE_SCRIPT = textwrap.dedent("""
     import weave
 
     @weave.op
@@ -55,7 +57,7 @@ WEAVE_SCRIPT = textwrap.dedent('''
         return float(len(text))
 
     print(score("four"))
-''')
+""")
 
 
 def test_real_weave_with_tracing_disabled_runs_a_weave_op_script_offline(tmp_path):
@@ -65,13 +67,20 @@ def test_real_weave_with_tracing_disabled_runs_a_weave_op_script_offline(tmp_pat
     script = tmp_path / "s.py"
     script.write_text("import weave\nweave.init('someone/project')\n" + WEAVE_SCRIPT)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "WEAVE_DISABLED": "true"}
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120,
-                         stdin=subprocess.DEVNULL, check=False)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("4.0")
 
 
-SANDBOX_SCRIPT = textwrap.dedent('''
+SANDBOX_SCRIPT = textwrap.dedent("""
     import art
     import weave
 
@@ -85,7 +94,7 @@ SANDBOX_SCRIPT = textwrap.dedent('''
         messages = [{"role": "user", "content": scenario["prompt"]},
                     {"role": "assistant", "content": "ok"}]
         return art.Trajectory(messages_and_choices=messages, reward=score(scenario["prompt"]))
-''')
+""")
 # ART scripts often call weave.init themselves; that too must work with and without Weave configured.
 SANDBOX_SCRIPT_WITH_INIT = "import weave\nweave.init('team/agents')\n" + SANDBOX_SCRIPT
 
@@ -101,13 +110,28 @@ def test_a_weave_op_script_runs_in_the_sandbox_with_and_without_weave(weave_env,
     sandbox = pytest.importorskip("rollouts.runtime.sandbox", reason="the rollout sandbox is not built yet")
     if "env" not in {f.name for f in dataclasses.fields(sandbox.RolloutRequest)}:
         pytest.skip("RolloutRequest does not take `env` yet: the Weave pass-through is not wired")
-    env = {} if not weave_env else {"WEAVE_PROJECT": "team/agents", "WANDB_API_KEY": "k" * 40,
-                                    "WANDB_BASE_URL": recording_server.url,
-                                    "WF_TRACE_SERVER_URL": recording_server.url + "/traces"}
+    env = (
+        {}
+        if not weave_env
+        else {
+            "WEAVE_PROJECT": "team/agents",
+            "WANDB_API_KEY": "k" * 40,
+            "WANDB_BASE_URL": recording_server.url,
+            "WF_TRACE_SERVER_URL": recording_server.url + "/traces",
+        }
+    )
     request = sandbox.RolloutRequest(
-        script=script, reward=None, scenarios=[{"prompt": "four"}], group_size=2,
-        base_url="http://127.0.0.1:9/v1", model_name="unused", sampling={}, concurrency=2, max_exceptions=0.0,
-        limits=sandbox.SandboxLimits(rollout_timeout_s=60), env=env,
+        script=script,
+        reward=None,
+        scenarios=[{"prompt": "four"}],
+        group_size=2,
+        base_url="http://127.0.0.1:9/v1",
+        model_name="unused",
+        sampling={},
+        concurrency=2,
+        max_exceptions=0.0,
+        limits=sandbox.SandboxLimits(rollout_timeout_s=60),
+        env=env,
     )
     (result,) = sandbox.run_rollouts(request)
     assert [t["error"] or "" for t in result.trajectories] == ["", ""]

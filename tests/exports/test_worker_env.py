@@ -73,8 +73,12 @@ def test_it_sends_a_users_key_to_the_users_server_only(run_with_steps, fresh_wan
     with the user's key."""
     users_server = start_recording_server()
     try:
-        target = export_target_create(owner=run_with_steps.owner, kind="wandb", secret=USER_KEY,
-                                      settings={"project": "p", "base_url": users_server.url})
+        target = export_target_create(
+            owner=run_with_steps.owner,
+            kind="wandb",
+            secret=USER_KEY,
+            settings={"project": "p", "base_url": users_server.url},
+        )
         result = export_target_test(target=target, actor=run_with_steps.owner)
         assert not result.ok  # a recording endpoint is no W&B server
         assert basic_keys(users_server) == {USER_KEY}
@@ -124,7 +128,10 @@ def test_it_does_not_use_the_operators_langfuse_keys_or_host(run_with_steps, mon
     cfg = export_settings_parse("langfuse", {"public_key": "pk-alice"})
     assert langfuse_endpoint(cfg, "sk-alice", worker_env=False) == (DEFAULT_HOST, "pk-alice", "sk-alice")
     assert langfuse_endpoint(export_settings_parse("langfuse", {}), "sk-operator", worker_env=True) == (
-        recording_server.url, "pk-operator", "sk-operator")
+        recording_server.url,
+        "pk-operator",
+        "sk-operator",
+    )
 
 
 def test_it_hands_a_users_rollouts_no_key_or_server_of_the_operators(alice, staff, monkeypatch):
@@ -142,5 +149,8 @@ def test_it_hands_a_users_rollouts_no_key_or_server_of_the_operators(alice, staf
     staff_run = RunFactory(owner=staff)
     export_target_create(owner=staff, kind="weave", settings={"project": "ops/agents"})
     assert export_rollout_env(run=staff_run) == {
-        "WEAVE_PROJECT": "ops/agents", "WANDB_API_KEY": OPERATOR_KEY,
-        "WANDB_BASE_URL": "http://wandb.operator.internal", "WF_TRACE_SERVER_URL": "http://traces.operator.internal"}
+        "WEAVE_PROJECT": "ops/agents",
+        "WANDB_API_KEY": OPERATOR_KEY,
+        "WANDB_BASE_URL": "http://wandb.operator.internal",
+        "WF_TRACE_SERVER_URL": "http://traces.operator.internal",
+    }

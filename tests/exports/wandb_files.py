@@ -20,8 +20,8 @@ def records(path: Path):
         if left < 7:  # the rest of a block too small for a header is padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk = data[pos + 7:pos + 7 + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 0 and length == 0:
             break
@@ -63,7 +63,9 @@ def read_run(root: Path, run_id: str) -> dict:
             elif kind == "summary":
                 out["summary"].update(_nested(rec.summary.update))
         table_dir = d / "files" / "media" / "table"
-        out["tables"] += [json.loads(p.read_text()) | {"_file": str(p.relative_to(table_dir))}
-                          for p in sorted(table_dir.rglob("*.table.json"))]
+        out["tables"] += [
+            json.loads(p.read_text()) | {"_file": str(p.relative_to(table_dir))}
+            for p in sorted(table_dir.rglob("*.table.json"))
+        ]
     out["dirs"] = dirs
     return out

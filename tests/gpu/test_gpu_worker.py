@@ -32,12 +32,18 @@ def lora_server(vllm_model_dir, tmp_path_factory):
     from rollouts.runtime.vllm_server import VLLMServer
 
     log_dir = tmp_path_factory.mktemp("vllm-lora")
-    server = VLLMServer(str(vllm_model_dir), adapter_mode="auto", max_model_len=2048, max_lora_rank=16,
-                        kv_cache_gb=2, enforce_eager=os.environ.get("ARTWEB_TEST_VLLM_COMPILE") != "1",
-                        log_dir=str(log_dir))
+    server = VLLMServer(
+        str(vllm_model_dir),
+        adapter_mode="auto",
+        max_model_len=2048,
+        max_lora_rank=16,
+        kv_cache_gb=2,
+        enforce_eager=os.environ.get("ARTWEB_TEST_VLLM_COMPILE") != "1",
+        log_dir=str(log_dir),
+    )
     try:
         server.start(timeout=900)
-    except Exception:  # noqa: BLE001 - fail with vLLM's own words
+    except Exception:
         tail = "".join(p.read_text(errors="replace")[-4000:] for p in log_dir.glob("*.log"))
         server.stop()
         pytest.fail(f"vLLM did not start:\n{tail}")
@@ -53,13 +59,22 @@ def _jail():
 
 def _greedy(server, model: str) -> dict:
     """One greedy chat completion with the sampled token ids and their logprobs, as rollouts ask for them."""
-    body = {"model": model, "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 16,
-            "temperature": 0.0, "logprobs": True, "return_token_ids": True}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Name three colours."}],
+        "max_tokens": 16,
+        "temperature": 0.0,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
     response = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=server.headers, timeout=120)
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
-    return {"text": choice["message"]["content"], "token_ids": choice["token_ids"],
-            "logprobs": [entry["logprob"] for entry in choice["logprobs"]["content"]]}
+    return {
+        "text": choice["message"]["content"],
+        "token_ids": choice["token_ids"],
+        "logprobs": [entry["logprob"] for entry in choice["logprobs"]["content"]],
+    }
 
 
 def _example_groups(server, model: str, *, scenarios: int, group_size: int) -> list:
@@ -68,11 +83,19 @@ def _example_groups(server, model: str, *, scenarios: int, group_size: int) -> l
 
     lines = (EXAMPLES / "scenarios.jsonl").read_text().splitlines()[:scenarios]
     request = RolloutRequest(
-        script=(EXAMPLES / "rollout.py").read_text(), reward=(EXAMPLES / "reward.py").read_text(),
-        scenarios=[json.loads(line) for line in lines], group_size=group_size, base_url=server.base_url,
-        api_key=server.api_key, model_name=model, sampling={"max_tokens": 32, "temperature": 1.0},
-        max_exceptions=0, limits=SandboxLimits(rollout_timeout_s=60), jail=_jail(),
-        vocab_size=json.loads((Path(server.model_path) / "config.json").read_text())["vocab_size"])
+        script=(EXAMPLES / "rollout.py").read_text(),
+        reward=(EXAMPLES / "reward.py").read_text(),
+        scenarios=[json.loads(line) for line in lines],
+        group_size=group_size,
+        base_url=server.base_url,
+        api_key=server.api_key,
+        model_name=model,
+        sampling={"max_tokens": 32, "temperature": 1.0},
+        max_exceptions=0,
+        limits=SandboxLimits(rollout_timeout_s=60),
+        jail=_jail(),
+        vocab_size=json.loads((Path(server.model_path) / "config.json").read_text())["vocab_size"],
+    )
     return run_rollouts(request)
 
 
@@ -106,8 +129,12 @@ def test_it_generates_through_a_loaded_adapter_with_token_ids_and_logprobs(lora_
 
     lora_server.retire_adapters(keep=set())
     assert lora_server.loaded_adapter_paths() == set()
-    gone = httpx.post(f"{lora_server.base_url}/chat/completions", headers=lora_server.headers, timeout=60,
-                      json={"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    gone = httpx.post(
+        f"{lora_server.base_url}/chat/completions",
+        headers=lora_server.headers,
+        timeout=60,
+        json={"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    )
     assert gone.status_code == 404, gone.text
 
 
@@ -191,8 +218,7 @@ def test_the_peft_backend_trains_a_bf16_base_on_cuda_and_resumes_exactly(vllm_mo
 # --- the Unsloth backend, built as the worker builds it (last: importing Unsloth patches transformers) -----
 
 
-def test_the_worker_trains_with_unsloth_and_vllm_serves_what_it_wrote(lora_server, vllm_model_dir, settings,
-                                                                     tmp_path):
+def test_the_worker_trains_with_unsloth_and_vllm_serves_what_it_wrote(lora_server, vllm_model_dir, settings, tmp_path):
     import torch
 
     from training.models import BaseModel, Run
@@ -202,14 +228,19 @@ def test_the_worker_trains_with_unsloth_and_vllm_serves_what_it_wrote(lora_serve
     settings.DATA_DIR = str(tmp_path / "data")
     # Unsaved rows: trainer_for reads the run's config and base model, nothing from the database.
     model = BaseModel(name="default", source=str(vllm_model_dir), local_path=str(vllm_model_dir))
-    run = Run(id=4, base_model=model, steps_done=0,
-              config={"seed": 3, "train": {"learning_rate": 2e-4, "lora_target_modules": TARGETS}})
+    run = Run(
+        id=4,
+        base_model=model,
+        steps_done=0,
+        config={"seed": 3, "train": {"learning_rate": 2e-4, "lora_target_modules": TARGETS}},
+    )
     trainer = inference.trainer_for(run, checkpoint_dir=None)
     try:
         assert trainer.cfg.backend == "unsloth" and trainer.device == "cuda"
         assert "unsloth" in sys.modules  # loaded by the backend, not by this test
-        groups = [g.trajectories for g in _example_groups(lora_server, lora_server.ensure_base(), scenarios=4,
-                                                          group_size=4)]
+        groups = [
+            g.trajectories for g in _example_groups(lora_server, lora_server.ensure_base(), scenarios=4, group_size=4)
+        ]
         before = _adapter_weights(trainer)
         metrics = trainer.train_step(groups)
         assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])

@@ -165,6 +165,11 @@ def test_log_format_and_log_level_choose_the_format_and_the_threshold(monkeypatc
 def test_chatty_libraries_are_quiet_below_warnings(monkeypatch, configured):
     lines = configured(settings_logging(monkeypatch, LOG_FORMAT="json"))
     for name in QUIET_LOGGERS:
+        # A library imported by an earlier test may have given its logger handlers of its own and stopped
+        # propagation (wandb does): the settings' promise is about levels, so look at them alone.
+        monkeypatch.setattr(logging.getLogger(name), "propagate", True)
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [])
+    for name in QUIET_LOGGERS:
         logging.getLogger(f"{name}.client").info("sent a request")
         logging.getLogger(name).warning(f"{name} failed")
     logging.getLogger("training.tasks").info("ours")

@@ -40,15 +40,24 @@ def queues(monkeypatch):
 @pytest.fixture
 def activity(alice, bob):
     now = timezone.now()
-    running = RunFactory(owner=alice, status="running", steps_done=2, worker="gpu-1:42",
-                         heartbeat_at=now - timedelta(seconds=7))
+    running = RunFactory(
+        owner=alice, status="running", steps_done=2, worker="gpu-1:42", heartbeat_at=now - timedelta(seconds=7)
+    )
     queued = RunFactory(owner=bob, status="queued")
     RunFactory(owner=alice, status="completed", steps_done=3)
     RunFactory(owner=alice, status="failed")
-    StepFactory(run=running, step=1, metrics={"rollouts": 8, "rollout_errors": 1, "completion_tokens_total": 400},
-                timings={"rollouts": 4.0})
-    StepFactory(run=running, step=2, metrics={"rollouts": 8, "rollout_errors": 0, "completion_tokens_total": 600},
-                timings={"rollouts": 2.0})
+    StepFactory(
+        run=running,
+        step=1,
+        metrics={"rollouts": 8, "rollout_errors": 1, "completion_tokens_total": 400},
+        timings={"rollouts": 4.0},
+    )
+    StepFactory(
+        run=running,
+        step=2,
+        metrics={"rollouts": 8, "rollout_errors": 0, "completion_tokens_total": 600},
+        timings={"rollouts": 2.0},
+    )
     group = TrajectoryGroupFactory(run=running, step=2)
     for i, ms in enumerate((100, 200, 300, 400)):
         TrajectoryFactory(group=group, index=i, duration_ms=ms, error="boom" if i == 3 else "")

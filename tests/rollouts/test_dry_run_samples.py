@@ -28,7 +28,7 @@ NO_SERVER = "http://127.0.0.1:9/v1"  # nothing listens here: for a script that n
 
 # Scores the answer at random for "spread" scenarios (two draws are never equal), the same for "flat"
 # ones, and raises for "broken" ones: one scenario of each kind of verdict.
-SPREAD_REWARD = '''import random
+SPREAD_REWARD = """import random
 
 
 def reward(trajectory, scenario):
@@ -37,34 +37,42 @@ def reward(trajectory, scenario):
     if scenario["kind"] == "flat":
         return 0.5
     return random.random()
-'''
+"""
 
 # Never calls the model: for the sandbox test, which runs without an inference server.
-OFFLINE_SCRIPT = '''import art
+OFFLINE_SCRIPT = """import art
 
 
 async def rollout(model, scenario):
     return art.Trajectory(messages_and_choices=[{"role": "user", "content": scenario["prompt"]},
                                                 {"role": "assistant", "content": "an answer"}], reward=0.0)
-'''
+"""
 
-SCENARIOS = [{"kind": "spread", "prompt": "Say the word red."}, {"kind": "flat", "prompt": "Say the word blue."},
-             {"kind": "broken", "prompt": "Say the word green."}]
+SCENARIOS = [
+    {"kind": "spread", "prompt": "Say the word red."},
+    {"kind": "flat", "prompt": "Say the word blue."},
+    {"kind": "broken", "prompt": "Say the word green."},
+]
 
 
 @pytest.fixture
 def enqueued():
     """The GPU worker's message is recorded instead of sent (no worker in these tests)."""
-    with mock.patch("artweb.dispatch.transaction.on_commit", side_effect=lambda send: send()), \
-            mock.patch("rollouts.tasks.dry_run_task.apply_async") as send:
+    with (
+        mock.patch("artweb.dispatch.transaction.on_commit", side_effect=lambda send: send()),
+        mock.patch("rollouts.tasks.dry_run_task.apply_async") as send,
+    ):
         yield send
 
 
 @pytest.fixture
 def assets(alice):
-    return {"script": RolloutScriptVersionFactory(asset__owner=alice, asset__name="agent"),
-            "reward": RewardFunctionVersionFactory(asset__owner=alice, asset__name="judge"),
-            "scenario_set": ScenarioSetFactory(owner=alice, name="words"), "base_model": BaseModelFactory()}
+    return {
+        "script": RolloutScriptVersionFactory(asset__owner=alice, asset__name="agent"),
+        "reward": RewardFunctionVersionFactory(asset__owner=alice, asset__name="judge"),
+        "scenario_set": ScenarioSetFactory(owner=alice, name="words"),
+        "base_model": BaseModelFactory(),
+    }
 
 
 # --- the service ----------------------------------------------------------------------------------
@@ -72,28 +80,41 @@ def assets(alice):
 
 @pytest.mark.django_db
 def test_it_queues_samples_rollouts_of_the_first_scenarios(alice, assets, enqueued):
-    dry = dry_run_create(owner=alice, script_version=assets["script"], reward_version=assets["reward"],
-                         base_model=assets["base_model"], scenario_set=assets["scenario_set"], scenario_count=5,
-                         samples=4)
+    dry = dry_run_create(
+        owner=alice,
+        script_version=assets["script"],
+        reward_version=assets["reward"],
+        base_model=assets["base_model"],
+        scenario_set=assets["scenario_set"],
+        scenario_count=5,
+        samples=4,
+    )
     dry.refresh_from_db()
     assert dry.samples == 4 and [s["answer"] for s in dry.scenarios] == ["w0", "w1", "w2", "w3", "w4"]
     enqueued.assert_called_once_with(args=(dry.id,), kwargs={})
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("kwargs, field, words", [
-    ({"samples": 0}, "samples", "from 1 to 16"),
-    ({"samples": 17}, "samples", "from 1 to 16"),
-    ({"samples": True}, "samples", "whole number"),
-    ({"samples": "4"}, "samples", "whole number"),
-    ({"scenario_count": 9}, "scenario_count", "from 1 to 8"),
-    # The set has 6 scenarios: asking for 8 takes 6.
-    ({"scenario_count": 8, "samples": 11}, "samples", "6 scenarios x 11 samples is 66 rollouts"),
-    ({"scenarios": [{"i": i} for i in range(9)], "scenario_set": None}, "scenarios", "at most 8 scenarios"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field, words",
+    [
+        ({"samples": 0}, "samples", "from 1 to 16"),
+        ({"samples": 17}, "samples", "from 1 to 16"),
+        ({"samples": True}, "samples", "whole number"),
+        ({"samples": "4"}, "samples", "whole number"),
+        ({"scenario_count": 9}, "scenario_count", "from 1 to 8"),
+        # The set has 6 scenarios: asking for 8 takes 6.
+        ({"scenario_count": 8, "samples": 11}, "samples", "6 scenarios x 11 samples is 66 rollouts"),
+        ({"scenarios": [{"i": i} for i in range(9)], "scenario_set": None}, "scenarios", "at most 8 scenarios"),
+    ],
+)
 def test_it_refuses_samples_and_counts_out_of_bounds(alice, assets, enqueued, kwargs, field, words):
-    base = {"owner": alice, "script_version": assets["script"], "base_model": assets["base_model"],
-            "scenario_set": assets["scenario_set"]}
+    base = {
+        "owner": alice,
+        "script_version": assets["script"],
+        "base_model": assets["base_model"],
+        "scenario_set": assets["scenario_set"],
+    }
     with pytest.raises(ApplicationError) as caught:
         dry_run_create(**{**base, **kwargs})
     assert list(caught.value.field_errors) == [field] and words in caught.value.message
@@ -114,8 +135,12 @@ def test_the_api_takes_samples_and_says_which_field_is_wrong(alice, assets, enqu
     assert created.status_code == 201, created.json()
     assert created.json()["samples"] == 4 and len(created.json()["scenarios"]) == 6  # the set has 6
 
-    for bad, field in [({"samples": 17}, "samples"), ({"samples": 0}, "samples"),
-                       ({"scenario_count": 9}, "scenario_count"), ({"samples": "many"}, "samples")]:
+    for bad, field in [
+        ({"samples": 17}, "samples"),
+        ({"samples": 0}, "samples"),
+        ({"scenario_count": 9}, "scenario_count"),
+        ({"samples": "many"}, "samples"),
+    ]:
         response = api.post("/api/v1/dry-runs/create/", {**body, **bad}, format="json")
         assert response.status_code == 400 and field in response.json()["field_errors"], (bad, response.json())
     too_many = api.post("/api/v1/dry-runs/create/", {**body, "scenario_count": 8, "samples": 16}, format="json")
@@ -127,8 +152,13 @@ def test_the_api_takes_samples_and_says_which_field_is_wrong(alice, assets, enqu
 @pytest.mark.django_db
 def test_the_form_shows_a_bad_sample_count_under_its_field_and_keeps_the_rest(client, alice, assets, enqueued):
     client.force_login(alice)
-    form = {"script_version": assets["script"].id, "reward_version": assets["reward"].id,
-            "base_model": assets["base_model"].id, "scenario_set": assets["scenario_set"].id, "scenario_count": 8}
+    form = {
+        "script_version": assets["script"].id,
+        "reward_version": assets["reward"].id,
+        "base_model": assets["base_model"].id,
+        "scenario_set": assets["scenario_set"].id,
+        "scenario_count": 8,
+    }
     response = client.post(reverse("dry-run-new"), {**form, "samples": 17})
     assert response.status_code == 400
     page = response.content.decode()
@@ -148,15 +178,23 @@ def test_the_form_shows_a_bad_sample_count_under_its_field_and_keeps_the_rest(cl
 @pytest.mark.django_db
 def test_a_link_opens_the_form_prefilled(client, alice, assets):
     client.force_login(alice)
-    query = (f"?script_version={assets['script'].id}&reward_version={assets['reward'].id}"
-             f"&scenario_set={assets['scenario_set'].id}&samples=4&scenario_count=8&samples_extra=x")
+    query = (
+        f"?script_version={assets['script'].id}&reward_version={assets['reward'].id}"
+        f"&scenario_set={assets['scenario_set'].id}&samples=4&scenario_count=8&samples_extra=x"
+    )
     response = client.get(reverse("dry-run-new") + query)
     assert response.status_code == 200
     form = response.context["dry_run_form"]
-    assert {name: form[name].value() for name in ("script_version", "reward_version", "scenario_set", "samples",
-                                                  "scenario_count")} == {
-        "script_version": assets["script"].id, "reward_version": assets["reward"].id,
-        "scenario_set": assets["scenario_set"].id, "samples": 4, "scenario_count": 8}
+    assert {
+        name: form[name].value()
+        for name in ("script_version", "reward_version", "scenario_set", "samples", "scenario_count")
+    } == {
+        "script_version": assets["script"].id,
+        "reward_version": assets["reward"].id,
+        "scenario_set": assets["scenario_set"].id,
+        "samples": 4,
+        "scenario_count": 8,
+    }
     assert not DryRun.objects.exists()  # opening the form queues nothing
 
 
@@ -164,17 +202,22 @@ def test_a_link_opens_the_form_prefilled(client, alice, assets):
 
 
 def _records(rows):
-    return [{"scenario_index": i, "reward": r, "error": None if r is not None else "failed"}
-            for i, rewards in enumerate(rows) for r in rewards]
+    return [
+        {"scenario_index": i, "reward": r, "error": None if r is not None else "failed"}
+        for i, rewards in enumerate(rows)
+        for r in rewards
+    ]
 
 
 def test_the_summary_follows_the_trainers_rule_for_signal():
-    summary = dry_run_spread(_records([[1.0, 0.0, 0.5, 0.5], [0.3, 0.3, 0.3, 0.3], [None, 0.2, None, 0.2],
-                                       [None, 0.9, None, None]]), scenario_count=4)
+    summary = dry_run_spread(
+        _records([[1.0, 0.0, 0.5, 0.5], [0.3, 0.3, 0.3, 0.3], [None, 0.2, None, 0.2], [None, 0.9, None, None]]),
+        scenario_count=4,
+    )
     rows = summary["scenarios"]
     assert [r["signal"] for r in rows] == [True, False, False, False]
     # [1, 0, .5, .5]: mean .5, population std sqrt((.25 + .25 + 0 + 0) / 4) = sqrt(.125).
-    assert rows[0]["std"] == pytest.approx(0.125 ** 0.5) and (rows[0]["min"], rows[0]["max"]) == (0.0, 1.0)
+    assert rows[0]["std"] == pytest.approx(0.125**0.5) and (rows[0]["min"], rows[0]["max"]) == (0.0, 1.0)
     assert rows[1]["std"] == pytest.approx(0.0)
     assert rows[2]["errors"] == 2 and rows[2]["rewards"] == [None, 0.2, None, 0.2]
     assert rows[3]["std"] == 0.0 and rows[3]["min"] == rows[3]["max"] == 0.9  # one scored answer: nothing to compare
@@ -182,12 +225,15 @@ def test_the_summary_follows_the_trainers_rule_for_signal():
     assert summary["message"].startswith("This reward gives spread on 1 of 4 scenarios")
 
 
-@pytest.mark.parametrize("rows, start", [
-    ([[1.0, 0.0], [0.2, 0.4]], "This reward gives spread on all 2 scenarios"),
-    ([[1.0, 1.0], [0.0, 0.0]], "No scenario got different rewards: GRPO would have nothing to learn from"),
-    ([[None, None], [None, None]], "No rollout was scored"),
-    ([[1.0], [0.0]], "One rollout per scenario shows no spread"),
-])
+@pytest.mark.parametrize(
+    "rows, start",
+    [
+        ([[1.0, 0.0], [0.2, 0.4]], "This reward gives spread on all 2 scenarios"),
+        ([[1.0, 1.0], [0.0, 0.0]], "No scenario got different rewards: GRPO would have nothing to learn from"),
+        ([[None, None], [None, None]], "No rollout was scored"),
+        ([[1.0], [0.0]], "One rollout per scenario shows no spread"),
+    ],
+)
 def test_the_verdict_says_what_the_sample_means(rows, start):
     assert dry_run_spread(_records(rows), scenario_count=len(rows))["message"].startswith(start)
 
@@ -195,16 +241,27 @@ def test_the_verdict_says_what_the_sample_means(rows, start):
 def test_the_summary_of_a_real_sandbox_batch():
     """The sandbox runs OFFLINE_SCRIPT (it never calls the model, so no inference server is needed) in
     the jail, 4 rollouts per scenario as one group each, and SPREAD_REWARD scores them there."""
-    result = dry_run(script=OFFLINE_SCRIPT, reward=SPREAD_REWARD, scenarios=SCENARIOS, max_scenarios=3, group_size=4,
-                     base_url=NO_SERVER, model_name="none", timeout_s=60)
+    result = dry_run(
+        script=OFFLINE_SCRIPT,
+        reward=SPREAD_REWARD,
+        scenarios=SCENARIOS,
+        max_scenarios=3,
+        group_size=4,
+        base_url=NO_SERVER,
+        model_name="none",
+        timeout_s=60,
+    )
     summary = dry_run_spread(result["trajectories"], scenario_count=3)
     spread, flat, broken = summary["scenarios"]
     assert len(spread["rewards"]) == 4 and len(set(spread["rewards"])) == 4 and spread["signal"]
     assert 0 <= spread["min"] < spread["max"] < 1 and spread["std"] > 0
     assert flat["rewards"] == [0.5] * 4 and flat["std"] == 0.0 and not flat["signal"]
     assert broken["rewards"] == [None] * 4 and broken["errors"] == 4 and not broken["signal"]
-    assert all(t["error"].startswith("The reward function failed: KeyError")
-               for t in result["trajectories"] if t["scenario_index"] == 2)
+    assert all(
+        t["error"].startswith("The reward function failed: KeyError")
+        for t in result["trajectories"]
+        if t["scenario_index"] == 2
+    )
     assert summary["with_spread"] == 1
     assert summary["message"].startswith("This reward gives spread on 1 of 3 scenarios")
 
@@ -225,9 +282,13 @@ def test_the_task_scores_the_base_models_answers(vllm_server, vllm_model_dir, al
     monkeypatch.setattr(inference, "_server", vllm_server)
     monkeypatch.setattr(inference, "_server_model", inference._served_as(model))
     dry = DryRun.objects.create(
-        owner=alice, script_version=RolloutScriptVersionFactory(asset__owner=alice),
+        owner=alice,
+        script_version=RolloutScriptVersionFactory(asset__owner=alice),
         reward_version=RewardFunctionVersionFactory(asset__owner=alice, content=SPREAD_REWARD),
-        base_model=model, scenarios=SCENARIOS, samples=4)
+        base_model=model,
+        scenarios=SCENARIOS,
+        samples=4,
+    )
 
     dry_run_task.apply(args=(dry.id,)).get()
 

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.django_db
 
 def group(run, step, scenario_index, reward, *, split="train", failed=False):
     scenario = Scenario.objects.get(scenario_set=run.scenario_set, index=scenario_index)
-    return TrajectoryGroup.objects.create(run=run, step=step, split=split, scenario=scenario, reward_mean=reward,
-                                          failed_attempt=failed)
+    return TrajectoryGroup.objects.create(
+        run=run, step=step, split=split, scenario=scenario, reward_mean=reward, failed_attempt=failed
+    )
 
 
 @pytest.fixture
@@ -47,8 +48,9 @@ def matrix(payload):
     """(values, counts) as lists; values within HALF_LEVEL × the reward range compare equal to the truth."""
     values, counts = heatmap_decode(payload)
     tolerance = HALF_LEVEL * (payload["values"]["max"] - payload["values"]["min"]) + 1e-9
-    return [[None if math.isnan(v) else pytest.approx(float(v), abs=tolerance) for v in row]
-            for row in values], counts.tolist()
+    return [
+        [None if math.isnan(v) else pytest.approx(float(v), abs=tolerance) for v in row] for row in values
+    ], counts.tolist()
 
 
 def test_it_puts_each_scenarios_mean_reward_per_step_and_leaves_other_cells_empty(run):
@@ -58,9 +60,11 @@ def test_it_puts_each_scenarios_mean_reward_per_step_and_leaves_other_cells_empt
     assert payload["columns"] == {"first_step": [1, 2, 3], "last_step": [1, 2, 3]}
     assert payload["binned"] is False and payload["steps"] == 3 and payload["steps_per_column"] == 1
     values, counts = matrix(payload)
-    assert values == [[0.0, 0.75, None],  # step 2: two groups, (1.0 + 0.5) / 2
-                      [0.5, None, 0.25],
-                      [None, None, 1.0]]
+    assert values == [
+        [0.0, 0.75, None],  # step 2: two groups, (1.0 + 0.5) / 2
+        [0.5, None, 0.25],
+        [None, None, 1.0],
+    ]
     assert counts == [[1, 2, 0], [1, 0, 1], [0, 0, 1]]
     assert payload["values"]["min"] == 0.0 and payload["values"]["max"] == 1.0
     assert payload["last_group"] == TrajectoryGroup.objects.filter(run=run).latest("id").id
@@ -127,20 +131,28 @@ def test_it_gives_every_cell_the_one_value_when_all_rewards_are_equal(alice):
 
 def test_it_reads_the_matrix_in_three_queries_however_many_groups(alice, django_assert_num_queries):
     run = RunFactory(owner=alice)
-    TrajectoryGroup.objects.bulk_create([
-        TrajectoryGroup(run=run, step=s, scenario=sc, reward_mean=(s % 7) / 7)
-        for s in range(1, 301) for sc in run.scenario_set.scenarios.filter(split="train")
-    ])
+    TrajectoryGroup.objects.bulk_create(
+        [
+            TrajectoryGroup(run=run, step=s, scenario=sc, reward_mean=(s % 7) / 7)
+            for s in range(1, 301)
+            for sc in run.scenario_set.scenarios.filter(split="train")
+        ]
+    )
     with django_assert_num_queries(3):  # the steps, the cells with their cursor, the scenarios' text
         payload = run_heatmap(run=run, query=HeatmapQuery(max_columns=100))
     assert payload["binned"] and len(payload["columns"]["first_step"]) == 100
     assert heatmap_decode(payload)[1].sum() == 1200
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"split": "test"}, "split"), ({"step_from": 5, "step_to": 4}, "to"), ({"max_columns": 0}, "max_columns"),
-    ({"step_from": -1}, "from"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"split": "test"}, "split"),
+        ({"step_from": 5, "step_to": 4}, "to"),
+        ({"max_columns": 0}, "max_columns"),
+        ({"step_from": -1}, "from"),
+    ],
+)
 def test_it_refuses_a_view_that_cannot_be_shown_and_says_what_to_change(kwargs, field):
     from artweb.errors import ApplicationError
 
@@ -177,10 +189,17 @@ def test_staff_see_any_run(staff, run):
     assert token_client(staff).get(f"/api/v1/runs/{run.id}/heatmap/").json()["rows"]["index"] == [0, 2, 3]
 
 
-@pytest.mark.parametrize("query, field", [
-    ("split=test", "split"), ("from=abc", "from"), ("from=5&to=4", "to"), ("max_columns=0", "max_columns"),
-    ("to=-1", "to"), ("max_columns=100000", "max_columns"),
-])
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ("split=test", "split"),
+        ("from=abc", "from"),
+        ("from=5&to=4", "to"),
+        ("max_columns=0", "max_columns"),
+        ("to=-1", "to"),
+        ("max_columns=100000", "max_columns"),
+    ],
+)
 def test_the_api_says_what_to_fix_in_a_bad_query(alice_api, run, query, field):
     assert_error(alice_api.get(f"/api/v1/runs/{run.id}/heatmap/?{query}"), 400, field=field)
 

@@ -15,21 +15,45 @@ from training.services import broadcast
 from training.services.broadcast import ANSWER_CHARS, group_message, run_group_messages
 from training.services.steps import _persist_groups, _store_advantages
 
-GROUP_KEYS = {"type", "run", "id", "step", "split", "scenario", "reward_mean", "reward_std", "error_count",
-              "skipped", "failed_attempt", "rewards", "advantages", "best", "worst"}
+GROUP_KEYS = {
+    "type",
+    "run",
+    "id",
+    "step",
+    "split",
+    "scenario",
+    "reward_mean",
+    "reward_std",
+    "error_count",
+    "skipped",
+    "failed_attempt",
+    "rewards",
+    "advantages",
+    "best",
+    "worst",
+}
 
 
 def _traj(answer: str, reward: float | None, error: str = "") -> dict:
-    return {"messages": [{"role": "user", "content": "Name a colour."},
-                         {"role": "assistant", "content": answer, "token_ids": [1, 2], "logprobs": [-1.0, -1.0]}],
-            "reward": reward, "error": error, "completion_tokens": 2}
+    return {
+        "messages": [
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": answer, "token_ids": [1, 2], "logprobs": [-1.0, -1.0]},
+        ],
+        "reward": reward,
+        "error": error,
+        "completion_tokens": 2,
+    }
 
 
 def _results() -> list:
     """Two scored groups as the sandbox returns them: one with signal, one whose rewards are all equal."""
-    return [SimpleNamespace(trajectories=[_traj("red", 1.0), _traj("blue", 0.0), _traj("", None, error="boom"),
-                                          _traj("green", 0.5)]),
-            SimpleNamespace(trajectories=[_traj("cyan", 0.5), _traj("teal", 0.5)])]
+    return [
+        SimpleNamespace(
+            trajectories=[_traj("red", 1.0), _traj("blue", 0.0), _traj("", None, error="boom"), _traj("green", 0.5)]
+        ),
+        SimpleNamespace(trajectories=[_traj("cyan", 0.5), _traj("teal", 0.5)]),
+    ]
 
 
 def _persist(run, step=1):
@@ -39,8 +63,7 @@ def _persist(run, step=1):
 
 
 @pytest.mark.django_db
-def test_it_sends_each_group_only_after_the_transaction_commits(django_capture_on_commit_callbacks, monkeypatch,
-                                                                alice):
+def test_it_sends_each_group_only_after_the_transaction_commits(django_capture_on_commit_callbacks, monkeypatch, alice):
     sent = []
     monkeypatch.setattr(broadcast, "broadcast_now", lambda group, message: sent.append((group, message)))
     run = RunFactory(owner=alice)
@@ -52,9 +75,18 @@ def test_it_sends_each_group_only_after_the_transaction_commits(django_capture_o
     first, second = (m for _, m in sent)
     assert set(first) == GROUP_KEYS
     assert first == {
-        **first, "type": "group", "run": run.id, "id": groups[0].id, "step": 1, "split": "train",
-        "scenario": groups[0].scenario_id, "error_count": 1, "skipped": False, "failed_attempt": False,
-        "rewards": [1.0, 0.0, None, 0.5], "advantages": None,  # the update has not run yet
+        **first,
+        "type": "group",
+        "run": run.id,
+        "id": groups[0].id,
+        "step": 1,
+        "split": "train",
+        "scenario": groups[0].scenario_id,
+        "error_count": 1,
+        "skipped": False,
+        "failed_attempt": False,
+        "rewards": [1.0, 0.0, None, 0.5],
+        "advantages": None,  # the update has not run yet
     }
     assert first["reward_mean"] == pytest.approx(0.5)
     assert first["best"]["text"] == "red" and first["best"]["reward"] == 1.0 and first["best"]["index"] == 0
@@ -102,9 +134,14 @@ def test_it_keeps_the_newest_groups_and_those_asked_for(alice):
 def test_it_cuts_long_answers():
     long = "x" * (ANSWER_CHARS * 2)
     assert len(broadcast.final_answer([{"role": "assistant", "content": long}])) == ANSWER_CHARS
-    calls = [{"role": "assistant", "content": None,
-              "tool_calls": [{"function": {"name": "lookup", "arguments": '{"q": "a"}'}}]},
-             {"role": "tool", "content": "found"}]
+    calls = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"function": {"name": "lookup", "arguments": '{"q": "a"}'}}],
+        },
+        {"role": "tool", "content": "found"},
+    ]
     assert broadcast.final_answer(calls) == 'lookup({"q": "a"})'
 
 
@@ -123,8 +160,16 @@ async def test_it_pushes_groups_to_the_run_page_and_catches_up_after_a_cursor(al
     await sync_to_async(_store_advantages)(groups, [[1.2, -1.2, None, 0.0], [0.0, 0.0]])
     for _ in groups:  # the live updates, on commit
         assert (await comm.receive_json_from(timeout=5))["advantages"] is not None
-    await comm.send_json_to({"type": "catch_up", "after_step": 0, "after_event": 10**9, "after_log": 10**9,
-                             "after_group": groups[0].id, "pending_groups": [groups[0].id]})
+    await comm.send_json_to(
+        {
+            "type": "catch_up",
+            "after_step": 0,
+            "after_event": 10**9,
+            "after_log": 10**9,
+            "after_group": groups[0].id,
+            "pending_groups": [groups[0].id],
+        }
+    )
     status = await comm.receive_json_from(timeout=5)
     assert status["type"] == "status"
     caught = [await comm.receive_json_from(timeout=5) for _ in groups]

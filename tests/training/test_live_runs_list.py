@@ -12,14 +12,37 @@ from training.services import run_create, run_transition
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROW_KEYS = {"type", "run", "name", "tags", "status", "steps_done", "num_steps", "latest_reward", "best_val_reward",
-            "base_model", "task", "task_version", "owner", "created_at", "started_at"}
+ROW_KEYS = {
+    "type",
+    "run",
+    "name",
+    "tags",
+    "status",
+    "steps_done",
+    "num_steps",
+    "latest_reward",
+    "best_val_reward",
+    "base_model",
+    "task",
+    "task_version",
+    "owner",
+    "created_at",
+    "started_at",
+}
 
 
 def _create_like(template: Run, owner, name: str) -> Run:
-    return run_create(owner=owner, name=name, base_model=template.base_model,
-                      script_version=template.script_version, reward_version=template.reward_version,
-                      scenario_set=template.scenario_set, config={"num_steps": 4}, tags=["live"], start=False)
+    return run_create(
+        owner=owner,
+        name=name,
+        base_model=template.base_model,
+        script_version=template.script_version,
+        reward_version=template.reward_version,
+        scenario_set=template.scenario_set,
+        config={"num_steps": 4},
+        tags=["live"],
+        start=False,
+    )
 
 
 async def test_it_shows_a_new_run_to_its_owner_and_the_staff_only(alice, bob, staff):
@@ -33,9 +56,20 @@ async def test_it_shows_a_new_run_to_its_owner_and_the_staff_only(alice, bob, st
     for who in ("alice", "sam"):
         msg = await sockets[who].receive_json_from(timeout=5)
         assert set(msg) == ROW_KEYS
-        assert msg == {**msg, "type": "run", "run": run.id, "name": "fresh", "tags": ["live"], "status": "queued",
-                       "steps_done": 0, "num_steps": 4, "owner": "alice", "base_model": template.base_model.name,
-                       "task": template.script_version.asset.name, "started_at": None}
+        assert msg == {
+            **msg,
+            "type": "run",
+            "run": run.id,
+            "name": "fresh",
+            "tags": ["live"],
+            "status": "queued",
+            "steps_done": 0,
+            "num_steps": 4,
+            "owner": "alice",
+            "base_model": template.base_model.name,
+            "task": template.script_version.asset.name,
+            "started_at": None,
+        }
         assert await sockets[who].receive_nothing(timeout=0.3)  # once, for the staff too
     assert await sockets["bob"].receive_nothing(timeout=0.3)
 

@@ -14,7 +14,7 @@ from training.health import SLOWEST_SHOWN, run_reward_health
 
 pytestmark = pytest.mark.django_db
 
-TRACE = "\n\nTraceback (your code, most recent call last):\n  File \"reward.py\", line 3, in reward\n"
+TRACE = '\n\nTraceback (your code, most recent call last):\n  File "reward.py", line 3, in reward\n'
 ZERO_DIV = "The reward function failed: ZeroDivisionError: division by zero" + TRACE
 ZERO_DIV_FLOAT = "The reward function failed: ZeroDivisionError: float division by zero" + TRACE
 KEY_ERROR = "The reward function failed: KeyError: 'answer'" + TRACE
@@ -26,19 +26,24 @@ ROLLOUT_RAISED = "ValueError: no answer in the completion\n\nTraceback (your cod
 
 def _trajectories(group, rows):
     """rows: (reward_ms, error) per trajectory of the group, in index order."""
-    return [TrajectoryFactory(group=group, index=i, reward_ms=ms, error=error, reward=None if error else 1.0)
-            for i, (ms, error) in enumerate(rows)]
+    return [
+        TrajectoryFactory(group=group, index=i, reward_ms=ms, error=error, reward=None if error else 1.0)
+        for i, (ms, error) in enumerate(rows)
+    ]
 
 
 @pytest.fixture
 def seeded(alice):
     run = RunFactory(owner=alice, status="running")
-    step1 = _trajectories(TrajectoryGroupFactory(run=run, step=1),
-                          [(10, ""), (20, ""), (30, ZERO_DIV), (40, "")])
-    step2 = _trajectories(TrajectoryGroupFactory(run=run, step=2),
-                          [(100, ""), (None, ROLLOUT_TIMEOUT), (50, ZERO_DIV_FLOAT), (200, REWARD_TIMEOUT)])
-    step3 = _trajectories(TrajectoryGroupFactory(run=run, step=3, failed_attempt=True),
-                          [(5, KEY_ERROR), (7, GROUP_TIMEOUT), (None, ROLLOUT_RAISED)])
+    step1 = _trajectories(TrajectoryGroupFactory(run=run, step=1), [(10, ""), (20, ""), (30, ZERO_DIV), (40, "")])
+    step2 = _trajectories(
+        TrajectoryGroupFactory(run=run, step=2),
+        [(100, ""), (None, ROLLOUT_TIMEOUT), (50, ZERO_DIV_FLOAT), (200, REWARD_TIMEOUT)],
+    )
+    step3 = _trajectories(
+        TrajectoryGroupFactory(run=run, step=3, failed_attempt=True),
+        [(5, KEY_ERROR), (7, GROUP_TIMEOUT), (None, ROLLOUT_RAISED)],
+    )
     return run, step1, step2, step3
 
 
@@ -72,15 +77,36 @@ def test_it_computes_reward_latency_overall_and_per_step(seeded):
     assert health["latency"] == {"p50_ms": 30.0, "p95_ms": 160.0, "max_ms": 200.0}
     assert health["per_step"] == [
         # 10 20 30 40: p50 at rank 1.5 = 25; p95 at rank 2.85 = 30 + 0.85 * 10 = 38.5. One reward error in 4.
-        {"step": 1, "trajectories": 4, "reward_errors": 1, "reward_error_share": 0.25,
-         "p50_ms": 25.0, "p95_ms": 38.5, "max_ms": 40.0},
+        {
+            "step": 1,
+            "trajectories": 4,
+            "reward_errors": 1,
+            "reward_error_share": 0.25,
+            "p50_ms": 25.0,
+            "p95_ms": 38.5,
+            "max_ms": 40.0,
+        },
         # 50 100 200: p95 at rank 1.9 = 100 + 0.9 * 100 = 190. A reward error and a reward timeout in 4
         # (the rollout timeout is not the reward's).
-        {"step": 2, "trajectories": 4, "reward_errors": 2, "reward_error_share": 0.5,
-         "p50_ms": 100.0, "p95_ms": 190.0, "max_ms": 200.0},
+        {
+            "step": 2,
+            "trajectories": 4,
+            "reward_errors": 2,
+            "reward_error_share": 0.5,
+            "p50_ms": 100.0,
+            "p95_ms": 190.0,
+            "max_ms": 200.0,
+        },
         # 5 7: p50 6, p95 at rank 0.95 = 5 + 0.95 * 2 = 6.9. KeyError and score_group's timeout in 3.
-        {"step": 3, "trajectories": 3, "reward_errors": 2, "reward_error_share": 2 / 3,
-         "p50_ms": 6.0, "p95_ms": 6.9, "max_ms": 7.0},
+        {
+            "step": 3,
+            "trajectories": 3,
+            "reward_errors": 2,
+            "reward_error_share": 2 / 3,
+            "p50_ms": 6.0,
+            "p95_ms": 6.9,
+            "max_ms": 7.0,
+        },
     ]
 
 
@@ -88,10 +114,24 @@ def test_it_lists_the_slowest_rewards_first_with_links(seeded):
     run, _, step2, _ = seeded
     slowest = run_reward_health(run=run)["slowest"]
     assert [(t["reward_ms"], t["step"]) for t in slowest] == [
-        (200, 2), (100, 2), (50, 2), (40, 1), (30, 1), (20, 1), (10, 1), (7, 3), (5, 3)]
-    assert slowest[0] == {"trajectory": step2[3].id, "step": 2, "reward_ms": 200, "reward": None,
-                          "error": REWARD_TIMEOUT,
-                          "link": f"/runs/{run.id}/trajectories/?step=2&traj={step2[3].id}"}
+        (200, 2),
+        (100, 2),
+        (50, 2),
+        (40, 1),
+        (30, 1),
+        (20, 1),
+        (10, 1),
+        (7, 3),
+        (5, 3),
+    ]
+    assert slowest[0] == {
+        "trajectory": step2[3].id,
+        "step": 2,
+        "reward_ms": 200,
+        "reward": None,
+        "error": REWARD_TIMEOUT,
+        "link": f"/runs/{run.id}/trajectories/?step=2&traj={step2[3].id}",
+    }
 
 
 def test_it_shows_at_most_the_ten_slowest(alice):
@@ -107,16 +147,26 @@ def test_it_narrows_to_a_step_range(seeded):
     assert health["trajectories"] == 4 and [s["step"] for s in health["per_step"]] == [2]
     assert health["latency"] == {"p50_ms": 100.0, "p95_ms": 190.0, "max_ms": 200.0}
     assert {(e["stage"], e["type"]) for e in health["errors"]} == {
-        ("reward", "ZeroDivisionError"), ("timeout", "Timed out: the reward did not finish within N s (wall clock)."),
-        ("rollout", "Timed out: the rollout did not finish within N s (wall clock).")}
+        ("reward", "ZeroDivisionError"),
+        ("timeout", "Timed out: the reward did not finish within N s (wall clock)."),
+        ("rollout", "Timed out: the rollout did not finish within N s (wall clock)."),
+    }
     assert [t["step"] for t in health["slowest"]] == [2, 2, 2]
     assert run_reward_health(run=run, step_from=3)["trajectories"] == 3
 
 
 def test_a_run_without_trajectories_has_empty_figures(alice):
     health = run_reward_health(run=RunFactory(owner=alice))
-    assert health == {"step_from": None, "step_to": None, "trajectories": 0, "reward_timed": 0, "errors": [],
-                      "latency": {"p50_ms": None, "p95_ms": None, "max_ms": None}, "per_step": [], "slowest": []}
+    assert health == {
+        "step_from": None,
+        "step_to": None,
+        "trajectories": 0,
+        "reward_timed": 0,
+        "errors": [],
+        "latency": {"p50_ms": None, "p95_ms": None, "max_ms": None},
+        "per_step": [],
+        "slowest": [],
+    }
 
 
 def test_it_costs_the_same_few_queries_however_many_steps(seeded, django_assert_num_queries):

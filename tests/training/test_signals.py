@@ -10,9 +10,16 @@ def _t(reward, **metrics):
 
 
 def test_truncation_is_read_from_the_last_assistant_turn():
-    assert truncated([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "finish_reason": "length"}])
-    assert not truncated([{"role": "assistant", "content": "a", "finish_reason": "length"},
-                          {"role": "tool", "content": "r"}, {"role": "assistant", "content": "b", "finish_reason": "stop"}])
+    assert truncated(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "finish_reason": "length"}]
+    )
+    assert not truncated(
+        [
+            {"role": "assistant", "content": "a", "finish_reason": "length"},
+            {"role": "tool", "content": "r"},
+            {"role": "assistant", "content": "b", "finish_reason": "stop"},
+        ]
+    )
     assert not truncated([{"role": "user", "content": "q"}])
 
 

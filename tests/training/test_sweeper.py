@@ -67,10 +67,13 @@ def _take_message(queue: str, task: str, obj_id: int) -> bool:
 
 def test_a_run_created_while_the_broker_is_down_is_saved_queued_and_sent_later(alice, broker_down):
     api = token_client(alice)
-    payload = {"name": "offline", "base_model": BaseModelFactory().name,
-               "script": RolloutScriptVersionFactory(asset__owner=alice, asset__name="s").asset.name,
-               "reward": RewardFunctionVersionFactory(asset__owner=alice, asset__name="r").asset.name,
-               "scenario_set": ScenarioSetFactory(owner=alice, name="sc").name}
+    payload = {
+        "name": "offline",
+        "base_model": BaseModelFactory().name,
+        "script": RolloutScriptVersionFactory(asset__owner=alice, asset__name="s").asset.name,
+        "reward": RewardFunctionVersionFactory(asset__owner=alice, asset__name="r").asset.name,
+        "scenario_set": ScenarioSetFactory(owner=alice, name="sc").name,
+    }
     response = api.post("/api/v1/runs/create/", payload, format="json")
     assert response.status_code == 201, response.content
     run = Run.objects.get(id=response.json()["id"])
@@ -84,8 +87,12 @@ def test_a_run_created_while_the_broker_is_down_is_saved_queued_and_sent_later(a
 
 def test_the_sweep_sends_what_is_owed_once_the_broker_is_back(alice):
     run = RunFactory(owner=alice, status=Run.Status.QUEUED, dispatched_at=None)
-    dry = DryRun.objects.create(owner=alice, script_version=RolloutScriptVersionFactory(asset__owner=alice),
-                                base_model=BaseModelFactory(), scenarios=[{"prompt": "x"}])
+    dry = DryRun.objects.create(
+        owner=alice,
+        script_version=RolloutScriptVersionFactory(asset__owner=alice),
+        base_model=BaseModelFactory(),
+        scenarios=[{"prompt": "x"}],
+    )
     old = timezone.now() - timedelta(minutes=1)
     Run.objects.filter(id=run.id).update(created_at=old)
     DryRun.objects.filter(id=dry.id).update(created_at=old)
@@ -101,8 +108,14 @@ def test_the_sweep_sends_what_is_owed_once_the_broker_is_back(alice):
 
 def test_the_sweeper_thread_requeues_a_run_whose_worker_died_without_being_asked(alice, settings):
     settings.ARTWEB = {**settings.ARTWEB, "SWEEP_SECONDS": 0.3, "HEARTBEAT_SECONDS": 1}
-    run = RunFactory(owner=alice, status=Run.Status.RUNNING, steps_done=2, worker="gone-host:1",
-                     heartbeat_at=timezone.now() - timedelta(minutes=5), dispatched_at=timezone.now())
+    run = RunFactory(
+        owner=alice,
+        status=Run.Status.RUNNING,
+        steps_done=2,
+        worker="gone-host:1",
+        heartbeat_at=timezone.now() - timedelta(minutes=5),
+        dispatched_at=timezone.now(),
+    )
     redis.Redis.from_url(settings.REDIS_URL).delete("artweb:sweep")
     with mock.patch.object(Sweeper, "_started", False):
         sweeper = Sweeper.start()

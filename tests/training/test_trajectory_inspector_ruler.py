@@ -12,9 +12,13 @@ def page(client, user, traj):
 
 def test_it_shows_the_judges_rationale_next_to_the_scores(client, alice):
     group = TrajectoryGroupFactory(run=RunFactory(owner=alice), step=1)
-    traj = TrajectoryFactory(group=group, index=0, reward=0.9,
-                             metrics={"ruler_score": 0.9, "independent_reward": 0.25},
-                             metadata={"ruler_explanation": "Answered <b>4</b>, directly.\nNo detours."})
+    traj = TrajectoryFactory(
+        group=group,
+        index=0,
+        reward=0.9,
+        metrics={"ruler_score": 0.9, "independent_reward": 0.25},
+        metadata={"ruler_explanation": "Answered <b>4</b>, directly.\nNo detours."},
+    )
     body = page(client, alice, traj)
     assert "Judge's rationale" in body
     assert "RULER score 0.900 · independent reward 0.250" in body

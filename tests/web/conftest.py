@@ -31,15 +31,29 @@ def world(alice, bob):
         for i in range(1, 4):
             StepFactory(run=run, step=i, reward_mean=0.1 * i)
         group = TrajectoryGroupFactory(run=run, step=2)
-        traj = TrajectoryFactory(group=group, index=0, reward=0.75, advantage=0.5, messages=[
-            {"role": "system", "content": "You are terse."},
-            {"role": "user", "content": f"Question for {user.username}"},
-            {"role": "assistant", "content": None, "token_ids": [1, 2, 3], "logprobs": [-0.1, -0.2, -0.3],
-             "tool_calls": [{"id": "call_1", "type": "function",
-                             "function": {"name": "lookup", "arguments": "{\"q\": \"x\"}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "result-text"},
-            {"role": "assistant", "content": "final answer", "token_ids": [4, 5]},
-        ], error="", search_text="final answer")
+        traj = TrajectoryFactory(
+            group=group,
+            index=0,
+            reward=0.75,
+            advantage=0.5,
+            messages=[
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": f"Question for {user.username}"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "token_ids": [1, 2, 3],
+                    "logprobs": [-0.1, -0.2, -0.3],
+                    "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "result-text"},
+                {"role": "assistant", "content": "final answer", "token_ids": [4, 5]},
+            ],
+            error="",
+            search_text="final answer",
+        )
         checkpoint = CheckpointFactory(run=run, step=3, path=f"/nonexistent/artweb-test/{run.id}/3")
         out[user.username] = {"run": run, "group": group, "traj": traj, "checkpoint": checkpoint}
     return out

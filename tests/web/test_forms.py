@@ -18,8 +18,10 @@ from tests.factories import (
 )
 from training.models import BaseModel, Run, RunEvent
 
-needs_validation = pytest.mark.skipif(importlib.util.find_spec("rollouts.runtime.validation") is None,
-                                      reason="rollouts.runtime.validation is not in this checkout yet")
+needs_validation = pytest.mark.skipif(
+    importlib.util.find_spec("rollouts.runtime.validation") is None,
+    reason="rollouts.runtime.validation is not in this checkout yet",
+)
 
 
 def _errors(response, field) -> list[str]:
@@ -37,9 +39,17 @@ def launchable(alice):
 
 
 def _launch_data(objs, **extra):
-    data = {"name": "my run", "tags": "a, b", "base_model": objs["base_model"].id,
-            "script_version": objs["script_version"].id, "reward_version": objs["reward_version"].id,
-            "scenario_set": objs["scenario_set"].id, "num_steps": 5, "group_size": 4, "train": ""}
+    data = {
+        "name": "my run",
+        "tags": "a, b",
+        "base_model": objs["base_model"].id,
+        "script_version": objs["script_version"].id,
+        "reward_version": objs["reward_version"].id,
+        "scenario_set": objs["scenario_set"].id,
+        "num_steps": 5,
+        "group_size": 4,
+        "train": "",
+    }
     data.update(extra)
     return data
 
@@ -62,13 +72,16 @@ def test_it_shows_config_bounds_and_help_on_the_launch_form(as_user, alice, laun
     assert "learning_rate" in body  # the TrainConfig reference table
 
 
-@pytest.mark.parametrize("extra, field, fragment", [
-    ({"num_steps": 0}, "num_steps", "greater than or equal to 1"),
-    ({"train": "{not json"}, "train", "Not valid JSON"),
-    ({"train": '{"learning_rat": 1}'}, "train", "unknown config key"),
-    ({"train": '{"learning_rate": 5}'}, "train", "learning_rate must be in"),
-    ({"name": ""}, "name", "required"),
-])
+@pytest.mark.parametrize(
+    "extra, field, fragment",
+    [
+        ({"num_steps": 0}, "num_steps", "greater than or equal to 1"),
+        ({"train": "{not json"}, "train", "Not valid JSON"),
+        ({"train": '{"learning_rat": 1}'}, "train", "unknown config key"),
+        ({"train": '{"learning_rate": 5}'}, "train", "learning_rate must be in"),
+        ({"name": ""}, "name", "required"),
+    ],
+)
 def test_it_shows_launch_errors_inline(as_user, alice, launchable, extra, field, fragment):
     response = as_user(alice).post(reverse("run-launch"), _launch_data(launchable, **extra))
     assert response.status_code == 200
@@ -90,12 +103,15 @@ def test_it_prefills_launch_similar_from_a_run(as_user, alice, launchable):
     assert '"learning_rate": 2e-05' in form.initial["train"]
 
 
-@pytest.mark.parametrize("action, start, end", [
-    ("cancel", "queued", "cancelled"),
-    ("pause", "queued", "paused"),
-    ("resume", "paused", "queued"),
-    ("retry", "failed", "queued"),
-])
+@pytest.mark.parametrize(
+    "action, start, end",
+    [
+        ("cancel", "queued", "cancelled"),
+        ("pause", "queued", "paused"),
+        ("resume", "paused", "queued"),
+        ("retry", "failed", "queued"),
+    ],
+)
 def test_it_runs_actions_through_the_services(as_user, alice, action, start, end):
     run = RunFactory(owner=alice, status=start)
     response = as_user(alice).post(reverse("run-action", args=[run.id, action]))
@@ -135,8 +151,7 @@ def test_it_refuses_a_server_directory_from_a_non_staff_user(as_user, alice, tmp
 
 def test_staff_may_register_a_server_directory_on_the_form(as_user, staff, tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    response = as_user(staff).post(reverse("model-list"), {"name": "local", "source": str(tmp_path),
-                                                           "max_length": 512})
+    response = as_user(staff).post(reverse("model-list"), {"name": "local", "source": str(tmp_path), "max_length": 512})
     assert response.status_code == 302
     model = BaseModel.objects.get(name="local")
     assert model.owner == staff and model.local_path == str(tmp_path.resolve())
@@ -194,8 +209,10 @@ def test_it_queues_a_dry_run_and_shows_its_result(as_user, alice, django_capture
     model = BaseModelFactory()
     client = as_user(alice)
     with django_capture_on_commit_callbacks() as callbacks:
-        response = client.post(reverse("dry-run-new"), {"script_version": version.id, "base_model": model.id,
-                                                        "scenario_set": scenario_set.id})
+        response = client.post(
+            reverse("dry-run-new"),
+            {"script_version": version.id, "base_model": model.id, "scenario_set": scenario_set.id},
+        )
     dry_run = DryRun.objects.get()
     assert response["Location"] == reverse("dry-run-detail", args=[dry_run.id])
     assert len(callbacks) == 1 and len(dry_run.scenarios) == 4

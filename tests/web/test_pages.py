@@ -31,10 +31,18 @@ def _owned_urls(objs, dry_run=None) -> list[str]:
 
 
 def _dry_run(owner, run):
-    return DryRun.objects.create(owner=owner, script_version=run.script_version, base_model=run.base_model,
-                                 scenarios=[{"prompt": "p"}], status="done",
-                                 result={"trajectories": [{"messages": [{"role": "user", "content": "dry hello"}],
-                                                           "reward": 0.5, "logs": ["log line"]}]})
+    return DryRun.objects.create(
+        owner=owner,
+        script_version=run.script_version,
+        base_model=run.base_model,
+        scenarios=[{"prompt": "p"}],
+        status="done",
+        result={
+            "trajectories": [
+                {"messages": [{"role": "user", "content": "dry hello"}], "reward": 0.5, "logs": ["log line"]}
+            ]
+        },
+    )
 
 
 def test_it_sends_anonymous_visitors_to_sign_in(client, db):
@@ -57,9 +65,16 @@ def test_it_renders_every_page_for_its_owner(as_user, alice, world):
     mine = world["alice"]
     dry_run = _dry_run(alice, mine["run"])
     pages = [
-        reverse("run-list"), reverse("run-launch"), reverse("run-compare") + f"?runs={mine['run'].id}",
-        reverse("model-list"), reverse("script-list"), reverse("script-new"), reverse("reward-list"),
-        reverse("reward-new"), reverse("scenario-set-list"), reverse("scenario-set-new"),
+        reverse("run-list"),
+        reverse("run-launch"),
+        reverse("run-compare") + f"?runs={mine['run'].id}",
+        reverse("model-list"),
+        reverse("script-list"),
+        reverse("script-new"),
+        reverse("reward-list"),
+        reverse("reward-new"),
+        reverse("scenario-set-list"),
+        reverse("scenario-set-new"),
         *_owned_urls(mine, dry_run),
     ]
     for url in pages:
@@ -76,8 +91,10 @@ def test_it_returns_404_for_every_page_of_another_users_objects(as_user, alice, 
         assert client.get(url).status_code == 404, url
     assert client.get(reverse("checkpoint-download", args=[run.id, theirs["checkpoint"].id])).status_code == 404
     # Even a checkpoint of bob's addressed through alice's own run.
-    assert client.get(reverse("checkpoint-download",
-                              args=[world["alice"]["run"].id, theirs["checkpoint"].id])).status_code == 404
+    assert (
+        client.get(reverse("checkpoint-download", args=[world["alice"]["run"].id, theirs["checkpoint"].id])).status_code
+        == 404
+    )
     # A trajectory of bob's opened inside alice's run.
     url = reverse("run-trajectories", args=[world["alice"]["run"].id]) + f"?traj={theirs['traj'].id}"
     assert client.get(url).status_code == 404
@@ -125,8 +142,12 @@ def test_it_filters_sorts_and_paginates_the_runs_list(as_user, alice, world):
     body = client.get(reverse("run-list"), {"order": "name"}).content.decode()
     assert body.index("alice-run") < body.index("zebra-sweep")
     for i in range(30):
-        RunFactory(owner=alice, name=f"bulk-{i:02d}", script_version=world["alice"]["run"].script_version,
-                   scenario_set=world["alice"]["run"].scenario_set)
+        RunFactory(
+            owner=alice,
+            name=f"bulk-{i:02d}",
+            script_version=world["alice"]["run"].script_version,
+            scenario_set=world["alice"]["run"].scenario_set,
+        )
     body = client.get(reverse("run-list"), {"per_page": 25, "order": "name"}).content.decode()
     assert "Page 1 of 2" in body and "zebra-sweep" not in body
 
@@ -136,10 +157,18 @@ def test_it_embeds_downsampled_chart_data_in_the_run_page(as_user, alice, django
 
     client = as_user(alice)
     run = RunFactory(owner=alice, num_steps=2000)
-    Step.objects.bulk_create([
-        Step(run=run, step=i, reward_mean=(9.0 if i == 1234 else 0.5), reward_std=0.1,
-             metrics={"loss": 0.1, "kl": 0.01}) for i in range(1, 2001)
-    ])
+    Step.objects.bulk_create(
+        [
+            Step(
+                run=run,
+                step=i,
+                reward_mean=(9.0 if i == 1234 else 0.5),
+                reward_std=0.1,
+                metrics={"loss": 0.1, "kl": 0.01},
+            )
+            for i in range(1, 2001)
+        ]
+    )
     with django_assert_max_num_queries(15):
         response = client.get(reverse("run-detail", args=[run.id]))
     data = response.context["page_data"]
@@ -188,9 +217,14 @@ def test_it_filters_trajectories_by_reward_and_text(as_user, alice, world):
 def test_it_compares_runs_showing_only_differing_settings(as_user, alice, world):
     client = as_user(alice)
     base = world["alice"]["run"]
-    other = RunFactory(owner=alice, script_version=base.script_version, reward_version=base.reward_version,
-                       scenario_set=base.scenario_set, config={"group_size": 8, "seed": 0},
-                       name="other")
+    other = RunFactory(
+        owner=alice,
+        script_version=base.script_version,
+        reward_version=base.reward_version,
+        scenario_set=base.scenario_set,
+        config={"group_size": 8, "seed": 0},
+        name="other",
+    )
     base.config = {"group_size": 6, "seed": 0}
     base.save()
     response = client.get(reverse("run-compare"), {"runs": [base.id, other.id]})

@@ -62,8 +62,10 @@ def test_the_runs_list(alice, flat):
     BaseModelFactory()
 
     def seed(n):
-        runs = [RunFactory(owner=alice, name=name("run"), tags=["nightly"], steps_done=1, latest_reward=0.5)
-                for _ in range(n)]
+        runs = [
+            RunFactory(owner=alice, name=name("run"), tags=["nightly"], steps_done=1, latest_reward=0.5)
+            for _ in range(n)
+        ]
         return [r.name for r in runs] + [r.script_version.asset.name for r in runs]
 
     flat(alice, reverse("run-list"), seed, budget=6)
@@ -101,9 +103,17 @@ def test_the_scenario_sets_list(alice, flat):
 def test_the_models_page(alice, flat):
     def seed(n):
         models = [BaseModelFactory(name=name("model"), owner=alice) for _ in range(n)]
-        judges = [JudgeEndpoint.objects.create(owner=alice, name=name("judge"), base_url="https://judge.example/v1",
-                                               model="judge-model", key_encrypted="x", key_last4="wxyz")
-                  for _ in range(n)]
+        judges = [
+            JudgeEndpoint.objects.create(
+                owner=alice,
+                name=name("judge"),
+                base_url="https://judge.example/v1",
+                model="judge-model",
+                key_encrypted="x",
+                key_last4="wxyz",
+            )
+            for _ in range(n)
+        ]
         return [m.name for m in models] + [j.name for j in judges]
 
     flat(alice, reverse("model-list"), seed, budget=4)
@@ -113,9 +123,17 @@ def test_the_exports_page(alice, flat):
     ExportTarget.objects.create(owner=alice, kind="wandb", settings={"project": "every-run"})
 
     def seed(n):
-        targets = [ExportTarget.objects.create(owner=alice, run=RunFactory(owner=alice), kind="wandb",
-                                               settings={"project": name("project")}, secret_encrypted="x",
-                                               secret_last4="abcd") for _ in range(n)]
+        targets = [
+            ExportTarget.objects.create(
+                owner=alice,
+                run=RunFactory(owner=alice),
+                kind="wandb",
+                settings={"project": name("project")},
+                secret_encrypted="x",
+                secret_last4="abcd",
+            )
+            for _ in range(n)
+        ]
         return [f"#{t.run_id} {t.run.name}" for t in targets]
 
     flat(alice, reverse("export-list"), seed, budget=3)
@@ -156,8 +174,12 @@ def test_the_run_page(alice, flat):
             shown.append(RunLog.objects.create(run=run, step=step, message=name("log")).message)
             group = TrajectoryGroupFactory(run=run, step=step, scenario=scenario)
             for index in range(2):
-                TrajectoryFactory(group=group, index=index, reward=float(index), messages=[
-                    {"role": "user", "content": "q"}, {"role": "assistant", "content": name("answer")}])
+                TrajectoryFactory(
+                    group=group,
+                    index=index,
+                    reward=float(index),
+                    messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": name("answer")}],
+                )
         return shown
 
     flat(alice, reverse("run-detail", args=[run.id]), seed, budget=15)

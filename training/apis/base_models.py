@@ -19,7 +19,8 @@ class BaseModelOutput(serializers.Serializer):
     max_length = serializers.IntegerField()
     supports_tools = serializers.BooleanField()
     recommended_train = serializers.DictField(
-        help_text="Training settings that suit this model; a run's train settings left out take these values.")
+        help_text="Training settings that suit this model; a run's train settings left out take these values."
+    )
     shared = serializers.SerializerMethodField(help_text="True for models everyone may use.")
     created_at = serializers.DateTimeField()
 
@@ -28,8 +29,11 @@ class BaseModelOutput(serializers.Serializer):
 
 
 class BaseModelListApi(Api):
-    @extend_schema(operation_id="base_models_list", parameters=PAGE_PARAMETERS,
-                   responses={200: paginated_schema(BaseModelOutput, "PaginatedBaseModelList")})
+    @extend_schema(
+        operation_id="base_models_list",
+        parameters=PAGE_PARAMETERS,
+        responses={200: paginated_schema(BaseModelOutput, "PaginatedBaseModelList")},
+    )
     def get(self, request):
         qs = selectors.base_model_visible(request.user).order_by("name", "id")
         return paginated_response(request=request, view=self, queryset=qs, serializer_class=BaseModelOutput)
@@ -44,14 +48,19 @@ class BaseModelRegisterApi(WriteApi):
         source = serializers.CharField(max_length=500, help_text="Hugging Face id, or a server directory (staff).")
         revision = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
         max_length = serializers.IntegerField(min_value=16, max_value=1_048_576, required=False, default=2048)
-        chat_template_override = serializers.CharField(required=False, allow_blank=True, default="",
-                                                       max_length=100_000, trim_whitespace=False)
+        chat_template_override = serializers.CharField(
+            required=False, allow_blank=True, default="", max_length=100_000, trim_whitespace=False
+        )
         supports_tools = serializers.BooleanField(required=False, default=False)
-        recommended_train = serializers.DictField(required=False, default=dict,
-                                                  help_text="TrainConfig keys, e.g. {\"learning_rate\": 0.0002}.")
+        recommended_train = serializers.DictField(
+            required=False, default=dict, help_text='TrainConfig keys, e.g. {"learning_rate": 0.0002}.'
+        )
 
-    @extend_schema(operation_id="base_models_register", request=InputSerializer,
-                   responses={201: BaseModelOutput, 400: ErrorSerializer})
+    @extend_schema(
+        operation_id="base_models_register",
+        request=InputSerializer,
+        responses={201: BaseModelOutput, 400: ErrorSerializer},
+    )
     def post(self, request):
         data = body(self.InputSerializer, request)
         model = services.base_model_register(owner=request.user, **data)

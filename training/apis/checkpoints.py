@@ -51,13 +51,16 @@ def _file_chunks(path: Path):
 class CheckpointDownloadApi(Api):
     """The checkpoint's LoRA adapter (config and weights) as a .tar.gz."""
 
-    @extend_schema(operation_id="checkpoints_download",
-                   responses={(200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY), **ERRORS})
+    @extend_schema(
+        operation_id="checkpoints_download",
+        responses={(200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY), **ERRORS},
+    )
     def get(self, request, checkpoint_id: int):
         checkpoint = selectors.checkpoint_get(user=request.user, checkpoint_id=checkpoint_id)
         path = services.checkpoint_archive(checkpoint=checkpoint)
-        return stream_response(request, _file_chunks(path), content_type="application/gzip", filename=path.name,
-                               length=path.stat().st_size)
+        return stream_response(
+            request, _file_chunks(path), content_type="application/gzip", filename=path.name, length=path.stat().st_size
+        )
 
 
 class CheckpointPromoteApi(WriteApi):

@@ -13,8 +13,14 @@ from training import selectors
 MAX_ID = 2**63 - 1
 
 
-@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1, "maximum": MAX_ID},
-                                 {"type": "string", "minLength": 1, "maxLength": 200}]})
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+            {"type": "string", "minLength": 1, "maxLength": 200},
+        ]
+    }
+)
 class IdOrNameField(serializers.Field):
     """An object's id (a JSON integer) or its name (a JSON string)."""
 
@@ -38,9 +44,11 @@ class IdOrNameField(serializers.Field):
 def _pick(qs, value, *, field: str, what: str):
     obj = qs.filter(**({"id": value} if isinstance(value, int) else {"name": value})).first()
     if obj is None:
-        raise ApplicationError(f"No {what} {value!r} found among yours. Check the id or name "
-                               f"(list them with GET /api/v1/{field.replace('_', '-')}s/).",
-                               field_errors={field: ["not found"]})
+        raise ApplicationError(
+            f"No {what} {value!r} found among yours. Check the id or name "
+            f"(list them with GET /api/v1/{field.replace('_', '-')}s/).",
+            field_errors={field: ["not found"]},
+        )
     return obj
 
 
@@ -48,8 +56,9 @@ def _version(asset, number: int | None, *, field: str, what: str):
     versions = asset.versions.select_related("asset")
     version = versions.filter(number=number).first() if number is not None else versions.order_by("-number").first()
     if version is None:
-        raise ApplicationError(f"The {what} {asset.name!r} has no version {number}.",
-                               field_errors={field: ["not found"]})
+        raise ApplicationError(
+            f"The {what} {asset.name!r} has no version {number}.", field_errors={field: ["not found"]}
+        )
     return version
 
 
@@ -85,4 +94,3 @@ class VersionRefOutput(serializers.Serializer):
     name = serializers.CharField(source="asset.name")
     version = serializers.IntegerField(source="number")
     version_id = serializers.IntegerField(source="id")
-

@@ -32,9 +32,13 @@ class DryRunOutput(serializers.Serializer):
     base_model = RefOutput()
     scenarios = serializers.JSONField()
     samples = serializers.IntegerField(help_text="Rollouts per scenario.")
-    result = serializers.JSONField(allow_null=True, help_text=(
-        "Trajectories with rewards, logs and errors, and under \"spread\" per scenario its rewards, their std, "
-        "min and max and whether they differ (signal), with a verdict for the whole sample."))
+    result = serializers.JSONField(
+        allow_null=True,
+        help_text=(
+            'Trajectories with rewards, logs and errors, and under "spread" per scenario its rewards, their std, '
+            "min and max and whether they differ (signal), with a verdict for the whole sample."
+        ),
+    )
     error = serializers.CharField()
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
@@ -49,31 +53,49 @@ class DryRunCreateApi(WriteApi):
         reward = IdOrNameField(required=False, allow_null=True, default=None)
         reward_version = serializers.IntegerField(required=False, min_value=1, max_value=MAX_INT)
         base_model = IdOrNameField()
-        scenario_set = IdOrNameField(required=False, allow_null=True, default=None,
-                                     help_text="Try the first scenarios of this set...")
+        scenario_set = IdOrNameField(
+            required=False, allow_null=True, default=None, help_text="Try the first scenarios of this set..."
+        )
         scenario_count = serializers.IntegerField(
-            required=False, min_value=1, max_value=rollout_services.MAX_DRY_RUN_SCENARIOS,
-            default=rollout_services.DEFAULT_DRY_RUN_SCENARIOS, help_text="...this many of them...")
-        scenarios = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True,
-                                          default=None, min_length=1,
-                                          max_length=rollout_services.MAX_DRY_RUN_SCENARIOS,
-                                          help_text="...or these scenario objects.")
+            required=False,
+            min_value=1,
+            max_value=rollout_services.MAX_DRY_RUN_SCENARIOS,
+            default=rollout_services.DEFAULT_DRY_RUN_SCENARIOS,
+            help_text="...this many of them...",
+        )
+        scenarios = serializers.ListField(
+            child=serializers.DictField(),
+            required=False,
+            allow_null=True,
+            default=None,
+            min_length=1,
+            max_length=rollout_services.MAX_DRY_RUN_SCENARIOS,
+            help_text="...or these scenario objects.",
+        )
         samples = serializers.IntegerField(
-            required=False, min_value=1, max_value=rollout_services.MAX_DRY_RUN_SAMPLES, default=1,
+            required=False,
+            min_value=1,
+            max_value=rollout_services.MAX_DRY_RUN_SAMPLES,
+            default=1,
             help_text="Rollouts per scenario, scored as one group: with 2 or more the result says whether the "
-                      "reward gives spread (different rewards within a scenario), the signal GRPO learns from.")
+            "reward gives spread (different rewards within a scenario), the signal GRPO learns from.",
+        )
 
-    @extend_schema(operation_id="dry_runs_create", request=InputSerializer,
-                   responses={201: DryRunOutput, 400: ErrorSerializer})
+    @extend_schema(
+        operation_id="dry_runs_create", request=InputSerializer, responses={201: DryRunOutput, 400: ErrorSerializer}
+    )
     def post(self, request):
         data = body(self.InputSerializer, request)
         user = request.user
         dry_run = rollout_services.dry_run_create(
-            owner=user, script_version=resolve_script_version(user, data["script"], data.get("script_version")),
+            owner=user,
+            script_version=resolve_script_version(user, data["script"], data.get("script_version")),
             reward_version=resolve_reward_version(user, data["reward"], data.get("reward_version")),
             base_model=resolve_base_model(user, data["base_model"]),
-            scenario_set=resolve_scenario_set(user, data["scenario_set"]), scenarios=data["scenarios"],
-            scenario_count=data["scenario_count"], samples=data["samples"],
+            scenario_set=resolve_scenario_set(user, data["scenario_set"]),
+            scenarios=data["scenarios"],
+            scenario_count=data["scenario_count"],
+            samples=data["samples"],
         )
         return Response(DryRunOutput(dry_run).data, status=201)
 

@@ -22,9 +22,11 @@ from training.selectors import run_visible
 
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
 MAX_ID = 2**63 - 1
-SETTINGS_HELP = ("The kind's settings, whole (missing ones take their defaults). W&B: project, entity, base_url, "
-                 "mode, trajectories_per_step, log_checkpoints. Weave: project (entity/project), base_url. "
-                 "Langfuse: host, public_key, include_validation. GET /api/v1/export-targets/kinds/ describes them.")
+SETTINGS_HELP = (
+    "The kind's settings, whole (missing ones take their defaults). W&B: project, entity, base_url, "
+    "mode, trajectories_per_step, log_checkpoints. Weave: project (entity/project), base_url. "
+    "Langfuse: host, public_key, include_validation. GET /api/v1/export-targets/kinds/ describes them."
+)
 
 
 class ExportTargetOutput(serializers.Serializer):
@@ -34,9 +36,10 @@ class ExportTargetOutput(serializers.Serializer):
     enabled = serializers.BooleanField()
     settings = serializers.JSONField()
     secret = serializers.CharField(help_text="The stored key masked to its last four characters; empty: none.")
-    secret_source = serializers.ChoiceField(choices=["stored", "worker environment", "none"],
-                                            help_text="Where the key comes from. 'worker environment' only for "
-                                                      "staff members' targets.")
+    secret_source = serializers.ChoiceField(
+        choices=["stored", "worker environment", "none"],
+        help_text="Where the key comes from. 'worker environment' only for staff members' targets.",
+    )
     last_error = serializers.CharField()
     last_error_at = serializers.DateTimeField(allow_null=True)
     last_success_at = serializers.DateTimeField(allow_null=True)
@@ -54,9 +57,11 @@ def _run(user, run_id: int | None):
         return None
     run = run_visible(user).filter(owner=user, id=run_id).first()
     if run is None:
-        raise ApplicationError(f"No run {run_id} among yours. Give the id of one of your runs "
-                               "(GET /api/v1/runs/), or leave `run` out for all your runs.",
-                               field_errors={"run": ["not found"]})
+        raise ApplicationError(
+            f"No run {run_id} among yours. Give the id of one of your runs "
+            "(GET /api/v1/runs/), or leave `run` out for all your runs.",
+            field_errors={"run": ["not found"]},
+        )
     return run
 
 
@@ -64,14 +69,18 @@ class ExportTargetListApi(Api):
     """Your export targets: those for all your runs and those for single runs."""
 
     class FilterSerializer(serializers.Serializer):
-        run = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID,
-                                       help_text="Only the targets of this run.")
+        run = serializers.IntegerField(
+            required=False, min_value=1, max_value=MAX_ID, help_text="Only the targets of this run."
+        )
 
     class OutputSerializer(serializers.Serializer):
         results = ExportTargetOutput(many=True)
 
-    @extend_schema(operation_id="export_targets_list", parameters=[FilterSerializer],
-                   responses={200: OutputSerializer, 400: ErrorSerializer})
+    @extend_schema(
+        operation_id="export_targets_list",
+        parameters=[FilterSerializer],
+        responses={200: OutputSerializer, 400: ErrorSerializer},
+    )
     def get(self, request):
         f = query_params(self.FilterSerializer, request)
         targets = export_target_list(owner=request.user, run=_run(request.user, f.get("run")))
@@ -91,33 +100,63 @@ class ExportTargetKindListApi(Api):
 
     @extend_schema(operation_id="export_targets_kinds", responses={200: OutputSerializer})
     def get(self, request):
-        return Response({"results": [
-            {"kind": kind, "label": ExportTarget.Kind(kind).label, "settings_schema": schema.model_json_schema()}
-            for kind, schema in SCHEMAS.items()]})
+        return Response(
+            {
+                "results": [
+                    {
+                        "kind": kind,
+                        "label": ExportTarget.Kind(kind).label,
+                        "settings_schema": schema.model_json_schema(),
+                    }
+                    for kind, schema in SCHEMAS.items()
+                ]
+            }
+        )
 
 
 class ExportTargetCreateApi(WriteApi):
     """Add a target for all your runs (no `run`) or for one run (it overrides the all-runs one of its kind)."""
 
     class InputSerializer(serializers.Serializer):
-        kind = serializers.ChoiceField(choices=ExportTarget.Kind.choices, error_messages={
-            "invalid_choice": f"\"{{input}}\" is not a kind of export; choose {', '.join(ExportTarget.Kind.values)}."})
-        run = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1, max_value=MAX_ID,
-                                       help_text="A run of yours; leave out for all your runs.")
+        kind = serializers.ChoiceField(
+            choices=ExportTarget.Kind.choices,
+            error_messages={
+                "invalid_choice": f'"{{input}}" is not a kind of export; choose {", ".join(ExportTarget.Kind.values)}.'
+            },
+        )
+        run = serializers.IntegerField(
+            required=False,
+            allow_null=True,
+            default=None,
+            min_value=1,
+            max_value=MAX_ID,
+            help_text="A run of yours; leave out for all your runs.",
+        )
         settings = serializers.DictField(required=False, default=dict, help_text=SETTINGS_HELP)
-        secret = serializers.CharField(required=False, allow_blank=True, default="", max_length=1000,
-                                       trim_whitespace=True, write_only=True,
-                                       help_text="W&B / Weave: your W&B API key. Langfuse: your secret key. "
-                                                 "Stored encrypted, never shown again.")
+        secret = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            default="",
+            max_length=1000,
+            trim_whitespace=True,
+            write_only=True,
+            help_text="W&B / Weave: your W&B API key. Langfuse: your secret key. Stored encrypted, never shown again.",
+        )
         enabled = serializers.BooleanField(required=False, default=True)
 
-    @extend_schema(operation_id="export_targets_create", request=InputSerializer,
-                   responses={201: ExportTargetOutput, **ERRORS})
+    @extend_schema(
+        operation_id="export_targets_create", request=InputSerializer, responses={201: ExportTargetOutput, **ERRORS}
+    )
     def post(self, request):
         data = body(self.InputSerializer, request)
-        target = services.export_target_create(owner=request.user, kind=data["kind"], settings=data["settings"],
-                                               secret=data["secret"], run=_run(request.user, data["run"]),
-                                               enabled=data["enabled"])
+        target = services.export_target_create(
+            owner=request.user,
+            kind=data["kind"],
+            settings=data["settings"],
+            secret=data["secret"],
+            run=_run(request.user, data["run"]),
+            enabled=data["enabled"],
+        )
         return Response(_out(target), status=201)
 
 
@@ -132,19 +171,31 @@ class ExportTargetUpdateApi(WriteApi):
 
     class InputSerializer(serializers.Serializer):
         settings = serializers.DictField(required=False, help_text=SETTINGS_HELP)
-        secret = serializers.CharField(required=False, allow_blank=True, allow_null=True, default=None,
-                                       max_length=1000, trim_whitespace=True, write_only=True,
-                                       help_text="A new key; leave out (or null) to keep the stored one, "
-                                                 "\"\" to remove it.")
+        secret = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            allow_null=True,
+            default=None,
+            max_length=1000,
+            trim_whitespace=True,
+            write_only=True,
+            help_text='A new key; leave out (or null) to keep the stored one, "" to remove it.',
+        )
         enabled = serializers.BooleanField(required=False, allow_null=True, default=None)
 
-    @extend_schema(operation_id="export_targets_update", request=InputSerializer,
-                   responses={200: ExportTargetOutput, **ERRORS})
+    @extend_schema(
+        operation_id="export_targets_update", request=InputSerializer, responses={200: ExportTargetOutput, **ERRORS}
+    )
     def post(self, request, target_id: int):
         target = export_target_get(user=request.user, target_id=target_id)
         data = body(self.InputSerializer, request)
-        target = services.export_target_update(target=target, actor=request.user, settings=data.get("settings"),
-                                               secret=data["secret"], enabled=data["enabled"])
+        target = services.export_target_update(
+            target=target,
+            actor=request.user,
+            settings=data.get("settings"),
+            secret=data["secret"],
+            enabled=data["enabled"],
+        )
         return Response(_out(target))
 
 

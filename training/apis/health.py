@@ -20,14 +20,19 @@ class RunRewardHealthApi(Api):
     trajectories by reward time. Latencies are in milliseconds."""
 
     class FilterSerializer(serializers.Serializer):
-        step_from = serializers.IntegerField(required=False, min_value=0, max_value=MAX_INT,
-                                             help_text="First step included (default: the first).")
-        step_to = serializers.IntegerField(required=False, min_value=0, max_value=MAX_INT,
-                                           help_text="Last step included (default: the last).")
+        step_from = serializers.IntegerField(
+            required=False, min_value=0, max_value=MAX_INT, help_text="First step included (default: the first)."
+        )
+        step_to = serializers.IntegerField(
+            required=False, min_value=0, max_value=MAX_INT, help_text="Last step included (default: the last)."
+        )
 
         def validate(self, data):
-            if data.get("step_from") is not None and data.get("step_to") is not None \
-                    and data["step_from"] > data["step_to"]:
+            if (
+                data.get("step_from") is not None
+                and data.get("step_to") is not None
+                and data["step_from"] > data["step_to"]
+            ):
                 raise serializers.ValidationError({"step_to": ["must be at least step_from"]})
             return data
 
@@ -39,9 +44,13 @@ class RunRewardHealthApi(Api):
                 message = serializers.CharField(help_text="The example's error (first 2,000 characters).")
                 link = serializers.CharField(help_text="The trajectory in the inspector.")
 
-            stage = serializers.ChoiceField(choices=STAGES, help_text=(
-                "reward: the reward function raised; timeout: it did not finish in time; rollout: the script "
-                "failed before a reward could run."))
+            stage = serializers.ChoiceField(
+                choices=STAGES,
+                help_text=(
+                    "reward: the reward function raised; timeout: it did not finish in time; rollout: the script "
+                    "failed before a reward could run."
+                ),
+            )
             type = serializers.CharField(help_text="The exception's name, or the message's first line.")
             count = serializers.IntegerField()
             example = ExampleSerializer()
@@ -74,8 +83,11 @@ class RunRewardHealthApi(Api):
         per_step = StepSerializer(many=True)
         slowest = SlowSerializer(many=True)
 
-    @extend_schema(operation_id="runs_reward_health", parameters=[FilterSerializer],
-                   responses={200: OutputSerializer, 400: ErrorSerializer, 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="runs_reward_health",
+        parameters=[FilterSerializer],
+        responses={200: OutputSerializer, 400: ErrorSerializer, 404: ErrorSerializer},
+    )
     def get(self, request, run_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
         f = query_params(self.FilterSerializer, request)

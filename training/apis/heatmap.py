@@ -10,12 +10,12 @@ from rest_framework.response import Response
 
 from artweb.api_errors import ErrorSerializer
 from rollouts.apis.base import Api, query_params
+from rollouts.models import TrajectoryGroup
 from training import selectors
 from training.heatmap import (
     COLUMNS_LIMIT,
     MAX_COLUMNS,
     MAX_STEP,
-    SPLITS,
     heatmap_etag,
     heatmap_query,
     run_heatmap,
@@ -37,18 +37,24 @@ class RunHeatmapApi(Api):
     """
 
     class FilterSerializer(serializers.Serializer):
-        split = serializers.ChoiceField(choices=SPLITS, required=False, default="train")
+        split = serializers.ChoiceField(choices=TrajectoryGroup.Split.choices, required=False, default="train")
         # "from" is a Python keyword: the field is declared below under its query-string name.
-        to = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP,
-                                      help_text="Last step shown (included).")
-        max_columns = serializers.IntegerField(required=False, min_value=1, max_value=COLUMNS_LIMIT,
-                                               default=MAX_COLUMNS,
-                                               help_text="Bin consecutive steps when there are more steps.")
+        to = serializers.IntegerField(
+            required=False, min_value=0, max_value=MAX_STEP, help_text="Last step shown (included)."
+        )
+        max_columns = serializers.IntegerField(
+            required=False,
+            min_value=1,
+            max_value=COLUMNS_LIMIT,
+            default=MAX_COLUMNS,
+            help_text="Bin consecutive steps when there are more steps.",
+        )
 
         def get_fields(self):
             fields = super().get_fields()
-            fields["from"] = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP,
-                                                      help_text="First step shown (included).")
+            fields["from"] = serializers.IntegerField(
+                required=False, min_value=0, max_value=MAX_STEP, help_text="First step shown (included)."
+            )
             return fields
 
     class OutputSerializer(serializers.Serializer):
@@ -59,8 +65,9 @@ class RunHeatmapApi(Api):
         class RowsSerializer(serializers.Serializer):
             scenario = serializers.ListField(child=serializers.IntegerField(), help_text="Scenario ids.")
             index = serializers.ListField(child=serializers.IntegerField(), help_text="Scenario indexes.")
-            text = serializers.ListField(child=serializers.CharField(allow_blank=True),
-                                         help_text="The start of each scenario's JSON.")
+            text = serializers.ListField(
+                child=serializers.CharField(allow_blank=True), help_text="The start of each scenario's JSON."
+            )
 
         class ValuesSerializer(serializers.Serializer):
             min = serializers.FloatField()
@@ -86,14 +93,20 @@ class RunHeatmapApi(Api):
         last_group = serializers.IntegerField(help_text="The run's newest group id the cells include.")
         version = serializers.CharField(help_text="Changes whenever the cells may have.")
 
-    @extend_schema(operation_id="runs_heatmap", parameters=[FilterSerializer],
-                   responses={200: OutputSerializer, 400: ErrorSerializer, 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="runs_heatmap",
+        parameters=[FilterSerializer],
+        responses={200: OutputSerializer, 400: ErrorSerializer, 404: ErrorSerializer},
+    )
     def get(self, request, run_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
         f = query_params(self.FilterSerializer, request)
-        query = heatmap_query(split=f["split"], step_from=f.get("from"), step_to=f.get("to"),
-                              max_columns=f["max_columns"])
+        query = heatmap_query(
+            split=f["split"], step_from=f.get("from"), step_to=f.get("to"), max_columns=f["max_columns"]
+        )
         if request.headers.get("If-None-Match") == heatmap_etag(query, run_heatmap_version(run=run)):
             return Response(status=304, headers={"ETag": request.headers["If-None-Match"]})
         data = run_heatmap(run=run, query=query)
-        return Response(data, headers={"ETag": heatmap_etag(query, data["version"]), "Cache-Control": "private, no-cache"})
+        return Response(
+            data, headers={"ETag": heatmap_etag(query, data["version"]), "Cache-Control": "private, no-cache"}
+        )

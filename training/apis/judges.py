@@ -26,8 +26,9 @@ class JudgeEndpointOutput(serializers.Serializer):
     ruler_judge = serializers.SerializerMethodField(help_text="The value a run's ruler_judge takes to use it.")
     base_url = serializers.CharField()
     model = serializers.CharField()
-    api_key = serializers.SerializerMethodField(help_text="The stored key, masked to its last four characters "
-                                                          "(long keys only); empty: none stored.")
+    api_key = serializers.SerializerMethodField(
+        help_text="The stored key, masked to its last four characters (long keys only); empty: none stored."
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 
@@ -51,13 +52,22 @@ class JudgeEndpointListApi(Api):
 class JudgeEndpointCreateApi(WriteApi):
     class InputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=100, help_text="Runs refer to it as endpoint:<name>.")
-        base_url = serializers.CharField(max_length=500, help_text="OpenAI-compatible base URL, e.g. "
-                                                                   "https://api.example.com/v1 (public hosts only).")
+        base_url = serializers.CharField(
+            max_length=500, help_text="OpenAI-compatible base URL, e.g. https://api.example.com/v1 (public hosts only)."
+        )
         model = serializers.CharField(max_length=200, help_text="The judge model's name at that server.")
-        api_key = serializers.CharField(required=False, allow_blank=True, default="", max_length=1000,
-                                        write_only=True, help_text="Sent as a bearer token; never shown again.")
+        api_key = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            default="",
+            max_length=1000,
+            write_only=True,
+            help_text="Sent as a bearer token; never shown again.",
+        )
 
-    @extend_schema(operation_id="judges_create", request=InputSerializer, responses={201: JudgeEndpointOutput, **ERRORS})
+    @extend_schema(
+        operation_id="judges_create", request=InputSerializer, responses={201: JudgeEndpointOutput, **ERRORS}
+    )
     def post(self, request):
         data = body(self.InputSerializer, request)
         endpoint = judges.judge_endpoint_create(owner=request.user, **data)
@@ -76,11 +86,19 @@ class JudgeEndpointUpdateApi(WriteApi):
     class InputSerializer(serializers.Serializer):
         base_url = serializers.CharField(required=False, max_length=500, default=None)
         model = serializers.CharField(required=False, max_length=200, default=None)
-        api_key = serializers.CharField(required=False, allow_blank=True, allow_null=True, default=None,
-                                        max_length=1000, write_only=True,
-                                        help_text="A new key; leave out to keep the stored one, \"\" to remove it.")
+        api_key = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            allow_null=True,
+            default=None,
+            max_length=1000,
+            write_only=True,
+            help_text='A new key; leave out to keep the stored one, "" to remove it.',
+        )
 
-    @extend_schema(operation_id="judges_update", request=InputSerializer, responses={200: JudgeEndpointOutput, **ERRORS})
+    @extend_schema(
+        operation_id="judges_update", request=InputSerializer, responses={200: JudgeEndpointOutput, **ERRORS}
+    )
     def post(self, request, endpoint_id: int):
         endpoint = _own(request, endpoint_id)
         data = body(self.InputSerializer, request)

@@ -18,6 +18,7 @@ from rollouts.apis.base import (
     paginated_schema,
     query_params,
 )
+from rollouts.models import TrajectoryGroup
 from rollouts.selectors import reward_version_list
 from training import selectors
 from training.apis.common import VersionRefOutput
@@ -44,10 +45,13 @@ class RescoreOutput(serializers.Serializer):
 
 
 class RescoreDetailOutput(RescoreOutput):
-    summary = serializers.JSONField(help_text=(
-        "When done: spearman, kendall_tau (tau-b), pair_agreement (share of pairs within a group ordered "
-        "alike), group_pairs, mean_abs_diff, old_mean, new_mean, trajectories, paired, errors, curve "
-        "{steps, old, new} (mean reward per step) and disagreements (largest rank gap first)."))
+    summary = serializers.JSONField(
+        help_text=(
+            "When done: spearman, kendall_tau (tau-b), pair_agreement (share of pairs within a group ordered "
+            "alike), group_pairs, mean_abs_diff, old_mean, new_mean, trajectories, paired, errors, curve "
+            "{steps, old, new} (mean reward per step) and disagreements (largest rank gap first)."
+        )
+    )
 
 
 class RescoreScoreOutput(serializers.Serializer):
@@ -55,7 +59,9 @@ class RescoreScoreOutput(serializers.Serializer):
     step = serializers.IntegerField()
     old_reward = serializers.FloatField(allow_null=True)
     new_reward = serializers.FloatField(allow_null=True)
-    rank_gap = serializers.FloatField(allow_null=True, help_text="|new rank - old rank|; set when the re-score is done.")
+    rank_gap = serializers.FloatField(
+        allow_null=True, help_text="|new rank - old rank|; set when the re-score is done."
+    )
     error = serializers.CharField()
     reward_ms = serializers.IntegerField(allow_null=True)
     metrics = serializers.JSONField()
@@ -72,22 +78,38 @@ class RunRescoreListApi(Api):
 
     class InputSerializer(serializers.Serializer):
         reward_version = serializers.IntegerField(
-            required=False, allow_null=True, default=None, min_value=1, max_value=MAX_INT,
-            help_text="Id of one of your reward function versions (version_id in the rewards API).")
+            required=False,
+            allow_null=True,
+            default=None,
+            min_value=1,
+            max_value=MAX_INT,
+            help_text="Id of one of your reward function versions (version_id in the rewards API).",
+        )
         use_ruler = serializers.BooleanField(required=False, default=False)
-        ruler_judge = serializers.CharField(required=False, default="", allow_blank=True, max_length=200,
-                                            help_text="endpoint:<name>, one of your judge endpoints.")
-        split = serializers.ChoiceField(choices=["train", "validation"], required=False, default="train")
+        ruler_judge = serializers.CharField(
+            required=False,
+            default="",
+            allow_blank=True,
+            max_length=200,
+            help_text="endpoint:<name>, one of your judge endpoints.",
+        )
+        split = serializers.ChoiceField(choices=TrajectoryGroup.Split.choices, required=False, default="train")
 
-    @extend_schema(operation_id="runs_rescores_list", parameters=PAGE_PARAMETERS,
-                   responses={200: paginated_schema(RescoreOutput, "PaginatedRescoreList"), 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="runs_rescores_list",
+        parameters=PAGE_PARAMETERS,
+        responses={200: paginated_schema(RescoreOutput, "PaginatedRescoreList"), 404: ErrorSerializer},
+    )
     def get(self, request, run_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
         qs = service.rescore_list(user=request.user, run=run)
         return paginated_response(request=request, view=self, queryset=qs, serializer_class=RescoreOutput)
 
-    @extend_schema(operation_id="runs_rescores_create", request=InputSerializer,
-                   responses={201: RescoreDetailOutput, 400: ErrorSerializer, 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="runs_rescores_create",
+        request=InputSerializer,
+        responses={201: RescoreDetailOutput, 400: ErrorSerializer, 404: ErrorSerializer},
+    )
     def post(self, request, run_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
         data = body(self.InputSerializer, request)
@@ -97,10 +119,17 @@ class RunRescoreListApi(Api):
             if version is None:
                 raise ApplicationError(
                     f"No reward function version {data['reward_version']} among yours. Give the version_id "
-                    "that GET /api/v1/rewards/{id}/versions/ lists.", field_errors={"reward_version": ["not found"]})
-        rescore = service.rescore_create(user=request.user, run=run, reward_version=version,
-                                         use_ruler=data["use_ruler"], ruler_judge=data["ruler_judge"],
-                                         split=data["split"])
+                    "that GET /api/v1/rewards/{id}/versions/ lists.",
+                    field_errors={"reward_version": ["not found"]},
+                )
+        rescore = service.rescore_create(
+            user=request.user,
+            run=run,
+            reward_version=version,
+            use_ruler=data["use_ruler"],
+            ruler_judge=data["ruler_judge"],
+            split=data["split"],
+        )
         return Response(RescoreDetailOutput(rescore).data, status=201)
 
 
@@ -116,11 +145,21 @@ class RescoreScoreListApi(Api):
     class FilterSerializer(serializers.Serializer):
         ordering = serializers.ChoiceField(choices=list(service.ORDERINGS), required=False, default="disagreement")
 
-    @extend_schema(operation_id="rescores_scores", parameters=[FilterSerializer, *PAGE_PARAMETERS],
-                   responses={200: paginated_schema(RescoreScoreOutput, "PaginatedRescoreScoreList"),
-                              400: ErrorSerializer, 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="rescores_scores",
+        parameters=[FilterSerializer, *PAGE_PARAMETERS],
+        responses={
+            200: paginated_schema(RescoreScoreOutput, "PaginatedRescoreScoreList"),
+            400: ErrorSerializer,
+            404: ErrorSerializer,
+        },
+    )
     def get(self, request, rescore_id: int):
         rescore = service.rescore_get(user=request.user, rescore_id=rescore_id)
         ordering = query_params(self.FilterSerializer, request)["ordering"]
-        return paginated_response(request=request, view=self, queryset=service.rescore_scores(
-            rescore=rescore, ordering=ordering), serializer_class=RescoreScoreOutput)
+        return paginated_response(
+            request=request,
+            view=self,
+            queryset=service.rescore_scores(rescore=rescore, ordering=ordering),
+            serializer_class=RescoreScoreOutput,
+        )

@@ -28,13 +28,26 @@ from training.apis.common import (
     resolve_scenario_set,
     resolve_script_version,
 )
+from training.config import AlertRules
 from training.models import Run
 from training.services.alerts import alert_rules, run_alert_rules_update
 
 MAX_INT = 2**31 - 1
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
-ORDERS = ["created_at", "-created_at", "name", "-name", "status", "-status", "latest_reward", "-latest_reward",
-          "best_val_reward", "-best_val_reward", "steps_done", "-steps_done"]
+ORDERS = [
+    "created_at",
+    "-created_at",
+    "name",
+    "-name",
+    "status",
+    "-status",
+    "latest_reward",
+    "-latest_reward",
+    "best_val_reward",
+    "-best_val_reward",
+    "steps_done",
+    "-steps_done",
+]
 
 
 class RunOutput(serializers.Serializer):
@@ -78,8 +91,11 @@ class RunListApi(Api):
         q = serializers.CharField(required=False, max_length=200, help_text="Text in the run's or script's name.")
         order = serializers.ChoiceField(choices=ORDERS, required=False, default="-created_at")
 
-    @extend_schema(operation_id="runs_list", parameters=[FilterSerializer, *PAGE_PARAMETERS],
-                   responses={200: paginated_schema(RunOutput, "PaginatedRunList"), 400: ErrorSerializer})
+    @extend_schema(
+        operation_id="runs_list",
+        parameters=[FilterSerializer, *PAGE_PARAMETERS],
+        responses={200: paginated_schema(RunOutput, "PaginatedRunList"), 400: ErrorSerializer},
+    )
     def get(self, request):
         filters = query_params(self.FilterSerializer, request)
         qs = selectors.run_list(user=request.user, **filters).select_related("reward_version__asset", "scenario_set")
@@ -95,28 +111,37 @@ class RunCreateApi(WriteApi):
         name = serializers.CharField(max_length=200)
         base_model = IdOrNameField(help_text="Base model id or name.")
         script = IdOrNameField(help_text="Rollout script id or name.")
-        script_version = serializers.IntegerField(required=False, min_value=1, max_value=MAX_INT,
-                                                  help_text="Version number; default the newest.")
-        reward = IdOrNameField(required=False, allow_null=True, default=None,
-                               help_text="Reward function id or name; none if the script sets rewards itself.")
+        script_version = serializers.IntegerField(
+            required=False, min_value=1, max_value=MAX_INT, help_text="Version number; default the newest."
+        )
+        reward = IdOrNameField(
+            required=False,
+            allow_null=True,
+            default=None,
+            help_text="Reward function id or name; none if the script sets rewards itself.",
+        )
         reward_version = serializers.IntegerField(required=False, min_value=1, max_value=MAX_INT)
         scenario_set = IdOrNameField(help_text="Scenario set id or name.")
-        config = serializers.DictField(required=False, default=dict, help_text="RunConfig settings; "
-                                       "missing ones take their defaults.")
-        tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list,
-                                     max_length=20)
+        config = serializers.DictField(
+            required=False, default=dict, help_text="RunConfig settings; missing ones take their defaults."
+        )
+        tags = serializers.ListField(
+            child=serializers.CharField(max_length=50), required=False, default=list, max_length=20
+        )
 
-    @extend_schema(operation_id="runs_create", request=InputSerializer,
-                   responses={201: RunDetailOutput, **ERRORS})
+    @extend_schema(operation_id="runs_create", request=InputSerializer, responses={201: RunDetailOutput, **ERRORS})
     def post(self, request):
         data = body(self.InputSerializer, request)
         user = request.user
         run = services.run_create(
-            owner=user, name=data["name"], base_model=resolve_base_model(user, data["base_model"]),
+            owner=user,
+            name=data["name"],
+            base_model=resolve_base_model(user, data["base_model"]),
             script_version=resolve_script_version(user, data["script"], data.get("script_version")),
             reward_version=resolve_reward_version(user, data["reward"], data.get("reward_version")),
             scenario_set=resolve_scenario_set(user, data["scenario_set"]),
-            config=data["config"], tags=data["tags"],
+            config=data["config"],
+            tags=data["tags"],
         )
         return Response(RunDetailOutput(run).data, status=201)
 
@@ -174,8 +199,24 @@ class RunRetryApi(_RunActionApi):
         return self.act(request, run_id)
 
 
+def _alert_rules_serializer() -> type[serializers.Serializer]:
+    """The PATCH body's schema, from AlertRules: every rule optional (the service validates the values)."""
+    kinds = {int: serializers.IntegerField, float: serializers.FloatField, bool: serializers.BooleanField}
+    fields = {}
+    for name, info in AlertRules.model_fields.items():
+        field = kinds.get(info.annotation)
+        fields[name] = (
+            field(required=False, help_text=info.description)
+            if field
+            else serializers.ListField(child=serializers.CharField(), required=False, help_text=info.description)
+        )
+    return type("AlertRulesInput", (serializers.Serializer,), fields)
+
+
 class RunAlertsApi(WriteApi):
     """A run's alert rules (RunConfig.alerts): read them, or change some while the run goes."""
+
+    InputSerializer = _alert_rules_serializer()
 
     class OutputSerializer(serializers.Serializer):
         alerts = serializers.DictField(help_text="Every rule with its value (AlertRules).")
@@ -185,8 +226,9 @@ class RunAlertsApi(WriteApi):
         run = _run(request.user, run_id)
         return Response({"alerts": alert_rules(run)})
 
-    @extend_schema(operation_id="runs_alerts_update", request=serializers.DictField(),
-                   responses={200: OutputSerializer, **ERRORS})
+    @extend_schema(
+        operation_id="runs_alerts_update", request=InputSerializer, responses={200: OutputSerializer, **ERRORS}
+    )
     def patch(self, request, run_id: int):
         run = _run(request.user, run_id)
         rules = run_alert_rules_update(run=run, changes=request.data, actor=request.user)
@@ -203,14 +245,21 @@ class RunMetricsApi(Api):
     """
 
     class FilterSerializer(serializers.Serializer):
-        series = serializers.CharField(required=False, max_length=2000,
-                                       help_text="Comma-separated names (default: the standard charts), e.g. "
-                                                 "reward_mean,loss,kl.")
-        since_step = serializers.IntegerField(required=False, min_value=0, max_value=MAX_INT,
-                                              help_text="Only steps after this one.")
-        max_points = serializers.IntegerField(required=False, min_value=0, max_value=100_000, default=0,
-                                              help_text="Downsample each series to about this many points "
-                                                        "(min/max per bucket, spikes kept); 0: all.")
+        series = serializers.CharField(
+            required=False,
+            max_length=2000,
+            help_text="Comma-separated names (default: the standard charts), e.g. reward_mean,loss,kl.",
+        )
+        since_step = serializers.IntegerField(
+            required=False, min_value=0, max_value=MAX_INT, help_text="Only steps after this one."
+        )
+        max_points = serializers.IntegerField(
+            required=False,
+            min_value=0,
+            max_value=100_000,
+            default=0,
+            help_text="Downsample each series to about this many points (min/max per bucket, spikes kept); 0: all.",
+        )
 
         def validate_series(self, value):
             names = [n.strip() for n in value.split(",") if n.strip()]
@@ -229,13 +278,15 @@ class RunMetricsApi(Api):
         series = serializers.DictField(child=PointsSerializer(), help_text="By series name.")
         last_step = serializers.IntegerField(allow_null=True, help_text="Pass as since_step next time.")
 
-    @extend_schema(operation_id="runs_metrics", parameters=[FilterSerializer],
-                   responses={200: OutputSerializer, **ERRORS})
+    @extend_schema(
+        operation_id="runs_metrics", parameters=[FilterSerializer], responses={200: OutputSerializer, **ERRORS}
+    )
     def get(self, request, run_id: int):
         run = _run(request.user, run_id)
         f = query_params(self.FilterSerializer, request)
-        data = selectors.run_metrics_series(run=run, series=f.get("series") or None, since_step=f.get("since_step"),
-                                            max_points=f["max_points"] or None)
+        data = selectors.run_metrics_series(
+            run=run, series=f.get("series") or None, since_step=f.get("since_step"), max_points=f["max_points"] or None
+        )
         return Response(data)
 
 
@@ -258,14 +309,16 @@ class RunEventListApi(Api):
         results = EventSerializer(many=True)
         next_after = serializers.IntegerField()
 
-    @extend_schema(operation_id="runs_events", parameters=[FilterSerializer],
-                   responses={200: OutputSerializer, **ERRORS})
+    @extend_schema(
+        operation_id="runs_events", parameters=[FilterSerializer], responses={200: OutputSerializer, **ERRORS}
+    )
     def get(self, request, run_id: int):
         run = _run(request.user, run_id)
         f = query_params(self.FilterSerializer, request)
         events = selectors.run_events_since(run=run, after_id=f["after"], limit=f["limit"])
-        return Response(self.OutputSerializer(
-            {"results": events, "next_after": events[-1].id if events else f["after"]}).data)
+        return Response(
+            self.OutputSerializer({"results": events, "next_after": events[-1].id if events else f["after"]}).data
+        )
 
 
 class RunLogListApi(Api):
@@ -286,10 +339,11 @@ class RunLogListApi(Api):
         results = LogSerializer(many=True)
         next_after = serializers.IntegerField()
 
-    @extend_schema(operation_id="runs_logs", parameters=[FilterSerializer],
-                   responses={200: OutputSerializer, **ERRORS})
+    @extend_schema(operation_id="runs_logs", parameters=[FilterSerializer], responses={200: OutputSerializer, **ERRORS})
     def get(self, request, run_id: int):
         run = _run(request.user, run_id)
         f = query_params(self.FilterSerializer, request)
         logs = selectors.run_logs_since(run=run, after_id=f["after"], limit=f["limit"])
-        return Response(self.OutputSerializer({"results": logs, "next_after": logs[-1].id if logs else f["after"]}).data)
+        return Response(
+            self.OutputSerializer({"results": logs, "next_after": logs[-1].id if logs else f["after"]}).data
+        )

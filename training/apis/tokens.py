@@ -42,8 +42,11 @@ class TokenCreateApi(WriteApi):
         key = serializers.CharField(help_text="Send as 'Authorization: Token <key>'. Shown only now.")
         created = serializers.DateTimeField()
 
-    @extend_schema(operation_id="tokens_create", request=None,
-                   responses={201: OutputSerializer, 401: ErrorSerializer, 429: ErrorSerializer})
+    @extend_schema(
+        operation_id="tokens_create",
+        request=None,
+        responses={201: OutputSerializer, 401: ErrorSerializer, 429: ErrorSerializer},
+    )
     def post(self, request):
         token = api_token_create(user=request.user)
         return Response(self.OutputSerializer(token).data, status=201)
@@ -60,9 +63,15 @@ class TokenDetailApi(Api):
     @extend_schema(operation_id="tokens_current", responses={200: OutputSerializer})
     def get(self, request):
         token = Token.objects.filter(user=request.user).first()
-        return Response(self.OutputSerializer({"exists": token is not None,
-                                               "prefix": token.key[:6] if token else None,
-                                               "created": token.created if token else None}).data)
+        return Response(
+            self.OutputSerializer(
+                {
+                    "exists": token is not None,
+                    "prefix": token.key[:6] if token else None,
+                    "created": token.created if token else None,
+                }
+            ).data
+        )
 
 
 class TokenRevokeApi(WriteApi):

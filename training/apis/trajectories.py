@@ -37,8 +37,9 @@ class GroupOutput(serializers.Serializer):
 class TrajectoryOutput(serializers.Serializer):
     id = serializers.IntegerField()
     group_id = serializers.IntegerField()
-    failed_attempt = serializers.BooleanField(source="group.failed_attempt",
-                                              help_text="From an attempt at the step that failed: never trained on.")
+    failed_attempt = serializers.BooleanField(
+        source="group.failed_attempt", help_text="From an attempt at the step that failed: never trained on."
+    )
     step = serializers.IntegerField()
     index = serializers.IntegerField()
     reward = serializers.FloatField(allow_null=True)
@@ -67,9 +68,15 @@ class TrajectoryFilterSerializer(serializers.Serializer):
 
 
 def _trajectories(run, f: dict):
-    return rollout_selectors.trajectory_list(run=run, step=f.get("step"), split=f.get("split"),
-                                             min_reward=f.get("min_reward"), max_reward=f.get("max_reward"),
-                                             q=f.get("q"), has_error=f.get("has_error"))
+    return rollout_selectors.trajectory_list(
+        run=run,
+        step=f.get("step"),
+        split=f.get("split"),
+        min_reward=f.get("min_reward"),
+        max_reward=f.get("max_reward"),
+        q=f.get("q"),
+        has_error=f.get("has_error"),
+    )
 
 
 class GroupListApi(Api):
@@ -83,14 +90,16 @@ class GroupListApi(Api):
         results = GroupOutput(many=True)
         next_cursor = serializers.CharField(allow_null=True, help_text="Pass as cursor for the next page.")
 
-    @extend_schema(operation_id="runs_groups_list", parameters=[FilterSerializer],
-                   responses={200: OutputSerializer, **ERRORS})
+    @extend_schema(
+        operation_id="runs_groups_list", parameters=[FilterSerializer], responses={200: OutputSerializer, **ERRORS}
+    )
     def get(self, request, run_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
         f = query_params(self.FilterSerializer, request)
         qs = rollout_selectors.group_list(run=run, step=f.get("step"), split=f.get("split"))
-        rows, next_cursor = keyset_page(qs, keys=("step", "id"), columns=("step", "id"), cursor=f.get("cursor"),
-                                        limit=f["limit"])
+        rows, next_cursor = keyset_page(
+            qs, keys=("step", "id"), columns=("step", "id"), cursor=f.get("cursor"), limit=f["limit"]
+        )
         return Response(self.OutputSerializer({"results": rows, "next_cursor": next_cursor}).data)
 
 
@@ -121,39 +130,70 @@ class TrajectoryListApi(Api):
         results = TrajectoryOutput(many=True)
         next_cursor = serializers.CharField(allow_null=True, help_text="Pass as cursor for the next page.")
 
-    @extend_schema(operation_id="runs_trajectories_list", parameters=[FilterSerializer],
-                   responses={200: OutputSerializer, **ERRORS})
+    @extend_schema(
+        operation_id="runs_trajectories_list",
+        parameters=[FilterSerializer],
+        responses={200: OutputSerializer, **ERRORS},
+    )
     def get(self, request, run_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
         f = query_params(self.FilterSerializer, request)
         qs = _trajectories(run, f).defer("logs", "metadata", "tools", "search_text")
-        rows, next_cursor = keyset_page(qs, keys=("step", "group_id", "index"), columns=("step", "group_id", "index"),
-                                        cursor=f.get("cursor"), limit=f["limit"])
+        rows, next_cursor = keyset_page(
+            qs,
+            keys=("step", "group_id", "index"),
+            columns=("step", "group_id", "index"),
+            cursor=f.get("cursor"),
+            limit=f["limit"],
+        )
         return Response(self.OutputSerializer({"results": rows, "next_cursor": next_cursor}).data)
 
 
 class TrajectoryDetailApi(Api):
-    @extend_schema(operation_id="runs_trajectories_retrieve",
-                   responses={200: TrajectoryDetailOutput, 404: ErrorSerializer})
+    @extend_schema(
+        operation_id="runs_trajectories_retrieve", responses={200: TrajectoryDetailOutput, 404: ErrorSerializer}
+    )
     def get(self, request, run_id: int, trajectory_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
-        return Response(TrajectoryDetailOutput(
-            rollout_selectors.trajectory_get(run=run, trajectory_id=trajectory_id)).data)
+        return Response(
+            TrajectoryDetailOutput(rollout_selectors.trajectory_get(run=run, trajectory_id=trajectory_id)).data
+        )
 
 
-EXPORT_FIELDS = ("id", "group_id", "step", "index", "reward", "advantage", "messages", "tools", "metrics",
-                 "metadata", "logs", "error", "prompt_tokens", "completion_tokens", "duration_ms")
+EXPORT_FIELDS = (
+    "id",
+    "group_id",
+    "step",
+    "index",
+    "reward",
+    "advantage",
+    "messages",
+    "tools",
+    "metrics",
+    "metadata",
+    "logs",
+    "error",
+    "prompt_tokens",
+    "completion_tokens",
+    "duration_ms",
+)
 
 
 def _export_chunks(qs):
     """JSONL bytes, EXPORT_CHUNK_ROWS trajectories at a time, keyset-paged so memory stays flat."""
     cursor = None
     while True:
-        rows, cursor = keyset_page(qs, keys=("step", "group_id", "index"), columns=("step", "group_id", "index"),
-                                   cursor=cursor, limit=EXPORT_CHUNK_ROWS)
+        rows, cursor = keyset_page(
+            qs,
+            keys=("step", "group_id", "index"),
+            columns=("step", "group_id", "index"),
+            cursor=cursor,
+            limit=EXPORT_CHUNK_ROWS,
+        )
         if rows:
-            yield "".join(json.dumps({f: getattr(r, f) for f in EXPORT_FIELDS}, ensure_ascii=False) + "\n"
-                          for r in rows).encode("utf-8")
+            yield "".join(
+                json.dumps({f: getattr(r, f) for f in EXPORT_FIELDS}, ensure_ascii=False) + "\n" for r in rows
+            ).encode("utf-8")
         if cursor is None:
             return
 
@@ -161,13 +201,15 @@ def _export_chunks(qs):
 class TrajectoryExportApi(Api):
     """Every trajectory matching the filters as JSON Lines, streamed (one object per line)."""
 
-    @extend_schema(operation_id="runs_trajectories_export", parameters=[TrajectoryFilterSerializer],
-                   responses={(200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.BINARY),
-                              **ERRORS})
+    @extend_schema(
+        operation_id="runs_trajectories_export",
+        parameters=[TrajectoryFilterSerializer],
+        responses={(200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.BINARY), **ERRORS},
+    )
     def get(self, request, run_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
         f = query_params(TrajectoryFilterSerializer, request)
         qs = _trajectories(run, f).only(*[name for name in EXPORT_FIELDS if name != "group_id"], "group")
-        return stream_response(request, _export_chunks(qs), content_type="application/x-ndjson",
-                               filename=f"run{run.id}-trajectories.jsonl")
-
+        return stream_response(
+            request, _export_chunks(qs), content_type="application/x-ndjson", filename=f"run{run.id}-trajectories.jsonl"
+        )

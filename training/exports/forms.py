@@ -34,8 +34,12 @@ def _bounds(info) -> dict:
 def settings_field(name: str, info) -> forms.Field:
     """A form field for one setting. Not required at the form: the schema says what is missing, and how."""
     b = _bounds(info)
-    common = {"required": False, "label": name.replace("_", " ").capitalize(), "help_text": info.description or "",
-              "initial": None if info.is_required() else info.default}
+    common = {
+        "required": False,
+        "label": name.replace("_", " ").capitalize(),
+        "help_text": info.description or "",
+        "initial": None if info.is_required() else info.default,
+    }
     annotation = info.annotation
     if annotation is bool:
         return forms.BooleanField(**common)
@@ -51,17 +55,24 @@ def settings_field(name: str, info) -> forms.Field:
 class ExportTargetForm(forms.Form):
     """One kind's settings, the key (write-only), and on creation the run it applies to."""
 
-    enabled = forms.BooleanField(required=False, initial=True, label="Enabled",
-                                 help_text="Switched off, nothing is sent (a run's disabled target opts the run out).")
+    enabled = forms.BooleanField(
+        required=False,
+        initial=True,
+        label="Enabled",
+        help_text="Switched off, nothing is sent (a run's disabled target opts the run out).",
+    )
 
     def __init__(self, *args, kind: str, user, target: ExportTarget | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.kind = kind
         if target is None:
             self.fields["run"] = forms.ModelChoiceField(
-                queryset=Run.objects.filter(owner=user).order_by("-created_at"), required=False,
-                empty_label="All my runs", label="Applies to",
-                help_text="One run only: it then takes the place of your all-runs target of this kind.")
+                queryset=Run.objects.filter(owner=user).order_by("-created_at"),
+                required=False,
+                empty_label="All my runs",
+                label="Applies to",
+                help_text="One run only: it then takes the place of your all-runs target of this kind.",
+            )
             self.fields["run"].label_from_instance = lambda r: f"#{r.id} {r.name}"
             self.order_fields(["run"])
         for name, info in SCHEMAS[kind].model_fields.items():
@@ -72,19 +83,28 @@ class ExportTargetForm(forms.Form):
         if target is not None:
             public = export_target_public(target)
             self.initial["enabled"] = target.enabled
-            help_text += (f" Stored now: {public['secret']}. Leave empty to keep it." if target.secret_encrypted
-                          else " None is stored now.")
+            help_text += (
+                f" Stored now: {public['secret']}. Leave empty to keep it."
+                if target.secret_encrypted
+                else " None is stored now."
+            )
         self.fields["secret"] = forms.CharField(
-            required=False, max_length=1000, label=KEY_LABELS[kind], help_text=help_text, strip=True,
-            widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}))
+            required=False,
+            max_length=1000,
+            label=KEY_LABELS[kind],
+            help_text=help_text,
+            strip=True,
+            widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        )
         if target is not None and target.secret_encrypted:
             self.fields["clear_secret"] = forms.BooleanField(required=False, label="Remove the stored key")
 
     def settings(self) -> dict:
         """The settings as entered; empty fields are left out, so the schema's defaults apply (and a
         required one is reported as missing)."""
-        return {name: value for name, value in self.cleaned_data.items()
-                if name not in FIXED and value not in (None, "")}
+        return {
+            name: value for name, value in self.cleaned_data.items() if name not in FIXED and value not in (None, "")
+        }
 
     def settings_fields(self):
         return [self[name] for name in self.fields if name not in FIXED]

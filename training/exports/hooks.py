@@ -20,11 +20,15 @@ def _enqueue(run_id: int, reason: str, step: int | None = None) -> None:
     from training.exports.tasks import run_exports_task
 
     try:
-        run_exports_task.apply_async(args=[run_id], kwargs={"reason": reason, "step": step}, queue="default",
-                                     retry=True, retry_policy=_PUBLISH_RETRY)
+        run_exports_task.apply_async(
+            args=[run_id],
+            kwargs={"reason": reason, "step": step},
+            queue="default",
+            retry=True,
+            retry_policy=_PUBLISH_RETRY,
+        )
     except Exception:  # exports must never fail a run
-        logger.warning("could not enqueue exports (%s)", reason, exc_info=True,
-                       extra={"run_id": run_id, "step": step})
+        logger.warning("could not enqueue exports (%s)", reason, exc_info=True, extra={"run_id": run_id, "step": step})
 
 
 def step_committed(*, run_id: int, step: int) -> None:

@@ -38,17 +38,22 @@ def langfuse_endpoint(cfg, secret: str, *, worker_env: bool) -> tuple[str, str, 
     host = cfg.host or env.get("LANGFUSE_HOST", "").rstrip("/") or DEFAULT_HOST
     public = cfg.public_key or env.get("LANGFUSE_PUBLIC_KEY", "")
     if not public or not secret:
-        where = (", or set LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY in the worker's environment" if worker_env
-                 else " (the Exports page, or `artweb exports edit ID --set public_key=pk-lf-… --secret`)")
+        where = (
+            ", or set LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY in the worker's environment"
+            if worker_env
+            else " (the Exports page, or `artweb exports edit ID --set public_key=pk-lf-… --secret`)"
+        )
         missing = ", ".join(n for n, v in (("public key", public), ("secret key", secret)) if not v)
-        raise ExportError(f"Langfuse needs a public and a secret key (missing: {missing}): "
-                          f"enter them in the export settings{where}.")
+        raise ExportError(
+            f"Langfuse needs a public and a secret key (missing: {missing}): enter them in the export settings{where}."
+        )
     return host, public, secret
 
 
 def _client(host: str, public: str, secret: str, timeout: float) -> httpx.Client:
-    return httpx.Client(base_url=host, auth=(public, secret), timeout=timeout,
-                        headers={"User-Agent": "artweb-exporter"})
+    return httpx.Client(
+        base_url=host, auth=(public, secret), timeout=timeout, headers={"User-Agent": "artweb-exporter"}
+    )
 
 
 def langfuse_export(job: ExportJob) -> None:
@@ -60,8 +65,9 @@ def langfuse_export(job: ExportJob) -> None:
     namespace = uuid.UUID(job.progress.remote_id)
     with _client(host, public, secret, TIMEOUT_S) as client:
         for step in job.steps:
-            trajs = (Trajectory.objects.filter(run=job.run, step=step.step, group__failed_attempt=False)
-                     .select_related("group", "group__scenario"))
+            trajs = Trajectory.objects.filter(run=job.run, step=step.step, group__failed_attempt=False).select_related(
+                "group", "group__scenario"
+            )
             if not job.settings.include_validation:
                 trajs = trajs.filter(group__split="train")
             events = []
@@ -78,12 +84,21 @@ def langfuse_test_event(*, cfg, secret: str, worker_env: bool, timeout: float | 
     host, public, secret = langfuse_endpoint(cfg, secret, worker_env=worker_env)
     now = timezone.now()
     trace_id = str(uuid.uuid4())
-    trace = {"id": trace_id, "name": "artweb connection test", "timestamp": now.isoformat(),
-             "tags": ["artweb", "test"], "metadata": {"artweb_test": True},
-             "input": "A test event sent from artweb's export settings.", "output": "ok"}
+    trace = {
+        "id": trace_id,
+        "name": "artweb connection test",
+        "timestamp": now.isoformat(),
+        "tags": ["artweb", "test"],
+        "metadata": {"artweb_test": True},
+        "input": "A test event sent from artweb's export settings.",
+        "output": "ok",
+    }
     with _client(host, public, secret, timeout or TEST_TIMEOUT_S) as client:
-        _send(client, host, [{"id": str(uuid.uuid4()), "type": "trace-create", "timestamp": now.isoformat(),
-                              "body": trace}])
+        _send(
+            client,
+            host,
+            [{"id": str(uuid.uuid4()), "type": "trace-create", "timestamp": now.isoformat(), "body": trace}],
+        )
     return f"Langfuse at {host} accepted a test trace ({trace_id})."
 
 
@@ -107,22 +122,33 @@ def trajectory_events(run: Run, traj: Trajectory, namespace: uuid.UUID) -> list[
     trace_id = _uid(namespace, "trace", traj.id)
     split = traj.group.split
     metadata = {
-        "artweb_run_id": run.id, "run_name": run.name, "step": traj.step, "split": split,
-        "group_id": traj.group_id, "index": traj.index, "scenario_index": traj.group.scenario.index,
-        "advantage": traj.advantage, "prompt_tokens": traj.prompt_tokens,
-        "completion_tokens": traj.completion_tokens, "duration_ms": traj.duration_ms,
-        "metrics": traj.metrics or {}, "metadata": traj.metadata or {},
+        "artweb_run_id": run.id,
+        "run_name": run.name,
+        "step": traj.step,
+        "split": split,
+        "group_id": traj.group_id,
+        "index": traj.index,
+        "scenario_index": traj.group.scenario.index,
+        "advantage": traj.advantage,
+        "prompt_tokens": traj.prompt_tokens,
+        "completion_tokens": traj.completion_tokens,
+        "duration_ms": traj.duration_ms,
+        "metrics": traj.metrics or {},
+        "metadata": traj.metadata or {},
     }
     if traj.error:
         metadata["error"] = traj.error[:5000]
     if traj.tools:
         metadata["tools"] = traj.tools
     trace = {
-        "id": trace_id, "name": f"{run.name} · step {traj.step}", "timestamp": start.isoformat(),
+        "id": trace_id,
+        "name": f"{run.name} · step {traj.step}",
+        "timestamp": start.isoformat(),
         "sessionId": f"artweb-run-{run.id}",
         "input": messages[:last_reply] if last_reply is not None else messages,
         "output": messages[last_reply] if last_reply is not None else None,
-        "metadata": metadata, "tags": ["artweb", split, f"step:{traj.step}"] + (["error"] if traj.error else []),
+        "metadata": metadata,
+        "tags": ["artweb", split, f"step:{traj.step}"] + (["error"] if traj.error else []),
         "release": str(run.script_version),
     }
     events = [_event(namespace, "trace-create", trace, start)]
@@ -135,9 +161,15 @@ def trajectory_events(run: Run, traj: Trajectory, namespace: uuid.UUID) -> list[
             if isinstance(call, dict) and call.get("id"):
                 calls_by_id[call["id"]] = call
         gen = {
-            "id": _uid(namespace, "generation", traj.id, i), "traceId": trace_id, "name": f"turn {turn + 1}",
-            "startTime": start.isoformat(), "endTime": end.isoformat(), "model": run.base_model.name,
-            "input": messages[:i], "output": m, "metadata": {"message_index": i},
+            "id": _uid(namespace, "generation", traj.id, i),
+            "traceId": trace_id,
+            "name": f"turn {turn + 1}",
+            "startTime": start.isoformat(),
+            "endTime": end.isoformat(),
+            "model": run.base_model.name,
+            "input": messages[:i],
+            "output": m,
+            "metadata": {"message_index": i},
         }
         if len(replies) == 1:
             gen["usageDetails"] = {"input": traj.prompt_tokens, "output": traj.completion_tokens}
@@ -148,30 +180,54 @@ def trajectory_events(run: Run, traj: Trajectory, namespace: uuid.UUID) -> list[
         call = calls_by_id.get(m.get("tool_call_id") or "") or {}
         fn = call.get("function") or {}
         span = {
-            "id": _uid(namespace, "tool", traj.id, i), "traceId": trace_id, "name": f"tool {fn.get('name') or m.get('name') or ''}".strip(),
-            "startTime": start.isoformat(), "endTime": end.isoformat(),
-            "input": fn.get("arguments"), "output": m.get("content"),
+            "id": _uid(namespace, "tool", traj.id, i),
+            "traceId": trace_id,
+            "name": f"tool {fn.get('name') or m.get('name') or ''}".strip(),
+            "startTime": start.isoformat(),
+            "endTime": end.isoformat(),
+            "input": fn.get("arguments"),
+            "output": m.get("content"),
             "metadata": {"message_index": i, "tool_call_id": m.get("tool_call_id")},
         }
         events.append(_event(namespace, "span-create", span, start))
     if traj.error:
-        events.append(_event(namespace, "event-create", {
-            "id": _uid(namespace, "error", traj.id), "traceId": trace_id, "name": "rollout error",
-            "startTime": end.isoformat(), "level": "ERROR", "statusMessage": traj.error[:5000],
-        }, end))
+        events.append(
+            _event(
+                namespace,
+                "event-create",
+                {
+                    "id": _uid(namespace, "error", traj.id),
+                    "traceId": trace_id,
+                    "name": "rollout error",
+                    "startTime": end.isoformat(),
+                    "level": "ERROR",
+                    "statusMessage": traj.error[:5000],
+                },
+                end,
+            )
+        )
     for name, value in (("reward", traj.reward), ("advantage", traj.advantage)):
         if value is not None:
-            events.append(_event(namespace, "score-create", {
-                "id": _uid(namespace, "score", name, traj.id), "traceId": trace_id, "name": name,
-                "value": float(value), "dataType": "NUMERIC",
-            }, end))
+            events.append(
+                _event(
+                    namespace,
+                    "score-create",
+                    {
+                        "id": _uid(namespace, "score", name, traj.id),
+                        "traceId": trace_id,
+                        "name": name,
+                        "value": float(value),
+                        "dataType": "NUMERIC",
+                    },
+                    end,
+                )
+            )
     return events
 
 
 def _event(namespace: uuid.UUID, kind: str, body: dict, when) -> dict:
     # The event id deduplicates deliveries of the same event; the body id makes it an upsert.
-    return {"id": _uid(namespace, "event", kind, body["id"]), "type": kind, "timestamp": when.isoformat(),
-            "body": body}
+    return {"id": _uid(namespace, "event", kind, body["id"]), "type": kind, "timestamp": when.isoformat(), "body": body}
 
 
 def _batches(events: list[dict]):
@@ -190,13 +246,17 @@ def _batches(events: list[dict]):
 def _send(client: httpx.Client, host: str, batch: list[dict]) -> None:
     payload = {"batch": batch, "metadata": {"sdk_name": "artweb", "sent_at": timezone.now().isoformat()}}
     try:
-        resp = client.post("/api/public/ingestion", content=json.dumps(payload, default=str),
-                           headers={"Content-Type": "application/json"})
+        resp = client.post(
+            "/api/public/ingestion",
+            content=json.dumps(payload, default=str),
+            headers={"Content-Type": "application/json"},
+        )
     except httpx.HTTPError as exc:
         raise ExportError(f"Langfuse at {host} is unreachable: {type(exc).__name__}: {exc}") from exc
     if resp.status_code in (401, 403):
-        raise ExportError(f"Langfuse at {host} refused the keys (HTTP {resp.status_code}); check the public and "
-                          "secret key.")
+        raise ExportError(
+            f"Langfuse at {host} refused the keys (HTTP {resp.status_code}); check the public and secret key."
+        )
     if resp.status_code >= 300 and resp.status_code != 207:
         raise ExportError(f"Langfuse at {host} answered HTTP {resp.status_code}: {resp.text[:300]}")
     try:
@@ -205,5 +265,7 @@ def _send(client: httpx.Client, host: str, batch: list[dict]) -> None:
         errors = []
     if errors:
         first = errors[0]
-        raise ExportError(f"Langfuse at {host} rejected {len(errors)} of {len(batch)} events; first: "
-                          f"HTTP {first.get('status')} {first.get('message') or first.get('error') or ''}"[:1000])
+        raise ExportError(
+            f"Langfuse at {host} rejected {len(errors)} of {len(batch)} events; first: "
+            f"HTTP {first.get('status')} {first.get('message') or first.get('error') or ''}"[:1000]
+        )

@@ -27,12 +27,19 @@ def _http_url(value: str) -> str:
 class WandbSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    project: str = Field(..., min_length=1, max_length=128, pattern=_NAME, description="W&B project.",
-                         json_schema_extra={"hint": _NAME_HINT})
+    project: str = Field(
+        ...,
+        min_length=1,
+        max_length=128,
+        pattern=_NAME,
+        description="W&B project.",
+        json_schema_extra={"hint": _NAME_HINT},
+    )
     entity: str = Field("", max_length=128, description="Team or user; empty: the key's default entity.")
     base_url: str = Field("", max_length=500, description="Self-hosted W&B server; empty: W&B cloud.")
     mode: Literal["online", "offline"] = Field(
-        "online", description="offline: files under the data dir, for `wandb sync` later.")
+        "online", description="offline: files under the data dir, for `wandb sync` later."
+    )
     trajectories_per_step: int = Field(8, ge=0, le=256, description="Sample trajectories logged per step.")
     log_checkpoints: bool = Field(False, description="Log each step's LoRA checkpoint as a model artifact.")
 
@@ -42,9 +49,14 @@ class WandbSettings(BaseModel):
 class WeaveSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    project: str = Field(..., min_length=3, max_length=257, pattern=r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$",
-                         description="entity/project that rollout scripts' @weave.op calls are traced to.",
-                         json_schema_extra={"hint": "give entity/project, e.g. my-team/agents"})
+    project: str = Field(
+        ...,
+        min_length=3,
+        max_length=257,
+        pattern=r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$",
+        description="entity/project that rollout scripts' @weave.op calls are traced to.",
+        json_schema_extra={"hint": "give entity/project, e.g. my-team/agents"},
+    )
     base_url: str = Field("", max_length=500, description="Self-hosted W&B server; empty: W&B cloud.")
 
     _url = field_validator("base_url")(classmethod(lambda cls, v: _http_url(v)))
@@ -66,8 +78,9 @@ SCHEMAS: dict[str, type[BaseModel]] = {"wandb": WandbSettings, "weave": WeaveSet
 def export_settings_parse(kind: str, data: dict | None) -> BaseModel:
     """Validate settings for kind; raise ApplicationError naming the bad fields and what to enter instead."""
     if kind not in SCHEMAS:
-        raise ApplicationError(f"Unknown export kind {kind!r}; choose one of {', '.join(SCHEMAS)}.",
-                               field_errors={"kind": ["invalid"]})
+        raise ApplicationError(
+            f"Unknown export kind {kind!r}; choose one of {', '.join(SCHEMAS)}.", field_errors={"kind": ["invalid"]}
+        )
     schema = SCHEMAS[kind]
     try:
         return schema.model_validate(data or {})
@@ -84,8 +97,7 @@ def _say(err: dict, schema: type[BaseModel]) -> str:
     """pydantic's message, turned into what to enter instead where pydantic's own would not say."""
     name = str(err["loc"][0]) if err["loc"] else ""
     info = schema.model_fields.get(name)
-    hint = ((info.json_schema_extra or {}).get("hint") if info and isinstance(info.json_schema_extra, dict)
-            else None)
+    hint = (info.json_schema_extra or {}).get("hint") if info and isinstance(info.json_schema_extra, dict) else None
     kind = err["type"]
     if kind == "missing":
         what = (info.description or "").rstrip(".") if info else ""

@@ -49,12 +49,17 @@ def export_target_public(target: ExportTarget) -> dict:
     else:
         source = "worker environment" if export_target_uses_worker_env(target) else "none"
     return {
-        "id": target.id, "kind": target.kind, "run": target.run_id, "enabled": target.enabled,
+        "id": target.id,
+        "kind": target.kind,
+        "run": target.run_id,
+        "enabled": target.enabled,
         "settings": target.settings,
         "secret": secret_mask(target.secret_last4) if target.secret_encrypted else "",
         "secret_source": source,
-        "last_error": target.last_error, "last_error_at": target.last_error_at,
-        "last_success_at": target.last_success_at, "created_at": target.created_at,
+        "last_error": target.last_error,
+        "last_error_at": target.last_error_at,
+        "last_success_at": target.last_success_at,
+        "created_at": target.created_at,
         "updated_at": target.updated_at,
     }
 
@@ -65,7 +70,14 @@ def export_status_for_run(*, run: Run) -> list[dict]:
     out = []
     for target in export_targets_for_run(run=run):
         p = progress.get(target.id)
-        out.append({"target": target.id, "kind": target.kind, "last_step": p.last_step if p else 0,
-                    "finished": bool(p and p.finished), "last_error": p.last_error if p else "",
-                    "last_error_at": p.last_error_at if p else None})
+        out.append(
+            {
+                "target": target.id,
+                "kind": target.kind,
+                "last_step": p.last_step if p else 0,
+                "finished": bool(p and p.finished),
+                "last_error": p.last_error if p else "",
+                "last_error_at": p.last_error_at if p else None,
+            }
+        )
     return out

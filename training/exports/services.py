@@ -37,6 +37,7 @@ LOCK_SECONDS = 15 * 60  # longer than any one export attempt (the task's time li
 
 # ---- targets ---------------------------------------------------------------------------------------------
 
+
 def _check_run(owner, run: Run | None) -> None:
     if run is not None and run.owner_id != owner.id and not owner.is_staff:
         raise ApplicationError("That run is not yours.", field_errors={"run": ["not found"]})
@@ -51,8 +52,9 @@ def _set_secret(target: ExportTarget, secret: str) -> None:
 
 
 @transaction.atomic
-def export_target_create(*, owner, kind: str, settings: dict | None = None, secret: str = "",
-                         run: Run | None = None, enabled: bool = True) -> ExportTarget:
+def export_target_create(
+    *, owner, kind: str, settings: dict | None = None, secret: str = "", run: Run | None = None, enabled: bool = True
+) -> ExportTarget:
     """A new target for all of owner's runs (run=None) or for one run. secret empty: none is stored (only
     the operator's own targets then take one from the worker's environment)."""
     parsed = export_settings_parse(kind, settings)
@@ -64,14 +66,17 @@ def export_target_create(*, owner, kind: str, settings: dict | None = None, secr
             target.save()
     except IntegrityError as exc:
         where = f"run {run.id}" if run else "your runs"
-        raise ApplicationError(f"There is already a {K(kind).label} export for {where}; change that one.",
-                               field_errors={"kind": ["exists"]}) from exc
+        raise ApplicationError(
+            f"There is already a {K(kind).label} export for {where}; change that one.",
+            field_errors={"kind": ["exists"]},
+        ) from exc
     return target
 
 
 @transaction.atomic
-def export_target_update(*, target: ExportTarget, actor, settings: dict | None = None, secret: str | None = None,
-                         enabled: bool | None = None) -> ExportTarget:
+def export_target_update(
+    *, target: ExportTarget, actor, settings: dict | None = None, secret: str | None = None, enabled: bool | None = None
+) -> ExportTarget:
     """secret None keeps the stored key, "" removes it (as at creation, only the operator's own targets
     then take one from the worker's environment)."""
     if target.owner_id != actor.id and not actor.is_staff:
@@ -140,27 +145,35 @@ def export_target_test(*, target: ExportTarget, actor) -> ExportTestResult:
     secret = ""
     try:
         secret = export_target_secret(target)
-        message = _tester(target.kind)(cfg=export_settings_parse(target.kind, target.settings), secret=secret,
-                                       worker_env=export_target_uses_worker_env(target))
+        message = _tester(target.kind)(
+            cfg=export_settings_parse(target.kind, target.settings),
+            secret=secret,
+            worker_env=export_target_uses_worker_env(target),
+        )
         result = ExportTestResult(ok=True, message=message)
     except ApplicationError as exc:  # settings stored before a schema change no longer validate
-        result = ExportTestResult(ok=False, message=f"The stored settings are not valid any more: {exc.message} "
-                                                    "Edit the export and save it again.")
-    except Exception as exc:  # noqa: BLE001 - whatever the client library raised is the answer to show
+        result = ExportTestResult(
+            ok=False,
+            message=f"The stored settings are not valid any more: {exc.message} Edit the export and save it again.",
+        )
+    except Exception as exc:
         message = str(exc) if isinstance(exc, ExportError) else f"{type(exc).__name__}: {exc}"
         result = ExportTestResult(ok=False, message=_scrub(message, secret))
     now = timezone.now()
     if result.ok:
         ExportTarget.objects.filter(id=target.id).update(last_error="", last_error_at=None, last_success_at=now)
     else:
-        ExportTarget.objects.filter(id=target.id).update(last_error=f"Test event: {result.message}",
-                                                         last_error_at=now)
-    logger.info("export target test: %s", "ok" if result.ok else "failed",
-                extra={"export_target": target.id, "kind": target.kind})
+        ExportTarget.objects.filter(id=target.id).update(last_error=f"Test event: {result.message}", last_error_at=now)
+    logger.info(
+        "export target test: %s",
+        "ok" if result.ok else "failed",
+        extra={"export_target": target.id, "kind": target.kind},
+    )
     return result
 
 
 # ---- the export ------------------------------------------------------------------------------------------
+
 
 def _exporter(kind: str) -> Callable[[ExportJob], None] | None:
     if kind == K.WANDB:
@@ -187,8 +200,9 @@ def _lock(target_id: int, run_id: int) -> Iterator[bool]:
 
 
 def _pending(progress: ExportProgress, run: Run) -> bool:
-    return (Step.objects.filter(run=run, step__gt=progress.last_step).exists()
-            or (run.status in Run.FINAL_STATUSES and not progress.finished))
+    return Step.objects.filter(run=run, step__gt=progress.last_step).exists() or (
+        run.status in Run.FINAL_STATUSES and not progress.finished
+    )
 
 
 def export_sync(*, target_id: int, run_id: int) -> int:
@@ -199,8 +213,11 @@ def export_sync(*, target_id: int, run_id: int) -> int:
     one checks for new steps after letting go of the lock, so nothing committed before this call is missed.
     """
     target = ExportTarget.objects.select_related("owner").filter(id=target_id).first()
-    run = Run.objects.select_related("base_model", "scenario_set", "script_version", "reward_version").filter(
-        id=run_id).first()
+    run = (
+        Run.objects.select_related("base_model", "scenario_set", "script_version", "reward_version")
+        .filter(id=run_id)
+        .first()
+    )
     exporter = _exporter(target.kind) if target else None
     if target is None or run is None or exporter is None or not target.enabled:
         return 0
@@ -234,9 +251,17 @@ def _sync_once(target: ExportTarget, run: Run, exporter) -> int:
     secret = ""
     try:
         secret = export_target_secret(target)
-        job = ExportJob(target=target, run=run, progress=progress, steps=steps, final=final,
-                        settings=export_settings_parse(target.kind, target.settings), secret=secret, done=done,
-                        worker_env=export_target_uses_worker_env(target))
+        job = ExportJob(
+            target=target,
+            run=run,
+            progress=progress,
+            steps=steps,
+            final=final,
+            settings=export_settings_parse(target.kind, target.settings),
+            secret=secret,
+            done=done,
+            worker_env=export_target_uses_worker_env(target),
+        )
         exporter(job)
     except Exception as exc:  # anything an exporter raises is a failed attempt, never a crash
         message = str(exc) if isinstance(exc, ExportError) else f"{type(exc).__name__}: {exc}"
@@ -266,27 +291,34 @@ def export_failure_record(*, target: ExportTarget, run: Run, progress: ExportPro
     now = timezone.now()
     progress.refresh_from_db()
     new = progress.failures == 0 or _gist(progress.last_error) != _gist(message)
-    ExportProgress.objects.filter(id=progress.id).update(failures=progress.failures + 1, last_error=message,
-                                                         last_error_at=now)
+    ExportProgress.objects.filter(id=progress.id).update(
+        failures=progress.failures + 1, last_error=message, last_error_at=now
+    )
     ExportTarget.objects.filter(id=target.id).update(last_error=message, last_error_at=now)
-    logger.warning("export to %s failed: %s", target.kind, message,
-                   extra={"run_id": run.id, "export_target": target.id})
+    logger.warning(
+        "export to %s failed: %s", target.kind, message, extra={"run_id": run.id, "export_target": target.id}
+    )
     if new:
-        run_event(run=run, kind="export_warning",
-                  message=f"{K(target.kind).label} export failed: {message} Retrying with backoff; "
-                          "the run itself is not affected.",
-                  data={"target": target.id, "kind": target.kind, "error": message, "attempt": progress.failures + 1})
+        run_event(
+            run=run,
+            kind="export_warning",
+            message=f"{K(target.kind).label} export failed: {message} Retrying with backoff; "
+            "the run itself is not affected.",
+            data={"target": target.id, "kind": target.kind, "error": message, "attempt": progress.failures + 1},
+        )
 
 
 def export_success_record(*, target: ExportTarget, run: Run, progress: ExportProgress) -> None:
     progress.refresh_from_db()
     if progress.failures:
         ExportProgress.objects.filter(id=progress.id).update(failures=0, last_error="", last_error_at=None)
-        run_event(run=run, kind="export_recovered",
-                  message=f"{K(target.kind).label} export works again; exported up to step {progress.last_step}.",
-                  data={"target": target.id, "kind": target.kind})
-    ExportTarget.objects.filter(id=target.id).update(last_error="", last_error_at=None,
-                                                     last_success_at=timezone.now())
+        run_event(
+            run=run,
+            kind="export_recovered",
+            message=f"{K(target.kind).label} export works again; exported up to step {progress.last_step}.",
+            data={"target": target.id, "kind": target.kind},
+        )
+    ExportTarget.objects.filter(id=target.id).update(last_error="", last_error_at=None, last_success_at=timezone.now())
 
 
 def export_targets_to_sync(*, run_id: int) -> list[int]:

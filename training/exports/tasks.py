@@ -11,8 +11,7 @@ from celery import shared_task
 from training.exports.base import ExportError
 
 
-@shared_task(name="training.exports.tasks.run_exports_task", ignore_result=True, acks_late=True,
-             time_limit=60)
+@shared_task(name="training.exports.tasks.run_exports_task", ignore_result=True, acks_late=True, time_limit=60)
 def run_exports_task(run_id: int, reason: str = "step", step: int | None = None) -> None:
     from training.exports.services import export_targets_to_sync
 
@@ -20,9 +19,18 @@ def run_exports_task(run_id: int, reason: str = "step", step: int | None = None)
         export_sync_task.apply_async(args=[target_id, run_id], queue="default")
 
 
-@shared_task(name="training.exports.tasks.export_sync_task", ignore_result=True, acks_late=True,
-             autoretry_for=(ExportError,), retry_backoff=10, retry_backoff_max=15 * 60, retry_jitter=True,
-             max_retries=8, soft_time_limit=10 * 60, time_limit=12 * 60)
+@shared_task(
+    name="training.exports.tasks.export_sync_task",
+    ignore_result=True,
+    acks_late=True,
+    autoretry_for=(ExportError,),
+    retry_backoff=10,
+    retry_backoff_max=15 * 60,
+    retry_jitter=True,
+    max_retries=8,
+    soft_time_limit=10 * 60,
+    time_limit=12 * 60,
+)
 def export_sync_task(target_id: int, run_id: int) -> int:
     """Bring one target up to date with one run. Failures are recorded, then retried (about 40 minutes
     of attempts in all); after that the next step or the run's end tries again from the same cursor."""

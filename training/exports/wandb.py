@@ -43,16 +43,28 @@ def wandb_settings(cfg, secret: str, *, worker_env: bool, init_timeout: float) -
     import wandb
 
     offline = _offline(cfg)
-    out = {"silent": True, "console": "off", "x_disable_stats": True, "x_disable_machine_info": True,
-           "disable_git": True, "save_code": False, "x_save_requirements": False, "init_timeout": init_timeout}
+    out = {
+        "silent": True,
+        "console": "off",
+        "x_disable_stats": True,
+        "x_disable_machine_info": True,
+        "disable_git": True,
+        "save_code": False,
+        "x_save_requirements": False,
+        "init_timeout": init_timeout,
+    }
     if cfg.mode == "offline":
         out["mode"] = "offline"
     if not offline and not secret:
         if worker_env:
-            raise ExportError("W&B needs an API key: enter one in the export settings, "
-                              "or set WANDB_API_KEY in the worker's environment.")
-        raise ExportError("W&B needs an API key: enter yours in the export's settings "
-                          "(the Exports page, or `artweb exports edit ID --secret`).")
+            raise ExportError(
+                "W&B needs an API key: enter one in the export settings, "
+                "or set WANDB_API_KEY in the worker's environment."
+            )
+        raise ExportError(
+            "W&B needs an API key: enter yours in the export's settings "
+            "(the Exports page, or `artweb exports edit ID --secret`)."
+        )
     if secret:
         out["api_key"] = secret
     if cfg.base_url:
@@ -107,9 +119,19 @@ def wandb_export(job: ExportJob) -> None:
 
     root, scratch = _staging(_offline(cfg))
     try:
-        wb = _init(wandb, "run", project=cfg.project, entity=cfg.entity or None, id=progress.remote_id,
-                   resume="allow", name=job.run.name, tags=list(job.run.tags)[:20], config=_run_config(job.run),
-                   dir=str(root), settings=wandb.Settings(**wb_settings))
+        wb = _init(
+            wandb,
+            "run",
+            project=cfg.project,
+            entity=cfg.entity or None,
+            id=progress.remote_id,
+            resume="allow",
+            name=job.run.name,
+            tags=list(job.run.tags)[:20],
+            config=_run_config(job.run),
+            dir=str(root),
+            settings=wandb.Settings(**wb_settings),
+        )
         try:
             wb.define_metric("val_reward", summary="max")
             for step in job.steps:
@@ -134,15 +156,24 @@ def wandb_test_event(*, cfg, secret: str, worker_env: bool, init_timeout: float 
     Its own run id, so a test never touches a mirrored run. Raises ExportError with W&B's answer.
     """
     wandb = _import_wandb()
-    wb_settings = wandb_settings(cfg, secret, worker_env=worker_env,
-                                 init_timeout=init_timeout or TEST_INIT_TIMEOUT_S)
+    wb_settings = wandb_settings(cfg, secret, worker_env=worker_env, init_timeout=init_timeout or TEST_INIT_TIMEOUT_S)
     offline = _offline(cfg)
     run_id = f"artweb-test-{secrets.token_hex(4)}"
     root, scratch = _staging(offline)
     try:
-        wb = _init(wandb, "test run", project=cfg.project, entity=cfg.entity or None, id=run_id,
-                   name="artweb connection test", tags=["artweb-test"], job_type="artweb-test",
-                   config={"artweb_test": True}, dir=str(root), settings=wandb.Settings(**wb_settings))
+        wb = _init(
+            wandb,
+            "test run",
+            project=cfg.project,
+            entity=cfg.entity or None,
+            id=run_id,
+            name="artweb connection test",
+            tags=["artweb-test"],
+            job_type="artweb-test",
+            config={"artweb_test": True},
+            dir=str(root),
+            settings=wandb.Settings(**wb_settings),
+        )
         try:
             wb.log({"artweb/test_event": 1})
             where = "/".join(p for p in (wb.entity, wb.project) if p)
@@ -155,8 +186,7 @@ def wandb_test_event(*, cfg, secret: str, worker_env: bool, init_timeout: float 
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     if offline:
-        return (f"W&B runs offline on this server: test run {run_id} was written to disk for `wandb sync`, "
-                "not sent.")
+        return f"W&B runs offline on this server: test run {run_id} was written to disk for `wandb sync`, not sent."
     return f"W&B accepted test run {run_id} in {where}." + (f" See {url}" if url else "")
 
 
@@ -164,8 +194,11 @@ def _run_config(run: Run) -> dict:
     return {
         **run.config,
         "artweb": {
-            "run_id": run.id, "base_model": run.base_model.name, "base_model_source": run.base_model.source,
-            "scenario_set": run.scenario_set.name, "script_version": str(run.script_version),
+            "run_id": run.id,
+            "base_model": run.base_model.name,
+            "base_model_source": run.base_model.source,
+            "scenario_set": run.scenario_set.name,
+            "script_version": str(run.script_version),
             "reward_version": str(run.reward_version) if run.reward_version else None,
             "num_steps": run.num_steps,
         },
@@ -188,7 +221,11 @@ def _log_step(wb, job: ExportJob, step: Step) -> None:
     import wandb
 
     data = step_metrics(step)
-    trajs = Trajectory.objects.filter(run=job.run, step=step.step, group__failed_attempt=False).select_related("group").order_by("group_id", "index")
+    trajs = (
+        Trajectory.objects.filter(run=job.run, step=step.step, group__failed_attempt=False)
+        .select_related("group")
+        .order_by("group_id", "index")
+    )
     n = job.settings.trajectories_per_step
     train = [t for t in trajs if t.group.split == "train"]
     if n and train:
@@ -235,10 +272,33 @@ def render_messages(messages: list[dict]) -> str:
 
 
 def _table(wandb, trajs: list[Trajectory]):
-    columns = ["step", "split", "group", "index", "reward", "advantage", "completion_tokens", "duration_ms",
-               "error", "conversation"]
-    rows = [[t.step, t.group.split, t.group_id, t.index, t.reward, t.advantage, t.completion_tokens,
-             t.duration_ms, t.error[:500], render_messages(t.messages)] for t in trajs]
+    columns = [
+        "step",
+        "split",
+        "group",
+        "index",
+        "reward",
+        "advantage",
+        "completion_tokens",
+        "duration_ms",
+        "error",
+        "conversation",
+    ]
+    rows = [
+        [
+            t.step,
+            t.group.split,
+            t.group_id,
+            t.index,
+            t.reward,
+            t.advantage,
+            t.completion_tokens,
+            t.duration_ms,
+            t.error[:500],
+            render_messages(t.messages),
+        ]
+        for t in trajs
+    ]
     return wandb.Table(columns=columns, data=rows)
 
 
@@ -246,14 +306,23 @@ def _log_checkpoint(wandb, wb, run: Run, step: int) -> None:
     ckpt = Checkpoint.objects.filter(run=run, step=step, state=Checkpoint.State.ACTIVE).first()
     if ckpt is None or not Path(ckpt.path).is_dir():
         return  # retention may have removed it already; nothing to upload
-    artifact = wandb.Artifact(f"run-{run.id}-lora", type="model",
-                              metadata={"step": step, "val_reward": ckpt.val_reward, **(ckpt.metrics or {})})
+    artifact = wandb.Artifact(
+        f"run-{run.id}-lora",
+        type="model",
+        metadata={"step": step, "val_reward": ckpt.val_reward, **(ckpt.metrics or {})},
+    )
     artifact.add_dir(ckpt.path)
     wb.log_artifact(artifact, aliases=[f"step-{step}", "latest"])
 
 
 def _log_final(wb, run: Run) -> None:
-    wb.summary.update({"status": run.status, "steps_done": run.steps_done, "best_val_reward": run.best_val_reward,
-                       "latest_reward": run.latest_reward})
+    wb.summary.update(
+        {
+            "status": run.status,
+            "steps_done": run.steps_done,
+            "best_val_reward": run.best_val_reward,
+            "latest_reward": run.latest_reward,
+        }
+    )
     if run.error:
         wb.summary["error"] = run.error[:1000]

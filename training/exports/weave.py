@@ -26,8 +26,14 @@ TEST_TIMEOUT_S = 45.0  # importing weave alone takes seconds; its retries agains
 # below the clients' 60 s request timeout, so the person gets this answer rather than a timeout
 
 # The variables a rollout sandbox passes through to user code for Weave (nothing else of the worker's env).
-ROLLOUT_ENV_KEYS = ("WEAVE_PROJECT", "WANDB_API_KEY", "WANDB_BASE_URL", "WF_TRACE_SERVER_URL", "WANDB_MODE",
-                    "WANDB_DIR")
+ROLLOUT_ENV_KEYS = (
+    "WEAVE_PROJECT",
+    "WANDB_API_KEY",
+    "WANDB_BASE_URL",
+    "WF_TRACE_SERVER_URL",
+    "WANDB_MODE",
+    "WANDB_DIR",
+)
 
 
 def weave_env(cfg, secret: str, *, worker_env: bool) -> dict[str, str]:
@@ -37,8 +43,11 @@ def weave_env(cfg, secret: str, *, worker_env: bool) -> dict[str, str]:
     these variables reach the run owner's code, so anyone else's target carries only what its owner stored.
     """
     if not secret:
-        where = "or set WANDB_API_KEY in the worker's environment" if worker_env else \
-            "(the Exports page, or `artweb exports edit ID --secret`)"
+        where = (
+            "or set WANDB_API_KEY in the worker's environment"
+            if worker_env
+            else "(the Exports page, or `artweb exports edit ID --secret`)"
+        )
         raise ExportError(f"Weave needs a W&B API key: enter one in the export settings {where}.")
     env = {"WEAVE_PROJECT": cfg.project, "WANDB_API_KEY": secret}
     base_url = cfg.base_url or (os.environ.get("WANDB_BASE_URL", "") if worker_env else "")
@@ -80,9 +89,12 @@ def export_rollout_env(*, run: Run) -> dict[str, str]:
         target = next((t for t in export_targets_for_run(run=run) if t.kind == ExportTarget.Kind.WEAVE), None)
         if target is None:
             return {}
-        return weave_env(export_settings_parse(target.kind, target.settings), export_target_secret(target),
-                         worker_env=export_target_uses_worker_env(target))
-    except Exception as exc:  # noqa: BLE001 - see the docstring: never fail a step over tracing
+        return weave_env(
+            export_settings_parse(target.kind, target.settings),
+            export_target_secret(target),
+            worker_env=export_target_uses_worker_env(target),
+        )
+    except Exception as exc:
         logger.warning("Weave settings unusable (%s); rollouts run untraced", exc, extra={"run_id": run.id})
         return {}
 
@@ -116,14 +128,24 @@ def weave_test_event(*, cfg, secret: str, worker_env: bool, timeout: float | Non
     timeout = timeout or TEST_TIMEOUT_S
     with tempfile.TemporaryDirectory(prefix="artweb-weave-test-") as home:
         # A home of its own: no netrc or wandb settings of the server's account are read.
-        env.update(PATH=os.environ.get("PATH", ""), HOME=home, WANDB_ERROR_REPORTING="false",
-                   WEAVE_PRINT_CALL_LINK="false")
+        env.update(
+            PATH=os.environ.get("PATH", ""), HOME=home, WANDB_ERROR_REPORTING="false", WEAVE_PRINT_CALL_LINK="false"
+        )
         try:
-            out = subprocess.run([sys.executable, "-c", _TEST_SCRIPT], env=env, cwd=home, capture_output=True,
-                                 text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+            out = subprocess.run(
+                [sys.executable, "-c", _TEST_SCRIPT],
+                env=env,
+                cwd=home,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
-            raise ExportError(f"Weave did not answer within {timeout:g} s; check the project and the "
-                              "server address.") from exc
+            raise ExportError(
+                f"Weave did not answer within {timeout:g} s; check the project and the server address."
+            ) from exc
     result = next((json.loads(line) for line in reversed(out.stdout.splitlines()) if line.startswith("{")), None)
     if not result:
         raise ExportError(f"The Weave test did not finish: {(out.stderr or out.stdout).strip()[-500:]}")

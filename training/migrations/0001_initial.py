@@ -7,147 +7,250 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('rollouts', '0001_initial'),
+        ("rollouts", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='BaseModel',
+            name="BaseModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200, unique=True)),
-                ('source', models.CharField(help_text='Hugging Face model id or a local directory.', max_length=500)),
-                ('revision', models.CharField(blank=True, max_length=100)),
-                ('local_path', models.CharField(blank=True, help_text='Resolved directory of the weights.', max_length=1000)),
-                ('max_length', models.PositiveIntegerField(default=2048)),
-                ('chat_template_override', models.TextField(blank=True)),
-                ('supports_tools', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200, unique=True)),
+                ("source", models.CharField(help_text="Hugging Face model id or a local directory.", max_length=500)),
+                ("revision", models.CharField(blank=True, max_length=100)),
+                (
+                    "local_path",
+                    models.CharField(blank=True, help_text="Resolved directory of the weights.", max_length=1000),
+                ),
+                ("max_length", models.PositiveIntegerField(default=2048)),
+                ("chat_template_override", models.TextField(blank=True)),
+                ("supports_tools", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('tags', django.contrib.postgres.fields.ArrayField(base_field=models.CharField(max_length=50), blank=True, default=list, size=None)),
-                ('config', models.JSONField(help_text='Validated RunConfig, stored whole.')),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('starting', 'Starting'), ('running', 'Running'), ('paused', 'Paused'), ('completed', 'Completed'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=12)),
-                ('steps_done', models.PositiveIntegerField(default=0, help_text='Training steps completed and persisted.')),
-                ('num_steps', models.PositiveIntegerField()),
-                ('latest_reward', models.FloatField(blank=True, null=True)),
-                ('best_val_reward', models.FloatField(blank=True, null=True)),
-                ('error', models.TextField(blank=True)),
-                ('worker', models.CharField(blank=True, max_length=200)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('cancel_requested', models.BooleanField(default=False)),
-                ('pause_requested', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('base_model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='training.basemodel')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runs', to=settings.AUTH_USER_MODEL)),
-                ('reward_version', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='rollouts.rewardfunctionversion')),
-                ('scenario_set', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='rollouts.scenarioset')),
-                ('script_version', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='rollouts.rolloutscriptversion')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200)),
+                (
+                    "tags",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.CharField(max_length=50), blank=True, default=list, size=None
+                    ),
+                ),
+                ("config", models.JSONField(help_text="Validated RunConfig, stored whole.")),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("starting", "Starting"),
+                            ("running", "Running"),
+                            ("paused", "Paused"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=12,
+                    ),
+                ),
+                (
+                    "steps_done",
+                    models.PositiveIntegerField(default=0, help_text="Training steps completed and persisted."),
+                ),
+                ("num_steps", models.PositiveIntegerField()),
+                ("latest_reward", models.FloatField(blank=True, null=True)),
+                ("best_val_reward", models.FloatField(blank=True, null=True)),
+                ("error", models.TextField(blank=True)),
+                ("worker", models.CharField(blank=True, max_length=200)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("cancel_requested", models.BooleanField(default=False)),
+                ("pause_requested", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "base_model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="runs", to="training.basemodel"
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="runs", to=settings.AUTH_USER_MODEL
+                    ),
+                ),
+                (
+                    "reward_version",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="runs",
+                        to="rollouts.rewardfunctionversion",
+                    ),
+                ),
+                (
+                    "scenario_set",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="runs", to="rollouts.scenarioset"
+                    ),
+                ),
+                (
+                    "script_version",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="runs",
+                        to="rollouts.rolloutscriptversion",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Checkpoint',
+            name="Checkpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step', models.PositiveIntegerField()),
-                ('path', models.CharField(max_length=1000)),
-                ('size_bytes', models.BigIntegerField(default=0)),
-                ('metrics', models.JSONField(blank=True, default=dict)),
-                ('val_reward', models.FloatField(blank=True, null=True)),
-                ('state', models.CharField(choices=[('active', 'Active'), ('deleted', 'Deleted')], db_index=True, default='active', max_length=10)),
-                ('promoted', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('deleted_at', models.DateTimeField(blank=True, null=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='training.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("step", models.PositiveIntegerField()),
+                ("path", models.CharField(max_length=1000)),
+                ("size_bytes", models.BigIntegerField(default=0)),
+                ("metrics", models.JSONField(blank=True, default=dict)),
+                ("val_reward", models.FloatField(blank=True, null=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("active", "Active"), ("deleted", "Deleted")],
+                        db_index=True,
+                        default="active",
+                        max_length=10,
+                    ),
+                ),
+                ("promoted", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("deleted_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="checkpoints", to="training.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', '-step'],
+                "ordering": ["run", "-step"],
             },
         ),
         migrations.CreateModel(
-            name='RunEvent',
+            name="RunEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(max_length=50)),
-                ('message', models.TextField(blank=True)),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='training.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("kind", models.CharField(max_length=50)),
+                ("message", models.TextField(blank=True)),
+                ("data", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "actor",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="training.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.CreateModel(
-            name='RunLog',
+            name="RunLog",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step', models.PositiveIntegerField(blank=True, null=True)),
-                ('level', models.CharField(default='INFO', max_length=10)),
-                ('message', models.TextField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='logs', to='training.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("step", models.PositiveIntegerField(blank=True, null=True)),
+                ("level", models.CharField(default="INFO", max_length=10)),
+                ("message", models.TextField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="logs", to="training.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.CreateModel(
-            name='Step',
+            name="Step",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step', models.PositiveIntegerField()),
-                ('reward_mean', models.FloatField(null=True)),
-                ('reward_std', models.FloatField(null=True)),
-                ('val_reward', models.FloatField(null=True)),
-                ('metrics', models.JSONField(default=dict)),
-                ('timings', models.JSONField(default=dict, help_text='Wall seconds per phase.')),
-                ('duration_s', models.FloatField(default=0.0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='steps', to='training.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("step", models.PositiveIntegerField()),
+                ("reward_mean", models.FloatField(null=True)),
+                ("reward_std", models.FloatField(null=True)),
+                ("val_reward", models.FloatField(null=True)),
+                ("metrics", models.JSONField(default=dict)),
+                ("timings", models.JSONField(default=dict, help_text="Wall seconds per phase.")),
+                ("duration_s", models.FloatField(default=0.0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="steps", to="training.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['step'],
+                "ordering": ["step"],
             },
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['owner', 'status', '-created_at'], name='training_ru_owner_i_d0f0a7_idx'),
+            model_name="run",
+            index=models.Index(fields=["owner", "status", "-created_at"], name="training_ru_owner_i_d0f0a7_idx"),
         ),
         migrations.AddConstraint(
-            model_name='checkpoint',
-            constraint=models.UniqueConstraint(fields=('run', 'step'), name='uniq_checkpoint_run_step'),
+            model_name="checkpoint",
+            constraint=models.UniqueConstraint(fields=("run", "step"), name="uniq_checkpoint_run_step"),
         ),
         migrations.AddIndex(
-            model_name='runevent',
-            index=models.Index(fields=['run', 'id'], name='training_ru_run_id_3ec529_idx'),
+            model_name="runevent",
+            index=models.Index(fields=["run", "id"], name="training_ru_run_id_3ec529_idx"),
         ),
         migrations.AddIndex(
-            model_name='runlog',
-            index=models.Index(fields=['run', 'id'], name='training_ru_run_id_49a310_idx'),
+            model_name="runlog",
+            index=models.Index(fields=["run", "id"], name="training_ru_run_id_49a310_idx"),
         ),
         migrations.AddConstraint(
-            model_name='step',
-            constraint=models.UniqueConstraint(fields=('run', 'step'), name='uniq_run_step'),
+            model_name="step",
+            constraint=models.UniqueConstraint(fields=("run", "step"), name="uniq_run_step"),
         ),
     ]

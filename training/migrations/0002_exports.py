@@ -6,59 +6,97 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('training', '0001_initial'),
+        ("training", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ExportTarget',
+            name="ExportTarget",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('wandb', 'Weights & Biases'), ('weave', 'Weave'), ('langfuse', 'Langfuse')], max_length=10)),
-                ('enabled', models.BooleanField(default=True)),
-                ('settings', models.JSONField(blank=True, default=dict, help_text='Validated per-kind settings; no secrets.')),
-                ('secret_encrypted', models.TextField(blank=True)),
-                ('secret_last4', models.CharField(blank=True, max_length=4)),
-                ('last_error', models.TextField(blank=True)),
-                ('last_error_at', models.DateTimeField(blank=True, null=True)),
-                ('last_success_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='export_targets', to=settings.AUTH_USER_MODEL)),
-                ('run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='export_targets', to='training.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("wandb", "Weights & Biases"), ("weave", "Weave"), ("langfuse", "Langfuse")],
+                        max_length=10,
+                    ),
+                ),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "settings",
+                    models.JSONField(blank=True, default=dict, help_text="Validated per-kind settings; no secrets."),
+                ),
+                ("secret_encrypted", models.TextField(blank=True)),
+                ("secret_last4", models.CharField(blank=True, max_length=4)),
+                ("last_error", models.TextField(blank=True)),
+                ("last_error_at", models.DateTimeField(blank=True, null=True)),
+                ("last_success_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="export_targets",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="export_targets",
+                        to="training.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['kind', 'id'],
+                "ordering": ["kind", "id"],
             },
         ),
         migrations.CreateModel(
-            name='ExportProgress',
+            name="ExportProgress",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('last_step', models.PositiveIntegerField(default=0, help_text='Steps up to this one are exported.')),
-                ('finished', models.BooleanField(default=False, help_text="The run's final state is exported.")),
-                ('remote_id', models.CharField(blank=True, help_text="The run's id at the service.", max_length=100)),
-                ('failures', models.PositiveIntegerField(default=0, help_text='Consecutive failed attempts.')),
-                ('last_error', models.TextField(blank=True)),
-                ('last_error_at', models.DateTimeField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='export_progress', to='training.run')),
-                ('target', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='progress', to='training.exporttarget')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("last_step", models.PositiveIntegerField(default=0, help_text="Steps up to this one are exported.")),
+                ("finished", models.BooleanField(default=False, help_text="The run's final state is exported.")),
+                ("remote_id", models.CharField(blank=True, help_text="The run's id at the service.", max_length=100)),
+                ("failures", models.PositiveIntegerField(default=0, help_text="Consecutive failed attempts.")),
+                ("last_error", models.TextField(blank=True)),
+                ("last_error_at", models.DateTimeField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="export_progress", to="training.run"
+                    ),
+                ),
+                (
+                    "target",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="progress", to="training.exporttarget"
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='exporttarget',
-            constraint=models.UniqueConstraint(condition=models.Q(('run__isnull', True)), fields=('owner', 'kind'), name='uniq_export_owner_kind'),
+            model_name="exporttarget",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("run__isnull", True)), fields=("owner", "kind"), name="uniq_export_owner_kind"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='exporttarget',
-            constraint=models.UniqueConstraint(condition=models.Q(('run__isnull', False)), fields=('run', 'kind'), name='uniq_export_run_kind'),
+            model_name="exporttarget",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("run__isnull", False)), fields=("run", "kind"), name="uniq_export_run_kind"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='exportprogress',
-            constraint=models.UniqueConstraint(fields=('target', 'run'), name='uniq_export_progress'),
+            model_name="exportprogress",
+            constraint=models.UniqueConstraint(fields=("target", "run"), name="uniq_export_progress"),
         ),
     ]

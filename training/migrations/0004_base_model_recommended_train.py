@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('training', '0003_run_config_train_moved_keys'),
+        ("training", "0003_run_config_train_moved_keys"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='basemodel',
-            name='recommended_train',
-            field=models.JSONField(blank=True, default=dict, help_text="Training settings (TrainConfig keys) that suit this model; a run's train settings that are left out take these values before artweb's defaults."),
+            model_name="basemodel",
+            name="recommended_train",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="Training settings (TrainConfig keys) that suit this model; a run's train settings that are left out take these values before artweb's defaults.",
+            ),
         ),
     ]

@@ -6,29 +6,45 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('training', '0004_base_model_recommended_train'),
+        ("training", "0004_base_model_recommended_train"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='JudgeEndpoint',
+            name="JudgeEndpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='How runs refer to it: ruler_judge "endpoint:<name>".', max_length=100)),
-                ('base_url', models.URLField(help_text="The server's OpenAI-compatible base URL, ending in /v1.", max_length=500)),
-                ('model', models.CharField(help_text="The judge model's name at that server.", max_length=200)),
-                ('key_encrypted', models.TextField(blank=True)),
-                ('key_last4', models.CharField(blank=True, max_length=4)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='judge_endpoints', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "name",
+                    models.CharField(help_text='How runs refer to it: ruler_judge "endpoint:<name>".', max_length=100),
+                ),
+                (
+                    "base_url",
+                    models.URLField(
+                        help_text="The server's OpenAI-compatible base URL, ending in /v1.", max_length=500
+                    ),
+                ),
+                ("model", models.CharField(help_text="The judge model's name at that server.", max_length=200)),
+                ("key_encrypted", models.TextField(blank=True)),
+                ("key_last4", models.CharField(blank=True, max_length=4)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="judge_endpoints",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
-                'constraints': [models.UniqueConstraint(fields=('owner', 'name'), name='uniq_judge_endpoint_owner_name')],
+                "ordering": ["name"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("owner", "name"), name="uniq_judge_endpoint_owner_name")
+                ],
             },
         ),
     ]

@@ -10,15 +10,14 @@ def _already_sent(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('training', '0005_judge_endpoint'),
+        ("training", "0005_judge_endpoint"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='dispatched_at',
+            model_name="run",
+            name="dispatched_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.RunPython(_already_sent, migrations.RunPython.noop),

@@ -6,54 +6,95 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('rollouts', '0007_reward_timing_truncated_dry_run_samples'),
-        ('training', '0006_run_dispatched_at'),
+        ("rollouts", "0007_reward_timing_truncated_dry_run_samples"),
+        ("training", "0006_run_dispatched_at"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Rescore',
+            name="Rescore",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('use_ruler', models.BooleanField(default=False)),
-                ('ruler_judge', models.CharField(blank=True, max_length=200)),
-                ('split', models.CharField(default='train', max_length=12)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('done', 'Done'), ('failed', 'Failed')], db_index=True, default='queued', max_length=10)),
-                ('trajectories_total', models.PositiveIntegerField(default=0)),
-                ('trajectories_done', models.PositiveIntegerField(default=0)),
-                ('summary', models.JSONField(blank=True, default=dict, help_text='Agreement figures and the re-scored curve.')),
-                ('error', models.TextField(blank=True)),
-                ('dispatched_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('reward_version', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='rollouts.rewardfunctionversion')),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='rescores', to='training.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("use_ruler", models.BooleanField(default=False)),
+                ("ruler_judge", models.CharField(blank=True, max_length=200)),
+                ("split", models.CharField(default="train", max_length=12)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("queued", "Queued"), ("running", "Running"), ("done", "Done"), ("failed", "Failed")],
+                        db_index=True,
+                        default="queued",
+                        max_length=10,
+                    ),
+                ),
+                ("trajectories_total", models.PositiveIntegerField(default=0)),
+                ("trajectories_done", models.PositiveIntegerField(default=0)),
+                (
+                    "summary",
+                    models.JSONField(blank=True, default=dict, help_text="Agreement figures and the re-scored curve."),
+                ),
+                ("error", models.TextField(blank=True)),
+                ("dispatched_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to=settings.AUTH_USER_MODEL
+                    ),
+                ),
+                (
+                    "reward_version",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="rollouts.rewardfunctionversion",
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="rescores", to="training.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='RescoreScore',
+            name="RescoreScore",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step', models.PositiveIntegerField()),
-                ('old_reward', models.FloatField(null=True)),
-                ('new_reward', models.FloatField(null=True)),
-                ('error', models.TextField(blank=True)),
-                ('reward_ms', models.PositiveIntegerField(blank=True, null=True)),
-                ('rescore', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='scores', to='training.rescore')),
-                ('trajectory', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='rollouts.trajectory')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("step", models.PositiveIntegerField()),
+                ("old_reward", models.FloatField(null=True)),
+                ("new_reward", models.FloatField(null=True)),
+                ("error", models.TextField(blank=True)),
+                ("reward_ms", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "rescore",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="scores", to="training.rescore"
+                    ),
+                ),
+                (
+                    "trajectory",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="rollouts.trajectory"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['step', 'trajectory_id'],
-                'indexes': [models.Index(fields=['rescore', 'step'], name='training_re_rescore_43957f_idx')],
-                'constraints': [models.UniqueConstraint(fields=('rescore', 'trajectory'), name='uniq_rescore_trajectory')],
+                "ordering": ["step", "trajectory_id"],
+                "indexes": [models.Index(fields=["rescore", "step"], name="training_re_rescore_43957f_idx")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("rescore", "trajectory"), name="uniq_rescore_trajectory")
+                ],
             },
         ),
     ]

@@ -4,20 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('training', '0007_rescore'),
+        ("training", "0007_rescore"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='rescorescore',
-            name='metrics',
-            field=models.JSONField(blank=True, default=dict, help_text="What the new reward put in the trajectory's metrics (RULER: the judge's reason)."),
+            model_name="rescorescore",
+            name="metrics",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="What the new reward put in the trajectory's metrics (RULER: the judge's reason).",
+            ),
         ),
         migrations.AddField(
-            model_name='rescorescore',
-            name='rank_gap',
-            field=models.FloatField(blank=True, help_text='|rank under the new reward - rank under the old| among the scored pairs, set when it is done.', null=True),
+            model_name="rescorescore",
+            name="rank_gap",
+            field=models.FloatField(
+                blank=True,
+                help_text="|rank under the new reward - rank under the old| among the scored pairs, set when it is done.",
+                null=True,
+            ),
         ),
     ]

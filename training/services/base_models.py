@@ -26,23 +26,29 @@ def _check_source(*, source: str, owner: AbstractBaseUser | None, local_path: st
             raise ApplicationError(
                 "Only staff may register a model from a directory on the server; give a Hugging Face model id "
                 "(org/name), or ask an administrator to register the directory.",
-                field_errors={"source": ["server paths need staff"]})
+                field_errors={"source": ["server paths need staff"]},
+            )
         directory = Path(local_path or source).expanduser()
         if not (directory / "config.json").exists():
-            raise ApplicationError(f"{source} is not a model directory (no config.json in it).",
-                                   field_errors={"source": ["not a model directory"]})
+            raise ApplicationError(
+                f"{source} is not a model directory (no config.json in it).",
+                field_errors={"source": ["not a model directory"]},
+            )
         return
     if trusted:
         return
     if not HF_ID.fullmatch(source) or ".." in source:
-        raise ApplicationError(f"{source!r} is not a Hugging Face model id; give one as org/name, "
-                               "e.g. Qwen/Qwen2.5-0.5B-Instruct.",
-                               field_errors={"source": ["not a Hugging Face model id"]})
+        raise ApplicationError(
+            f"{source!r} is not a Hugging Face model id; give one as org/name, e.g. Qwen/Qwen2.5-0.5B-Instruct.",
+            field_errors={"source": ["not a Hugging Face model id"]},
+        )
     # The loaders try a local directory of that name before the Hub: "data/models" would read the server.
     if Path(source).exists():
-        raise ApplicationError(f"{source!r} also names a directory on the server, so it cannot be registered "
-                               "as a Hub id; ask an administrator to register it.",
-                               field_errors={"source": ["names a server directory"]})
+        raise ApplicationError(
+            f"{source!r} also names a directory on the server, so it cannot be registered "
+            "as a Hub id; ask an administrator to register it.",
+            field_errors={"source": ["names a server directory"]},
+        )
 
 
 def _visible(model: BaseModel, owner: AbstractBaseUser | None) -> bool:
@@ -57,8 +63,10 @@ def recommended_train_check(value) -> dict:
     if value in (None, ""):
         return {}
     if not isinstance(value, dict):
-        raise ApplicationError('Recommended settings must be a JSON object, e.g. {"learning_rate": 0.0002}.',
-                               field_errors={"recommended_train": ["not a JSON object"]})
+        raise ApplicationError(
+            'Recommended settings must be a JSON object, e.g. {"learning_rate": 0.0002}.',
+            field_errors={"recommended_train": ["not a JSON object"]},
+        )
     try:
         TrainConfig.from_dict(value)
     except ConfigError as exc:
@@ -74,9 +82,18 @@ def base_model_recommend(*, model: BaseModel, train: dict) -> BaseModel:
 
 
 @transaction.atomic
-def base_model_register(*, name: str, source: str, owner: AbstractBaseUser | None = None, local_path: str = "",
-                        revision: str = "", max_length: int = 2048, chat_template_override: str = "",
-                        supports_tools: bool = False, recommended_train: dict | None = None) -> BaseModel:
+def base_model_register(
+    *,
+    name: str,
+    source: str,
+    owner: AbstractBaseUser | None = None,
+    local_path: str = "",
+    revision: str = "",
+    max_length: int = 2048,
+    chat_template_override: str = "",
+    supports_tools: bool = False,
+    recommended_train: dict | None = None,
+) -> BaseModel:
     """Register a base model by Hugging Face id, or (staff only) a directory on the server.
 
     owner is the user registering it, who alone sees it; None registers a model shared with everyone, as
@@ -86,27 +103,39 @@ def base_model_register(*, name: str, source: str, owner: AbstractBaseUser | Non
     if not name:
         raise ApplicationError("Give the model a name.", field_errors={"name": ["required"]})
     if not source:
-        raise ApplicationError("Give a Hugging Face model id (org/name) or a local directory.",
-                               field_errors={"source": ["required"]})
+        raise ApplicationError(
+            "Give a Hugging Face model id (org/name) or a local directory.", field_errors={"source": ["required"]}
+        )
     if not 16 <= max_length <= 1_048_576:
-        raise ApplicationError("max_length must be between 16 and 1048576 tokens.",
-                               field_errors={"max_length": ["out of range [16, 1048576]"]})
+        raise ApplicationError(
+            "max_length must be between 16 and 1048576 tokens.",
+            field_errors={"max_length": ["out of range [16, 1048576]"]},
+        )
     _check_source(source=source, owner=owner, local_path=local_path)
     recommended_train = recommended_train_check(recommended_train)
     existing = BaseModel.objects.filter(name=name).first()
     if existing:
         if not _visible(existing, owner):
             # Names are unique across users: say it is taken without showing the other user's model.
-            raise ApplicationError(f"The model name {name!r} is taken; pick another.",
-                                   field_errors={"name": ["already registered"]})
+            raise ApplicationError(
+                f"The model name {name!r} is taken; pick another.", field_errors={"name": ["already registered"]}
+            )
         if existing.source != source:
-            raise ApplicationError(f"A model named {name!r} is already registered from {existing.source}; "
-                                   "pick another name.", field_errors={"name": ["already registered"]})
+            raise ApplicationError(
+                f"A model named {name!r} is already registered from {existing.source}; pick another name.",
+                field_errors={"name": ["already registered"]},
+            )
         return existing
     if is_server_path(source) and not local_path:
         local_path = str(Path(source).expanduser().resolve())
     return BaseModel.objects.create(
-        owner=owner, name=name, source=source, local_path=local_path, revision=revision, max_length=max_length,
-        chat_template_override=chat_template_override, supports_tools=supports_tools,
+        owner=owner,
+        name=name,
+        source=source,
+        local_path=local_path,
+        revision=revision,
+        max_length=max_length,
+        chat_template_override=chat_template_override,
+        supports_tools=supports_tools,
         recommended_train=recommended_train,
     )

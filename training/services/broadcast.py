@@ -43,8 +43,13 @@ def runs_list_groups(owner_id: int) -> tuple[str, ...]:
 def event_message(event) -> dict:
     """A timeline event as the run page receives it; a warning carries its level and its link."""
     data = event.data or {}
-    message = {"type": "event", "id": event.id, "kind": event.kind, "message": event.message,
-               "created_at": event.created_at.isoformat()}
+    message = {
+        "type": "event",
+        "id": event.id,
+        "kind": event.kind,
+        "message": event.message,
+        "created_at": event.created_at.isoformat(),
+    }
     if data.get("level"):
         message["level"] = data["level"]
     if data.get("link"):
@@ -58,7 +63,7 @@ def broadcast_now(group: str, message: dict) -> None:
         return
     try:
         async_to_sync(layer.group_send)(group, {"type": "run.message", "message": message})
-    except Exception:  # noqa: BLE001 - a broadcast is best effort; the database is the record
+    except Exception:
         logger.warning("broadcast to %s failed", group, exc_info=True)
 
 
@@ -101,11 +106,19 @@ def run_row_message(run) -> dict:
     """A run as one row of the runs list. Reads run.base_model, run.script_version.asset and run.owner:
     select_related them when building many."""
     return {
-        "type": "run", "run": run.id, "name": run.name, "tags": list(run.tags), "status": run.status,
-        "steps_done": run.steps_done, "num_steps": run.num_steps,
-        "latest_reward": _finite(run.latest_reward), "best_val_reward": _finite(run.best_val_reward),
-        "base_model": run.base_model.name, "task": run.script_version.asset.name,
-        "task_version": run.script_version.number, "owner": run.owner.get_username(),
+        "type": "run",
+        "run": run.id,
+        "name": run.name,
+        "tags": list(run.tags),
+        "status": run.status,
+        "steps_done": run.steps_done,
+        "num_steps": run.num_steps,
+        "latest_reward": _finite(run.latest_reward),
+        "best_val_reward": _finite(run.best_val_reward),
+        "base_model": run.base_model.name,
+        "task": run.script_version.asset.name,
+        "task_version": run.script_version.number,
+        "owner": run.owner.get_username(),
         "created_at": run.created_at.isoformat() if run.created_at else None,
         "started_at": run.started_at.isoformat() if run.started_at else None,
     }
@@ -130,9 +143,14 @@ def final_answer(messages: list | None) -> str:
 def _answer(traj) -> dict | None:
     if traj is None:
         return None
-    return {"trajectory": traj.id, "index": traj.index, "reward": _finite(traj.reward),
-            "advantage": _finite(traj.advantage), "text": final_answer(traj.messages),
-            "error": (traj.error or "")[:300]}
+    return {
+        "trajectory": traj.id,
+        "index": traj.index,
+        "reward": _finite(traj.reward),
+        "advantage": _finite(traj.advantage),
+        "text": final_answer(traj.messages),
+        "error": (traj.error or "")[:300],
+    }
 
 
 def group_message(group, trajectories: Sequence) -> dict:
@@ -150,9 +168,16 @@ def group_message(group, trajectories: Sequence) -> dict:
     advantages = [_finite(t.advantage) for t in trajs]
     best, worst = group_extremes(trajs)
     return {
-        "type": "group", "run": group.run_id, "id": group.id, "step": group.step, "split": group.split,
-        "scenario": group.scenario_id, "reward_mean": _finite(group.reward_mean),
-        "reward_std": _finite(group.reward_std), "error_count": group.error_count, "skipped": group.skipped,
+        "type": "group",
+        "run": group.run_id,
+        "id": group.id,
+        "step": group.step,
+        "split": group.split,
+        "scenario": group.scenario_id,
+        "reward_mean": _finite(group.reward_mean),
+        "reward_std": _finite(group.reward_std),
+        "error_count": group.error_count,
+        "skipped": group.skipped,
         "failed_attempt": group.failed_attempt,
         "rewards": [_finite(t.reward) for t in trajs],
         "advantages": advantages if any(a is not None for a in advantages) else None,
@@ -161,8 +186,9 @@ def group_message(group, trajectories: Sequence) -> dict:
     }
 
 
-def run_group_messages(*, run_id: int, after_id: int = 0, ids: Sequence[int] = (), limit: int | None = None
-                       ) -> list[dict]:
+def run_group_messages(
+    *, run_id: int, after_id: int = 0, ids: Sequence[int] = (), limit: int | None = None
+) -> list[dict]:
     """Group messages of a run, oldest first: the newest `limit` groups after after_id, plus the groups
     named in ids (ones a page shows without advantages yet, which may have them now)."""
     from training.selectors import GROUPS_SHOWN, run_groups_latest

@@ -55,9 +55,13 @@ def checkpoint_delete(*, checkpoint: Checkpoint, actor=None, reason: str = "dele
         raise ApplicationError(f"Checkpoint {checkpoint} cannot be deleted: {why}.")
     path = Path(checkpoint.path)
     Checkpoint.objects.filter(id=checkpoint.id).update(state=Checkpoint.State.DELETED, deleted_at=timezone.now())
-    run_event(run=checkpoint.run, kind="checkpoint_deleted", message=f"Checkpoint at step {checkpoint.step} {reason}.",
-              data={"checkpoint": checkpoint.id, "step": checkpoint.step, "size_bytes": checkpoint.size_bytes},
-              actor=actor)
+    run_event(
+        run=checkpoint.run,
+        kind="checkpoint_deleted",
+        message=f"Checkpoint at step {checkpoint.step} {reason}.",
+        data={"checkpoint": checkpoint.id, "step": checkpoint.step, "size_bytes": checkpoint.size_bytes},
+        actor=actor,
+    )
     # Remove files only once the row says so for good; a failed commit leaves the files.
     archive = _archive_path(checkpoint)
     transaction.on_commit(lambda: (shutil.rmtree(path, ignore_errors=True), archive.unlink(missing_ok=True)))
@@ -72,8 +76,13 @@ def checkpoint_promote(*, checkpoint: Checkpoint, actor=None) -> Checkpoint:
         raise ApplicationError("That checkpoint's files were deleted; it cannot be promoted.")
     Checkpoint.objects.filter(run=checkpoint.run, promoted=True).exclude(id=checkpoint.id).update(promoted=False)
     Checkpoint.objects.filter(id=checkpoint.id).update(promoted=True)
-    run_event(run=checkpoint.run, kind="checkpoint_promoted", message=f"Checkpoint at step {checkpoint.step} promoted.",
-              data={"checkpoint": checkpoint.id, "step": checkpoint.step}, actor=actor)
+    run_event(
+        run=checkpoint.run,
+        kind="checkpoint_promoted",
+        message=f"Checkpoint at step {checkpoint.step} promoted.",
+        data={"checkpoint": checkpoint.id, "step": checkpoint.step},
+        actor=actor,
+    )
     checkpoint.refresh_from_db()
     return checkpoint
 
@@ -89,8 +98,9 @@ def checkpoint_retention_plan(*, run: Run, keep_last: int, keep_best: int) -> tu
     return [c for c in active if c.id in keep_ids], [c for c in active if c.id not in keep_ids]
 
 
-def checkpoint_apply_retention(*, run: Run, keep_last: int | None = None, keep_best: int | None = None,
-                               actor=None) -> list[Checkpoint]:
+def checkpoint_apply_retention(
+    *, run: Run, keep_last: int | None = None, keep_best: int | None = None, actor=None
+) -> list[Checkpoint]:
     """Delete what the run's retention policy does not keep; returns the deleted checkpoints."""
     keep_last = keep_last if keep_last is not None else int(run.config.get("keep_last_checkpoints", 2))
     keep_best = keep_best if keep_best is not None else int(run.config.get("keep_best_checkpoints", 1))
@@ -147,8 +157,11 @@ def checkpoint_archive(*, checkpoint: Checkpoint) -> Path:
 
 
 def _archive_path(checkpoint: Checkpoint) -> Path:
-    return (Path(settings.DATA_DIR) / "archives"
-            / f"run{checkpoint.run_id}-step{checkpoint.step}-{checkpoint.id}-adapter.tar.gz")
+    return (
+        Path(settings.DATA_DIR)
+        / "archives"
+        / f"run{checkpoint.run_id}-step{checkpoint.step}-{checkpoint.id}-adapter.tar.gz"
+    )
 
 
 def checkpoint_disk_usage() -> int:

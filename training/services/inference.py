@@ -96,8 +96,9 @@ def inference_server(base_model):
         if _judge is not None and _judge_model != served:
             _judge_stop()  # another base model's judge only holds memory
         if _server is None:
-            _server = _new_server(base_model, port=settings.ARTWEB["VLLM_PORT"],
-                                  adapter_mode=settings.ARTWEB["VLLM_ADAPTER_MODE"])
+            _server = _new_server(
+                base_model, port=settings.ARTWEB["VLLM_PORT"], adapter_mode=settings.ARTWEB["VLLM_ADAPTER_MODE"]
+            )
             _server_model = served
             _server.start()
         _server.ensure_running()
@@ -204,9 +205,13 @@ def trainer_for(run, *, checkpoint_dir: str | None):
     # The run's one seed (RunConfig.seed) seeds the trainer as it seeds the scenario sampling; trajectories
     # are tokenized with the chat template the inference server rendered them with.
     template = chat_template_file(run.base_model)
-    trainer = make_trainer(cfg, base_model_path=base_model_path(run.base_model), device=settings.ARTWEB["DEVICE"],
-                           seed=int(run.config.get("seed", 0)),
-                           chat_template=Path(template).read_text() if template else None)
+    trainer = make_trainer(
+        cfg,
+        base_model_path=base_model_path(run.base_model),
+        device=settings.ARTWEB["DEVICE"],
+        seed=int(run.config.get("seed", 0)),
+        chat_template=Path(template).read_text() if template else None,
+    )
     trainer.load(checkpoint_dir)
     _trainer, _trainer_key = trainer, key
     return trainer
@@ -222,7 +227,7 @@ def trainer_close() -> None:
     if _trainer is not None:
         try:
             _trainer.close()
-        except Exception:  # noqa: BLE001 - freeing memory must not fail the caller
+        except Exception:
             logger.warning("trainer close failed", exc_info=True)
     _trainer, _trainer_key = None, None
 
@@ -256,15 +261,22 @@ def dry_run_execute(*, dry_run_id: int) -> None:
         result = dry_run(
             script=obj.script_version.content,
             reward=obj.reward_version.content if obj.reward_version else None,
-            scenarios=obj.scenarios, max_scenarios=len(obj.scenarios), group_size=obj.samples,
+            scenarios=obj.scenarios,
+            max_scenarios=len(obj.scenarios),
+            group_size=obj.samples,
             timeout_s=dry_run_timeout_s(rollouts=len(obj.scenarios) * obj.samples),
-            base_url=server.base_url, model_name=server.ensure_base(),
-            api_key=server.api_key, jail=jail_config(), vocab_size=vocab_size(obj.base_model),
+            base_url=server.base_url,
+            model_name=server.ensure_base(),
+            api_key=server.api_key,
+            jail=jail_config(),
+            vocab_size=vocab_size(obj.base_model),
         )
         result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
-        DryRun.objects.filter(id=dry_run_id).update(status=DryRun.Status.DONE, result=result,
-                                                    finished_at=timezone.now())
-    except Exception as exc:  # noqa: BLE001 - the person sees the failure on the dry-run page
+        DryRun.objects.filter(id=dry_run_id).update(
+            status=DryRun.Status.DONE, result=result, finished_at=timezone.now()
+        )
+    except Exception as exc:
         logger.exception("dry run %s failed", dry_run_id)
-        DryRun.objects.filter(id=dry_run_id).update(status=DryRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}",
-                                                    finished_at=timezone.now())
+        DryRun.objects.filter(id=dry_run_id).update(
+            status=DryRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}", finished_at=timezone.now()
+        )

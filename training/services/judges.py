@@ -32,8 +32,11 @@ def judge_choices(*, owner) -> list[str]:
     """Every ruler_judge value this person may use, for error messages and the launch form."""
     from training.selectors import base_model_visible
 
-    return [BASE, *(f"{MODEL_PREFIX}{m.name}" for m in base_model_visible(owner)),
-            *(f"{ENDPOINT_PREFIX}{e.name}" for e in JudgeEndpoint.objects.filter(owner=owner))]
+    return [
+        BASE,
+        *(f"{MODEL_PREFIX}{m.name}" for m in base_model_visible(owner)),
+        *(f"{ENDPOINT_PREFIX}{e.name}" for e in JudgeEndpoint.objects.filter(owner=owner)),
+    ]
 
 
 def judge_resolve(*, owner, value: str) -> BaseModel | JudgeEndpoint | None:
@@ -51,8 +54,10 @@ def judge_resolve(*, owner, value: str) -> BaseModel | JudgeEndpoint | None:
         found = JudgeEndpoint.objects.filter(owner=owner, name=value.removeprefix(ENDPOINT_PREFIX)).first()
     if found is None:
         choices = ", ".join(repr(c) for c in judge_choices(owner=owner))
-        raise _field_error(f"ruler_judge {value!r} names no judge you can use; choose one of {choices} "
-                           "('' is the run's own base model).")
+        raise _field_error(
+            f"ruler_judge {value!r} names no judge you can use; choose one of {choices} "
+            "('' is the run's own base model)."
+        )
     return found
 
 
@@ -72,22 +77,27 @@ def judge_url_check(base_url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise _field_error("Give the judge server's base URL, e.g. https://api.example.com/v1.", "base_url")
     if parts.username or parts.password or parts.query or parts.fragment:
-        raise _field_error("The base URL may not carry a user, password, query or fragment; the key goes in "
-                           "the key field.", "base_url")
+        raise _field_error(
+            "The base URL may not carry a user, password, query or fragment; the key goes in the key field.", "base_url"
+        )
     host = parts.hostname
     if _private_allowed(host):
         return base_url
     try:
-        infos = socket.getaddrinfo(host, parts.port or (443 if parts.scheme == "https" else 80),
-                                   proto=socket.IPPROTO_TCP)
+        infos = socket.getaddrinfo(
+            host, parts.port or (443 if parts.scheme == "https" else 80), proto=socket.IPPROTO_TCP
+        )
     except (socket.gaierror, UnicodeError) as exc:
         raise _field_error(f"The judge server's host {host!r} cannot be resolved ({exc}).", "base_url") from exc
     for info in infos:
         address = ipaddress.ip_address(info[4][0].split("%", 1)[0])
         if not address.is_global:
-            raise _field_error(f"The judge server's host {host!r} is a private address ({address}); judges must "
-                               "be public servers. An operator can allow a private host with "
-                               "ARTWEB_JUDGE_PRIVATE_HOSTS.", "base_url")
+            raise _field_error(
+                f"The judge server's host {host!r} is a private address ({address}); judges must "
+                "be public servers. An operator can allow a private host with "
+                "ARTWEB_JUDGE_PRIVATE_HOSTS.",
+                "base_url",
+            )
     return base_url
 
 
@@ -114,8 +124,9 @@ def judge_endpoint_create(*, owner, name: str, base_url: str, model: str, api_ke
 
 
 @transaction.atomic
-def judge_endpoint_update(*, endpoint: JudgeEndpoint, base_url: str | None = None, model: str | None = None,
-                          api_key: str | None = None) -> JudgeEndpoint:
+def judge_endpoint_update(
+    *, endpoint: JudgeEndpoint, base_url: str | None = None, model: str | None = None, api_key: str | None = None
+) -> JudgeEndpoint:
     """Change what is given; the key is replaced only when a new one is given (empty string: no key)."""
     if base_url is not None:
         endpoint.base_url = judge_url_check(base_url)

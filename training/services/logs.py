@@ -13,6 +13,15 @@ logger = logging.getLogger("artweb.run")
 def run_log(*, run_id: int, message: str, level: str = "INFO", step: int | None = None) -> RunLog:
     line = RunLog.objects.create(run_id=run_id, step=step, level=level, message=message[:10_000])
     logger.log(getattr(logging, level, logging.INFO), message, extra={"run_id": run_id, "step": step})
-    run_broadcast(run_id, {"type": "log", "id": line.id, "level": level, "message": line.message, "step": step,
-                           "created_at": line.created_at.isoformat()})
+    run_broadcast(
+        run_id,
+        {
+            "type": "log",
+            "id": line.id,
+            "level": level,
+            "message": line.message,
+            "step": step,
+            "created_at": line.created_at.isoformat(),
+        },
+    )
     return line

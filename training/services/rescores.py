@@ -50,8 +50,12 @@ SPLITS = ("train", "validation")
 BATCH_TRAJECTORIES = 512
 DISAGREEMENTS_KEPT = 20
 ORDERINGS = {
-    "disagreement": (F("rank_gap").desc(nulls_last=True), Abs(F("new_reward") - F("old_reward")).desc(nulls_last=True),
-                     "step", "trajectory_id"),
+    "disagreement": (
+        F("rank_gap").desc(nulls_last=True),
+        Abs(F("new_reward") - F("old_reward")).desc(nulls_last=True),
+        "step",
+        "trajectory_id",
+    ),
     "step": ("step", "trajectory_id"),
     "old_reward": (F("old_reward").desc(nulls_last=True), "trajectory_id"),
     "new_reward": (F("new_reward").desc(nulls_last=True), "trajectory_id"),
@@ -83,9 +87,12 @@ def rescore_scores(*, rescore: Rescore, ordering: str = "disagreement") -> Query
 def rescorable(*, run: Run, split: str, steps_done: int | None = None) -> QuerySet[Trajectory]:
     """The run's stored trajectories a re-score takes: those of committed steps, not of a failed attempt,
     whose rollout finished (a conversation to score; a rollout that failed has none)."""
-    return (Trajectory.objects.filter(run=run, group__split=split, group__failed_attempt=False,
-                                      step__lte=run.steps_done if steps_done is None else steps_done)
-            .exclude(messages=[]))
+    return Trajectory.objects.filter(
+        run=run,
+        group__split=split,
+        group__failed_attempt=False,
+        step__lte=run.steps_done if steps_done is None else steps_done,
+    ).exclude(messages=[])
 
 
 # --- create ----------------------------------------------------------------------------------------
@@ -99,26 +106,38 @@ def _judge(*, owner, value: str):
             "RULER re-scoring needs a judge endpoint: a judge served by artweb (the run's base model or "
             "model:<name>) needs a GPU worker's inference server, which re-scoring does not use. Add an "
             "OpenAI-compatible server under Models → RULER judges and choose it as endpoint:<name>.",
-            field_errors={"ruler_judge": ["choose an endpoint:<name> judge"]})
+            field_errors={"ruler_judge": ["choose an endpoint:<name> judge"]},
+        )
     return found
 
 
 @transaction.atomic
-def rescore_create(*, user, run: Run, reward_version: RewardFunctionVersion | None = None, use_ruler: bool = False,
-                   ruler_judge: str = "", split: str = "train") -> Rescore:
+def rescore_create(
+    *,
+    user,
+    run: Run,
+    reward_version: RewardFunctionVersion | None = None,
+    use_ruler: bool = False,
+    ruler_judge: str = "",
+    split: str = "train",
+) -> Rescore:
     """Queue a re-score of what the run has stored now; the default queue's worker runs it."""
     if run.owner_id != user.id and not user.is_staff:
         raise ApplicationError("That run is not yours.", field_errors={"run": ["not found"]})
     if split not in SPLITS:
-        raise ApplicationError(f"split must be one of {', '.join(SPLITS)}, not {split!r}.",
-                               field_errors={"split": ["invalid"]})
+        raise ApplicationError(
+            f"split must be one of {', '.join(SPLITS)}, not {split!r}.", field_errors={"split": ["invalid"]}
+        )
     if (reward_version is None) == (not use_ruler):
-        raise ApplicationError("Choose what scores the trajectories: a reward function version, or RULER with "
-                               "a judge (one of the two).",
-                               field_errors={"reward_version": ["give a reward function version or use_ruler"]})
+        raise ApplicationError(
+            "Choose what scores the trajectories: a reward function version, or RULER with a judge (one of the two).",
+            field_errors={"reward_version": ["give a reward function version or use_ruler"]},
+        )
     if reward_version is not None and reward_version.asset.owner_id != user.id and not user.is_staff:
-        raise ApplicationError("That reward function is not yours; choose one of your own reward functions.",
-                               field_errors={"reward_version": ["not found"]})
+        raise ApplicationError(
+            "That reward function is not yours; choose one of your own reward functions.",
+            field_errors={"reward_version": ["not found"]},
+        )
     ruler_judge = (ruler_judge or "").strip()
     if use_ruler:
         _judge(owner=run.owner, value=ruler_judge)
@@ -127,11 +146,23 @@ def rescore_create(*, user, run: Run, reward_version: RewardFunctionVersion | No
             f"Nothing to re-score yet: run {run.name!r} has no stored {split} trajectories from a completed step "
             "(failed attempts and failed rollouts are left out). Wait for its first step"
             + (", or choose the train split." if split == "validation" else "."),
-            field_errors={"run": ["no stored trajectories"]})
-    rescore = Rescore.objects.create(owner=user, run=run, reward_version=reward_version, use_ruler=use_ruler,
-                                     ruler_judge=ruler_judge if use_ruler else "", split=split)
-    run_event(run=run, kind="rescore", actor=user, data={"rescore": rescore.id, "link": _link(rescore)},
-              message=f"Re-score #{rescore.id} queued ({rescore_label(rescore)}, {split} trajectories).")
+            field_errors={"run": ["no stored trajectories"]},
+        )
+    rescore = Rescore.objects.create(
+        owner=user,
+        run=run,
+        reward_version=reward_version,
+        use_ruler=use_ruler,
+        ruler_judge=ruler_judge if use_ruler else "",
+        split=split,
+    )
+    run_event(
+        run=run,
+        kind="rescore",
+        actor=user,
+        data={"rescore": rescore.id, "link": _link(rescore)},
+        message=f"Re-score #{rescore.id} queued ({rescore_label(rescore)}, {split} trajectories).",
+    )
     _enqueue(rescore)
     return rescore
 
@@ -165,8 +196,7 @@ def rescore_execute(*, rescore_id: int) -> None:
 
     A queued re-score is claimed; a running one is a redelivery (its worker died): it goes on from the
     scores already written. A done or failed one is left alone."""
-    claimed = Rescore.objects.filter(id=rescore_id, status=S.QUEUED).update(status=S.RUNNING,
-                                                                            started_at=timezone.now())
+    claimed = Rescore.objects.filter(id=rescore_id, status=S.QUEUED).update(status=S.RUNNING, started_at=timezone.now())
     rescore = Rescore.objects.select_related("run", "reward_version").filter(id=rescore_id).first()
     if rescore is None or (not claimed and rescore.status != S.RUNNING):
         return
@@ -195,9 +225,11 @@ def _scope(rescore: Rescore) -> dict:
 
 
 def _pending(rescore: Rescore, scope: dict) -> QuerySet[Trajectory]:
-    return (rescorable(run=rescore.run, split=rescore.split, steps_done=scope["steps_done"])
-            .filter(id__lte=scope["max_trajectory_id"])
-            .exclude(id__in=RescoreScore.objects.filter(rescore=rescore).values("trajectory_id")))
+    return (
+        rescorable(run=rescore.run, split=rescore.split, steps_done=scope["steps_done"])
+        .filter(id__lte=scope["max_trajectory_id"])
+        .exclude(id__in=RescoreScore.objects.filter(rescore=rescore).values("trajectory_id"))
+    )
 
 
 def _batches(rescore: Rescore, scope: dict):
@@ -221,9 +253,12 @@ def _score_batch(rescore: Rescore, steps: list[int]) -> None:
     from training.services import inference
 
     run = rescore.run
-    trajs = list(_pending(rescore, rescore.summary["scope"]).filter(step__in=steps)
-                 .order_by("step", "group_id", "index")
-                 .only("id", "group_id", "step", "reward", "messages", "tools", "metrics", "metadata"))
+    trajs = list(
+        _pending(rescore, rescore.summary["scope"])
+        .filter(step__in=steps)
+        .order_by("step", "group_id", "index")
+        .only("id", "group_id", "step", "reward", "messages", "tools", "metrics", "metadata")
+    )
     by_group: dict[int, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         by_group[t.group_id].append(t)
@@ -242,21 +277,38 @@ def _score_batch(rescore: Rescore, steps: list[int]) -> None:
 
         sandbox_unjailed_warn(run=run)  # the run's timeline says so, once, as for its steps
     request = ScoreRequest(
-        groups=[ScoreGroup(scenario=groups[gid].scenario.data,
-                           trajectories=[{"messages": t.messages, "tools": t.tools, "metrics": t.metrics,
-                                          "metadata": t.metadata} for t in by_group[gid]]) for gid in order],
+        groups=[
+            ScoreGroup(
+                scenario=groups[gid].scenario.data,
+                trajectories=[
+                    {"messages": t.messages, "tools": t.tools, "metrics": t.metrics, "metadata": t.metadata}
+                    for t in by_group[gid]
+                ],
+            )
+            for gid in order
+        ],
         reward=rescore.reward_version.content if rescore.reward_version else None,
-        ruler=rescore.use_ruler, judge_model=judge_model, judge=judge,
+        ruler=rescore.use_ruler,
+        judge_model=judge_model,
+        judge=judge,
         concurrency=int(run.config.get("concurrency") or 16),
         limits=SandboxLimits(rollout_timeout_s=float(run.config.get("rollout_timeout_s") or 120.0)),
         jail=jail,
     )
     results = run_scores(request)
     rows = [
-        RescoreScore(rescore=rescore, trajectory_id=t.id, step=t.step, old_reward=t.reward,
-                     new_reward=score["reward"], error=score["error"] or "", reward_ms=score["reward_ms"],
-                     metrics=score["metrics"])
-        for gid, scores in zip(order, results) for t, score in zip(by_group[gid], scores)
+        RescoreScore(
+            rescore=rescore,
+            trajectory_id=t.id,
+            step=t.step,
+            old_reward=t.reward,
+            new_reward=score["reward"],
+            error=score["error"] or "",
+            reward_ms=score["reward_ms"],
+            metrics=score["metrics"],
+        )
+        for gid, scores in zip(order, results, strict=False)
+        for t, score in zip(by_group[gid], scores, strict=False)
     ]
     with transaction.atomic():
         RescoreScore.objects.bulk_create(rows, ignore_conflicts=True)
@@ -265,30 +317,48 @@ def _score_batch(rescore: Rescore, steps: list[int]) -> None:
 
 
 def _finish(rescore: Rescore) -> None:
-    rows = list(RescoreScore.objects.filter(rescore=rescore).select_related(None)
-                .values("id", "trajectory_id", "trajectory__group_id", "step", "old_reward", "new_reward", "error"))
+    rows = list(
+        RescoreScore.objects.filter(rescore=rescore)
+        .select_related(None)
+        .values("id", "trajectory_id", "trajectory__group_id", "step", "old_reward", "new_reward", "error")
+    )
     summary, gaps = rescore_summary(rows)
     summary["scope"] = rescore.summary["scope"]
     with transaction.atomic():
-        RescoreScore.objects.bulk_update([RescoreScore(id=i, rank_gap=g) for i, g in gaps.items()], ["rank_gap"],
-                                         batch_size=2000)
-        if Rescore.objects.filter(id=rescore.id, status=S.RUNNING).update(
-                status=S.DONE, summary=summary, trajectories_done=len(rows), finished_at=timezone.now()) != 1:
+        RescoreScore.objects.bulk_update(
+            [RescoreScore(id=i, rank_gap=g) for i, g in gaps.items()], ["rank_gap"], batch_size=2000
+        )
+        if (
+            Rescore.objects.filter(id=rescore.id, status=S.RUNNING).update(
+                status=S.DONE, summary=summary, trajectories_done=len(rows), finished_at=timezone.now()
+            )
+            != 1
+        ):
             return
         figure = f"Spearman {summary['spearman']:.3f}" if summary["spearman"] is not None else "no rank correlation"
-        run_event(run=rescore.run, kind="rescore", data={"rescore": rescore.id, "link": _link(rescore)},
-                  message=f"Re-score #{rescore.id} done: {len(rows)} trajectories, {figure}, "
-                          f"{summary['errors']} errors.")
+        run_event(
+            run=rescore.run,
+            kind="rescore",
+            data={"rescore": rescore.id, "link": _link(rescore)},
+            message=f"Re-score #{rescore.id} done: {len(rows)} trajectories, {figure}, {summary['errors']} errors.",
+        )
 
 
 def _fail(rescore: Rescore, error: str) -> None:
     with transaction.atomic():
-        if Rescore.objects.filter(id=rescore.id, status=S.RUNNING).update(
-                status=S.FAILED, error=error[:5000], finished_at=timezone.now()) != 1:
+        if (
+            Rescore.objects.filter(id=rescore.id, status=S.RUNNING).update(
+                status=S.FAILED, error=error[:5000], finished_at=timezone.now()
+            )
+            != 1
+        ):
             return
-        run_event(run=rescore.run, kind="rescore", data={"rescore": rescore.id, "level": "warning",
-                                                          "link": _link(rescore)},
-                  message=f"Re-score #{rescore.id} failed: {error[:500]}")
+        run_event(
+            run=rescore.run,
+            kind="rescore",
+            data={"rescore": rescore.id, "level": "warning", "link": _link(rescore)},
+            message=f"Re-score #{rescore.id} failed: {error[:500]}",
+        )
 
 
 # --- the figures -----------------------------------------------------------------------------------
@@ -312,7 +382,7 @@ def rescore_summary(rows: list[dict]) -> tuple[dict, dict[int, float]]:
         kendall = kendalltau(old, new).statistic
     gaps: dict[int, float] = {}
     if paired:
-        for r, o, n in zip(paired, rankdata(old), rankdata(new)):
+        for r, o, n in zip(paired, rankdata(old), rankdata(new), strict=False):
             gaps[r["id"]] = float(abs(n - o))
     by_group = defaultdict(list)
     for r in paired:
@@ -338,7 +408,9 @@ def rescore_summary(rows: list[dict]) -> tuple[dict, dict[int, float]]:
         "kendall_tau": _round(kendall),
         "pair_agreement": _round(agree / pairs) if pairs else None,
         "group_pairs": pairs,
-        "mean_abs_diff": _round(statistics.fmean(abs(n - o) for o, n in zip(old, new))) if paired else None,
+        "mean_abs_diff": _round(statistics.fmean(abs(n - o) for o, n in zip(old, new, strict=False)))
+        if paired
+        else None,
         "old_mean": _round(statistics.fmean(old)) if paired else None,
         "new_mean": _round(statistics.fmean(new)) if paired else None,
         "curve": {
@@ -347,9 +419,15 @@ def rescore_summary(rows: list[dict]) -> tuple[dict, dict[int, float]]:
             "new": [_round(statistics.fmean(by_step[s][1])) if by_step[s][1] else None for s in steps],
         },
         "disagreements": [
-            {"trajectory": r["trajectory_id"], "step": r["step"], "old_reward": r["old_reward"],
-             "new_reward": r["new_reward"], "rank_gap": gaps[r["id"]]}
-            for r in ranked[:DISAGREEMENTS_KEPT] if gaps[r["id"]] > 0 or r["new_reward"] != r["old_reward"]
+            {
+                "trajectory": r["trajectory_id"],
+                "step": r["step"],
+                "old_reward": r["old_reward"],
+                "new_reward": r["new_reward"],
+                "rank_gap": gaps[r["id"]],
+            }
+            for r in ranked[:DISAGREEMENTS_KEPT]
+            if gaps[r["id"]] > 0 or r["new_reward"] != r["old_reward"]
         ],
     }
     return summary, gaps

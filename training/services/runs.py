@@ -24,8 +24,7 @@ def run_event(*, run: Run, kind: str, message: str = "", data: dict | None = Non
     return event
 
 
-def run_transition(*, run: Run, from_statuses, to_status: str, message: str = "", actor=None,
-                   **fields) -> bool:
+def run_transition(*, run: Run, from_statuses, to_status: str, message: str = "", actor=None, **fields) -> bool:
     """Move run to to_status if it is in one of from_statuses. Returns False (and writes nothing) if
     another actor got there first."""
     if isinstance(from_statuses, str):
@@ -40,14 +39,29 @@ def run_transition(*, run: Run, from_statuses, to_status: str, message: str = ""
         return False
     old = run.status
     run.refresh_from_db()
-    run_event(run=run, kind="status", message=message or f"{old} → {to_status}",
-              data={"from": old, "to": to_status}, actor=actor)
+    run_event(
+        run=run,
+        kind="status",
+        message=message or f"{old} → {to_status}",
+        data={"from": old, "to": to_status},
+        actor=actor,
+    )
     if to_status in Run.FINAL_STATUSES:
         from training.exports.hooks import run_finished
 
         transaction.on_commit(lambda: run_finished(run_id=run.id))
-    run_broadcast(run.id, {"type": "status", "run": run.id, "status": to_status, "steps_done": run.steps_done,
-                           "num_steps": run.num_steps, "error": run.error}, to_list=True)
+    run_broadcast(
+        run.id,
+        {
+            "type": "status",
+            "run": run.id,
+            "status": to_status,
+            "steps_done": run.steps_done,
+            "num_steps": run.num_steps,
+            "error": run.error,
+        },
+        to_list=True,
+    )
     return True
 
 
@@ -80,9 +94,18 @@ def config_with_recommended(config: dict | None, base_model: BaseModel) -> dict:
 
 
 @transaction.atomic
-def run_create(*, owner, name: str, base_model: BaseModel, script_version: RolloutScriptVersion,
-               scenario_set: ScenarioSet, reward_version: RewardFunctionVersion | None = None,
-               config: dict | None = None, tags: list[str] | None = None, start: bool = True) -> Run:
+def run_create(
+    *,
+    owner,
+    name: str,
+    base_model: BaseModel,
+    script_version: RolloutScriptVersion,
+    scenario_set: ScenarioSet,
+    reward_version: RewardFunctionVersion | None = None,
+    config: dict | None = None,
+    tags: list[str] | None = None,
+    start: bool = True,
+) -> Run:
     name = (name or "").strip()
     if not name or len(name) > 200:
         raise ApplicationError("Give the run a name of 1 to 200 characters.", field_errors={"name": ["required"]})
@@ -97,17 +120,25 @@ def run_create(*, owner, name: str, base_model: BaseModel, script_version: Rollo
         raise ApplicationError(
             "This run has no reward source: no reward function is attached, RULER is off, and the rollout "
             "script never sets a reward. Choose a reward function (for the example script, the example "
-            "reward), tick \"Use ruler\", or set trajectory.reward in the script.",
-            field_errors={"reward function": ["required: the script sets no reward and RULER is off"]})
+            'reward), tick "Use ruler", or set trajectory.reward in the script.',
+            field_errors={"reward function": ["required: the script sets no reward and RULER is off"]},
+        )
     if cfg.ruler_judge:
         judge_resolve(owner=owner, value=cfg.ruler_judge)
     if scenario_set.train_count == 0:
         raise ApplicationError("The scenario set has no training scenarios.", field_errors={"scenario_set": ["empty"]})
     tags = [t.strip()[:50] for t in (tags or []) if t and t.strip()][:20]
     run = Run.objects.create(
-        owner=owner, name=name, tags=tags, base_model=base_model, script_version=script_version,
-        reward_version=reward_version, scenario_set=scenario_set, config=cfg.model_dump(),
-        num_steps=cfg.num_steps, status=S.QUEUED,
+        owner=owner,
+        name=name,
+        tags=tags,
+        base_model=base_model,
+        script_version=script_version,
+        reward_version=reward_version,
+        scenario_set=scenario_set,
+        config=cfg.model_dump(),
+        num_steps=cfg.num_steps,
+        status=S.QUEUED,
     )
     run_event(run=run, kind="created", message="Run created and queued.", actor=owner)
     runs_list_broadcast(owner_id=owner.id, message=run_row_message(run))  # the runs list shows it live
@@ -121,8 +152,13 @@ def run_cancel(*, run: Run, actor=None) -> Run:
     """Cancel now if nothing is executing; otherwise flag it and the worker stops at its next check."""
     if run.status in Run.FINAL_STATUSES:
         raise ApplicationError(f"The run is already {run.status}; there is nothing to cancel.")
-    if run_transition(run=run, from_statuses=(S.QUEUED, S.PAUSED), to_status=S.CANCELLED,
-                      message="Cancelled before it ran.", actor=actor):
+    if run_transition(
+        run=run,
+        from_statuses=(S.QUEUED, S.PAUSED),
+        to_status=S.CANCELLED,
+        message="Cancelled before it ran.",
+        actor=actor,
+    ):
         return run
     Run.objects.filter(id=run.id).update(cancel_requested=True)
     run_event(run=run, kind="cancel_requested", message="Cancel requested; stopping at the next check.", actor=actor)
@@ -137,8 +173,7 @@ def run_pause(*, run: Run, actor=None) -> Run:
     if run_transition(run=run, from_statuses=(S.QUEUED,), to_status=S.PAUSED, message="Paused.", actor=actor):
         return run
     Run.objects.filter(id=run.id).update(pause_requested=True)
-    run_event(run=run, kind="pause_requested", message="Pause requested; pausing after the current step.",
-              actor=actor)
+    run_event(run=run, kind="pause_requested", message="Pause requested; pausing after the current step.", actor=actor)
     run.refresh_from_db()
     return run
 
@@ -147,8 +182,9 @@ def run_pause(*, run: Run, actor=None) -> Run:
 def run_resume(*, run: Run, actor=None) -> Run:
     if run.status != S.PAUSED:
         raise ApplicationError(f"Only a paused run can be resumed; this one is {run.status}.")
-    if run_transition(run=run, from_statuses=(S.PAUSED,), to_status=S.QUEUED, message="Resumed.", actor=actor,
-                      pause_requested=False):
+    if run_transition(
+        run=run, from_statuses=(S.PAUSED,), to_status=S.QUEUED, message="Resumed.", actor=actor, pause_requested=False
+    ):
         _enqueue(run)
     return run
 
@@ -164,13 +200,22 @@ def run_retry(*, run: Run, actor=None) -> Run:
         if not Checkpoint.objects.filter(run=run, step=run.steps_done, state=Checkpoint.State.ACTIVE).exists():
             raise ApplicationError(
                 f"This run cannot continue where it stopped: the checkpoint of step {run.steps_done}, its last "
-                "completed step, was deleted. Use \"Launch similar\" to train a new run with the same settings "
-                "from the base model.")
+                'completed step, was deleted. Use "Launch similar" to train a new run with the same settings '
+                "from the base model."
+            )
         message = f"Retrying: continuing from the checkpoint of step {run.steps_done}."
     else:
         message = "Retrying from the base model (no step was completed)."
-    if run_transition(run=run, from_statuses=(S.FAILED, S.CANCELLED), to_status=S.QUEUED,
-                      message=message, actor=actor,
-                      error="", cancel_requested=False, pause_requested=False, finished_at=None):
+    if run_transition(
+        run=run,
+        from_statuses=(S.FAILED, S.CANCELLED),
+        to_status=S.QUEUED,
+        message=message,
+        actor=actor,
+        error="",
+        cancel_requested=False,
+        pause_requested=False,
+        finished_at=None,
+    ):
         _enqueue(run)
     return run

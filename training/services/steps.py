@@ -27,7 +27,6 @@ from pathlib import Path
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.models import Q
-from django.urls import reverse
 from django.utils import timezone
 
 from artweb.dispatch import publish
@@ -37,7 +36,7 @@ from rollouts.models import Scenario, Trajectory, TrajectoryGroup
 from rollouts.runtime import TooManyErrors
 from training import signals
 from training.config import RunConfig
-from training.models import BaseModel, Checkpoint, Run, RunEvent, Step
+from training.models import BaseModel, Checkpoint, Run, Step
 from training.services import inference
 from training.services.alerts import run_alerts_check
 from training.services.broadcast import final_answer, group_message, run_broadcast
@@ -133,7 +132,7 @@ class Heartbeat:
         while not self._stop.wait(min(self.interval, 2.0)):
             try:
                 self.beat()
-            except Exception:  # noqa: BLE001 - a missed beat is retried on the next tick
+            except Exception:
                 logger.warning("heartbeat failed", exc_info=True)
 
     def should_stop(self) -> bool:
@@ -145,8 +144,11 @@ class Heartbeat:
 
 
 def _sample_scenarios(run: Run, cfg: RunConfig, step: int, split: str, count: int) -> list[Scenario]:
-    ids = list(Scenario.objects.filter(scenario_set=run.scenario_set, split=split).order_by("index")
-               .values_list("id", flat=True))
+    ids = list(
+        Scenario.objects.filter(scenario_set=run.scenario_set, split=split)
+        .order_by("index")
+        .values_list("id", flat=True)
+    )
     if not ids or count == 0:
         return []
     # Seeded by (seed, step): a repeated step samples the same scenarios.
@@ -162,10 +164,16 @@ UNJAILED_EVENT = "sandbox_unjailed"
 def sandbox_unjailed_warn(*, run: Run) -> None:
     """Once per run: its user code ran without the jail (ARTWEB_SANDBOX=insecure-no-jail)."""
     if not run.events.filter(kind=UNJAILED_EVENT).exists():
-        run_event(run=run, kind=UNJAILED_EVENT, data={"level": "warning"}, message=(
-            "Warning: this worker runs user code WITHOUT the sandbox jail (ARTWEB_SANDBOX=insecure-no-jail). "
-            "The rollout script and reward function could read the worker's secrets, reach its database "
-            "and change other runs. Use this only on a development machine with code you trust."))
+        run_event(
+            run=run,
+            kind=UNJAILED_EVENT,
+            data={"level": "warning"},
+            message=(
+                "Warning: this worker runs user code WITHOUT the sandbox jail (ARTWEB_SANDBOX=insecure-no-jail). "
+                "The rollout script and reward function could read the worker's secrets, reach its database "
+                "and change other runs. Use this only on a development machine with code you trust."
+            ),
+        )
 
 
 def _wants_judge(run: Run, cfg: RunConfig) -> bool:
@@ -187,8 +195,10 @@ def _judge_for(run: Run, cfg: RunConfig, server, policy_name: str):
         judge = inference.judge_server(found)
         return judge.base_model_name, Upstream(judge.base_url, judge.api_key)
     if found.model == policy_name:
-        raise ApplicationError(f"The judge endpoint {found.name!r} names the model {found.model!r}, which is also "
-                               "the policy's name in this batch; rename one of them.")
+        raise ApplicationError(
+            f"The judge endpoint {found.name!r} names the model {found.model!r}, which is also "
+            "the policy's name in this batch; rename one of them."
+        )
     return found.model, Upstream(judge_url_check(found.base_url), judge_endpoint_key(found))
 
 
@@ -198,8 +208,18 @@ def failures_allowed(share: float, rollouts: int) -> int:
     return math.floor(share * rollouts + 1e-9)
 
 
-def _rollouts(run: Run, cfg: RunConfig, scenarios: list[Scenario], model_name: str, server, hb: Heartbeat,
-              group_size: int, *, timings: dict[str, float] | None = None, warm: bool = False):
+def _rollouts(
+    run: Run,
+    cfg: RunConfig,
+    scenarios: list[Scenario],
+    model_name: str,
+    server,
+    hb: Heartbeat,
+    group_size: int,
+    *,
+    timings: dict[str, float] | None = None,
+    warm: bool = False,
+):
     """The batch's rollouts against `model_name`; timings, when given, gets the judge's share of them:
     "judge_server" (getting a judge server ready) and "ruler" (seconds the judge spent on the groups,
     summed over groups, which are judged while other groups' rollouts still run). warm: a step's training
@@ -259,8 +279,9 @@ def _search_text(messages: list[dict]) -> str:
     return "\n".join(parts)[:20_000]
 
 
-def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], results, *,
-                    me: str, failed: bool = False) -> list[TrajectoryGroup]:
+def _persist_groups(
+    run: Run, step: int, split: str, scenarios: list[Scenario], results, *, me: str, failed: bool = False
+) -> list[TrajectoryGroup]:
     """Write the scored groups, and send each to the run page when they commit: rewards now, while the
     update trains; the advantages follow from _store_advantages. `failed`: the groups of an attempt that
     failed, kept to inspect and never trained on."""
@@ -268,8 +289,12 @@ def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], 
     with transaction.atomic():
         # Only while this worker holds the lease, checked under the run's row lock: the heartbeat notices a
         # lost lease only every few seconds, and a batch can finish in less.
-        held = Run.objects.select_for_update().filter(id=run.id, worker=me).values_list(
-            "cancel_requested", flat=True).first()
+        held = (
+            Run.objects.select_for_update()
+            .filter(id=run.id, worker=me)
+            .values_list("cancel_requested", flat=True)
+            .first()
+        )
         if held is None:
             raise StepAborted("lease lost")
         if held and not failed:  # cancelled while the rollouts ran: the step ends here
@@ -277,27 +302,44 @@ def _persist_groups(run: Run, step: int, split: str, scenarios: list[Scenario], 
         # A crashed earlier attempt of this step may have left its groups: replace them. Those of an attempt
         # that failed (and said so) stay, marked.
         TrajectoryGroup.objects.filter(run=run, step=step, split=split, failed_attempt=False).delete()
-        for scenario, result in zip(scenarios, results):
+        for scenario, result in zip(scenarios, results, strict=False):
             trajs = result.trajectories
             rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
             group = TrajectoryGroup.objects.create(
-                run=run, step=step, split=split, scenario=scenario,
+                run=run,
+                step=step,
+                split=split,
+                scenario=scenario,
                 reward_mean=statistics.fmean(rewards) if rewards else None,
                 reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
                 error_count=sum(1 for t in trajs if t.get("error")),
-                skipped=_no_signal(result), failed_attempt=failed,
+                skipped=_no_signal(result),
+                failed_attempt=failed,
             )
-            rows = Trajectory.objects.bulk_create([
-                Trajectory(
-                    group=group, run=run, step=step, index=i, messages=t.get("messages") or [],
-                    tools=t.get("tools"), reward=t.get("reward"), metrics=t.get("metrics") or {},
-                    metadata=t.get("metadata") or {}, logs=t.get("logs") or [], error=t.get("error") or "",
-                    prompt_tokens=t.get("prompt_tokens") or 0, completion_tokens=t.get("completion_tokens") or 0,
-                    duration_ms=t.get("duration_ms") or 0, search_text=_search_text(t.get("messages") or []),
-                    reward_ms=t.get("reward_ms"), truncated=truncated(t.get("messages") or []),
-                )
-                for i, t in enumerate(trajs)
-            ])
+            rows = Trajectory.objects.bulk_create(
+                [
+                    Trajectory(
+                        group=group,
+                        run=run,
+                        step=step,
+                        index=i,
+                        messages=t.get("messages") or [],
+                        tools=t.get("tools"),
+                        reward=t.get("reward"),
+                        metrics=t.get("metrics") or {},
+                        metadata=t.get("metadata") or {},
+                        logs=t.get("logs") or [],
+                        error=t.get("error") or "",
+                        prompt_tokens=t.get("prompt_tokens") or 0,
+                        completion_tokens=t.get("completion_tokens") or 0,
+                        duration_ms=t.get("duration_ms") or 0,
+                        search_text=_search_text(t.get("messages") or []),
+                        reward_ms=t.get("reward_ms"),
+                        truncated=truncated(t.get("messages") or []),
+                    )
+                    for i, t in enumerate(trajs)
+                ]
+            )
             run_broadcast(run.id, group_message(group, rows))  # leaves on commit; PostgreSQL set the ids
             groups.append(group)
     return groups
@@ -326,10 +368,14 @@ def _reward_stats(results, cfg: RunConfig | None = None) -> dict:
         "completion_tokens_total": sum(completion),
     }
     stats["dead_group_share"] = stats["groups_no_signal"] / len(results) if results else None
-    stats["truncation_rate"] = (sum(1 for t in finished if truncated(t.get("messages") or [])) / len(finished)
-                                if finished else None)
-    stats.update(signals.answer_repeat([[final_answer(t.get("messages")) for t in r.trajectories if not t.get("error")]
-                                        for r in results]))
+    stats["truncation_rate"] = (
+        sum(1 for t in finished if truncated(t.get("messages") or [])) / len(finished) if finished else None
+    )
+    stats.update(
+        signals.answer_repeat(
+            [[final_answer(t.get("messages")) for t in r.trajectories if not t.get("error")] for r in results]
+        )
+    )
     names = cfg.alerts.reward_components if cfg is not None else []
     stats.update(signals.component_shares(finished, names))
     return stats
@@ -348,8 +394,10 @@ def _latest_checkpoint(run: Run) -> Checkpoint | None:
         return None
     ckpt = Checkpoint.objects.filter(run=run, step=run.steps_done, state=Checkpoint.State.ACTIVE).first()
     if ckpt is None or not Path(ckpt.path).is_dir():
-        raise StepFailed(f"The checkpoint of step {run.steps_done}, which this run continues from, was deleted; "
-                         "the run cannot go on. Use \"Launch similar\" to train a new run with the same settings.")
+        raise StepFailed(
+            f"The checkpoint of step {run.steps_done}, which this run continues from, was deleted; "
+            'the run cannot go on. Use "Launch similar" to train a new run with the same settings.'
+        )
     return ckpt
 
 
@@ -382,21 +430,27 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
         if _finish_if_requested(run, me):
             return
         if run.status == S.QUEUED:
-            run_transition(run=run, from_statuses=(S.QUEUED,), to_status=S.STARTING,
-                           message=f"Worker {me} picked the run up.")
+            run_transition(
+                run=run, from_statuses=(S.QUEUED,), to_status=S.STARTING, message=f"Worker {me} picked the run up."
+            )
         cfg = RunConfig.model_validate(run.config)
         with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step):
             server = inference.inference_server(run.base_model)
             if run.status == S.STARTING:
-                run_transition(run=run, from_statuses=(S.STARTING,), to_status=S.RUNNING,
-                               message="Inference server ready; training.")
+                run_transition(
+                    run=run,
+                    from_statuses=(S.STARTING,),
+                    to_status=S.RUNNING,
+                    message="Inference server ready; training.",
+                )
             _execute(run, cfg, next_step, server, hb)
     except StepAborted as exc:
         logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
         # Groups it persisted before stopping were never trained on: kept, marked (only while ours).
         if Run.objects.filter(id=run_id, worker=me).exists():
             TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(
-                failed_attempt=True)
+                failed_attempt=True
+            )
         _finish_if_requested(Run.objects.get(id=run_id), me, reason=exc.reason)
         return
     except (OperationalError, InterfaceError) as exc:
@@ -406,19 +460,23 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
         inference.trainer_close()  # it may have trained an update whose step was never recorded
         _requeue_after_database_loss(run_id, next_step, me)
         return
-    except Exception as exc:  # noqa: BLE001 - the run records why it failed; the worker lives on
+    except Exception as exc:
         logger.exception("run %s step %s failed", run_id, next_step)
         inference.trainer_close()
         # What the attempt persisted stays, marked: a retry writes the step's groups anew beside it.
-        TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(
-            failed_attempt=True)
+        TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(failed_attempt=True)
         if inference.server_died() and _retry_after_inference_death(run_id, next_step, me, exc):
             return
         run_log(run_id=run_id, step=next_step, level="ERROR", message=traceback.format_exc()[-5000:])
         run.refresh_from_db()
-        run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.FAILED,
-                       message=f"Step {next_step} failed: {type(exc).__name__}: {exc}"[:1000],
-                       error=f"{type(exc).__name__}: {exc}"[:5000], worker="")
+        run_transition(
+            run=run,
+            from_statuses=Run.ACTIVE_STATUSES,
+            to_status=S.FAILED,
+            message=f"Step {next_step} failed: {type(exc).__name__}: {exc}"[:1000],
+            error=f"{type(exc).__name__}: {exc}"[:5000],
+            worker="",
+        )
         return
     finally:
         inference.release_memory()
@@ -444,9 +502,11 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     except TooManyErrors as exc:
         failed = sum(1 for g in exc.groups for t in g.trajectories if t.get("error"))
         _persist_groups(run, step, "train", scenarios, exc.groups, me=hb.me, failed=True)
-        raise StepFailed(f"{failed} of {len(scenarios) * cfg.group_size} rollouts failed, more than "
-                         f"max_exceptions={cfg.max_exceptions:g} allows; the rollouts are kept under step {step} "
-                         f"in the trajectory inspector. First error:\n{_first_error(exc.groups)[:2000]}") from exc
+        raise StepFailed(
+            f"{failed} of {len(scenarios) * cfg.group_size} rollouts failed, more than "
+            f"max_exceptions={cfg.max_exceptions:g} allows; the rollouts are kept under step {step} "
+            f"in the trajectory inspector. First error:\n{_first_error(exc.groups)[:2000]}"
+        ) from exc
     except Exception as exc:
         if type(exc).__name__ == "Cancelled":
             raise StepAborted(hb.stop_reason()) from exc
@@ -456,17 +516,24 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     stats = _reward_stats(results, cfg)
     if stats["rollouts"] and stats["rollout_errors"] == stats["rollouts"]:
         _persist_groups(run, step, "train", scenarios, results, me=hb.me, failed=True)
-        raise StepFailed(f"All {stats['rollouts']} rollouts failed, so there is nothing to train on; they are "
-                         f"kept under step {step} in the trajectory inspector. First error:\n"
-                         f"{_first_error(results)[:2000]}")
+        raise StepFailed(
+            f"All {stats['rollouts']} rollouts failed, so there is nothing to train on; they are "
+            f"kept under step {step} in the trajectory inspector. First error:\n"
+            f"{_first_error(results)[:2000]}"
+        )
 
     # 2. Persist the groups (replacing any left by a crashed attempt of this step).
     t = time.perf_counter()
     groups = _persist_groups(run, step, "train", scenarios, results, me=hb.me)
     timings["persist"] = time.perf_counter() - t
-    run_log(run_id=run.id, step=step, message=(
-        f"step {step}: {stats['rollouts']} rollouts, reward {_fmt(stats['reward_mean'])}, "
-        f"{stats['rollout_errors']} errors, {timings['rollouts']:.1f}s"))
+    run_log(
+        run_id=run.id,
+        step=step,
+        message=(
+            f"step {step}: {stats['rollouts']} rollouts, reward {_fmt(stats['reward_mean'])}, "
+            f"{stats['rollout_errors']} errors, {timings['rollouts']:.1f}s"
+        ),
+    )
 
     # 3. One training update on the LoRA.
     t = time.perf_counter()
@@ -537,8 +604,12 @@ def _requeue_after_database_loss(run_id: int, step: int, me: str) -> bool:
             with transaction.atomic():
                 run_release(run_id=run_id, me=me)
                 transaction.on_commit(lambda: publish(run_step_task, args=(run_id,), kwargs={"step": step}))
-            run_log(run_id=run_id, step=step, level="WARNING",
-                    message=f"step {step}: the database connection was lost mid-step; the step is tried again")
+            run_log(
+                run_id=run_id,
+                step=step,
+                level="WARNING",
+                message=f"step {step}: the database connection was lost mid-step; the step is tried again",
+            )
             return True
         except (OperationalError, InterfaceError):
             time.sleep(2)
@@ -559,11 +630,16 @@ def _retry_after_inference_death(run_id: int, step: int, me: str, exc: Exception
     if tried >= INFERENCE_RETRIES or run.status not in Run.ACTIVE_STATUSES:
         return False
     with transaction.atomic():
-        run_event(run=run, kind=INFERENCE_RESTARTED_EVENT, data={"step": step, "retry": tried + 1,
-                                                                 "level": "warning"}, message=(
-            f"The inference server stopped during step {step} ({type(exc).__name__}: {str(exc)[:300]}); it is "
-            f"restarted and the step tried again (retry {tried + 1} of {INFERENCE_RETRIES}). The failed attempt's "
-            "rollouts are kept in the trajectory inspector."))
+        run_event(
+            run=run,
+            kind=INFERENCE_RESTARTED_EVENT,
+            data={"step": step, "retry": tried + 1, "level": "warning"},
+            message=(
+                f"The inference server stopped during step {step} ({type(exc).__name__}: {str(exc)[:300]}); it is "
+                f"restarted and the step tried again (retry {tried + 1} of {INFERENCE_RETRIES}). The failed attempt's "
+                "rollouts are kept in the trajectory inspector."
+            ),
+        )
         run_release(run_id=run_id, me=me)
         transaction.on_commit(lambda: publish(run_step_task, args=(run_id,), kwargs={"step": step}))
     return True
@@ -585,7 +661,7 @@ def _store_advantages(groups: list[TrajectoryGroup], advantages) -> None:
     """Write the update's advantages, then send each group again, now with them (on commit)."""
     rows = []
     with transaction.atomic():
-        for group, advs in zip(groups, advantages):
+        for group, advs in zip(groups, advantages, strict=False):
             trajs = list(group.trajectories.all().order_by("index"))
             for traj in trajs:
                 if traj.index < len(advs) and advs[traj.index] is not None:
@@ -608,23 +684,51 @@ def _validate(run: Run, cfg: RunConfig, step: int, model_name: str, server, hb: 
 
 def _step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir: Path, info: dict) -> None:
     with transaction.atomic():
-        if Run.objects.filter(id=run.id, steps_done=step - 1).update(
-            steps_done=step, latest_reward=stats["reward_mean"], heartbeat_at=timezone.now()
-        ) != 1:
+        if (
+            Run.objects.filter(id=run.id, steps_done=step - 1).update(
+                steps_done=step, latest_reward=stats["reward_mean"], heartbeat_at=timezone.now()
+            )
+            != 1
+        ):
             raise StepAborted("step already recorded")
-        Step.objects.create(run=run, step=step, reward_mean=stats["reward_mean"], reward_std=stats["reward_std"],
-                            val_reward=val_reward, metrics=metrics, timings=timings,
-                            duration_s=timings.get("step", 0.0))
+        Step.objects.create(
+            run=run,
+            step=step,
+            reward_mean=stats["reward_mean"],
+            reward_std=stats["reward_std"],
+            val_reward=val_reward,
+            metrics=metrics,
+            timings=timings,
+            duration_s=timings.get("step", 0.0),
+        )
         Checkpoint.objects.update_or_create(
-            run=run, step=step,
-            defaults={"path": str(ckpt_dir), "size_bytes": int(info.get("size_bytes", 0)), "metrics": metrics,
-                      "val_reward": val_reward, "state": Checkpoint.State.ACTIVE},
+            run=run,
+            step=step,
+            defaults={
+                "path": str(ckpt_dir),
+                "size_bytes": int(info.get("size_bytes", 0)),
+                "metrics": metrics,
+                "val_reward": val_reward,
+                "state": Checkpoint.State.ACTIVE,
+            },
         )
         if val_reward is not None:
             Run.objects.filter(Q(best_val_reward__isnull=True) | Q(best_val_reward__lt=val_reward), id=run.id).update(
-                best_val_reward=val_reward)
-        run_broadcast(run.id, {"type": "step", "run": run.id, "step": step, "metrics": {**metrics, "duration_s": timings["step"]},
-                               "timings": timings, "steps_done": step, "num_steps": run.num_steps}, to_list=True)
+                best_val_reward=val_reward
+            )
+        run_broadcast(
+            run.id,
+            {
+                "type": "step",
+                "run": run.id,
+                "step": step,
+                "metrics": {**metrics, "duration_s": timings["step"]},
+                "timings": timings,
+                "steps_done": step,
+                "num_steps": run.num_steps,
+            },
+            to_list=True,
+        )
         from training.exports.hooks import step_committed
 
         transaction.on_commit(lambda: step_committed(run_id=run.id, step=step))
@@ -638,16 +742,32 @@ def _finish_if_requested(run: Run, me: str, reason: str | None = None) -> bool:
     """Apply a pending cancel or pause, or complete the run when all steps are done. True if it stopped."""
     run.refresh_from_db()
     if run.cancel_requested or reason == "cancel":
-        run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.CANCELLED,
-                       message=f"Cancelled after {run.steps_done} steps.", worker="")
+        run_transition(
+            run=run,
+            from_statuses=Run.ACTIVE_STATUSES,
+            to_status=S.CANCELLED,
+            message=f"Cancelled after {run.steps_done} steps.",
+            worker="",
+        )
         return True
     if run.pause_requested:
-        run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.PAUSED,
-                       message=f"Paused after {run.steps_done} steps.", worker="", pause_requested=False)
+        run_transition(
+            run=run,
+            from_statuses=Run.ACTIVE_STATUSES,
+            to_status=S.PAUSED,
+            message=f"Paused after {run.steps_done} steps.",
+            worker="",
+            pause_requested=False,
+        )
         return True
     if run.steps_done >= run.num_steps:
-        run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=S.COMPLETED,
-                       message=f"Completed {run.steps_done} steps.", worker="")
+        run_transition(
+            run=run,
+            from_statuses=Run.ACTIVE_STATUSES,
+            to_status=S.COMPLETED,
+            message=f"Completed {run.steps_done} steps.",
+            worker="",
+        )
         inference.trainer_close()
         return True
     if reason:
@@ -683,16 +803,22 @@ def runs_requeue_stale() -> list[int]:
     requeued = []
     for run in Run.objects.filter(status__in=(S.STARTING, S.RUNNING), heartbeat_at__lt=cutoff):
         with transaction.atomic():
-            if Run.objects.filter(id=run.id, worker=run.worker, heartbeat_at__lt=cutoff).update(
-                    worker="", heartbeat_at=now) != 1:
+            if (
+                Run.objects.filter(id=run.id, worker=run.worker, heartbeat_at__lt=cutoff).update(
+                    worker="", heartbeat_at=now
+                )
+                != 1
+            ):
                 continue
             if run.worker:
                 message = f"Worker {run.worker} stopped heartbeating; requeued from step {run.steps_done}."
             else:
                 message = f"No worker took step {run.steps_done + 1}; queued it again."
-            run_event(run=run, kind="requeued", message=message,
-                      data={"worker": run.worker, "steps_done": run.steps_done})
+            run_event(
+                run=run, kind="requeued", message=message, data={"worker": run.worker, "steps_done": run.steps_done}
+            )
             transaction.on_commit(
-                lambda rid=run.id, nxt=run.steps_done + 1: publish(run_step_task, args=(rid,), kwargs={"step": nxt}))
+                lambda rid=run.id, nxt=run.steps_done + 1: publish(run_step_task, args=(rid,), kwargs={"step": nxt})
+            )
         requeued.append(run.id)
     return requeued

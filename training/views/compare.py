@@ -35,15 +35,18 @@ def run_compare_view(request):
         .order_by("id")
     )
     chart = [
-        {"id": r.id, "name": r.name, "series": run_metrics(run=r, max_points=CHART_POINTS)["series"]}
-        for r in runs
+        {"id": r.id, "name": r.name, "series": run_metrics(run=r, max_points=CHART_POINTS)["series"]} for r in runs
     ]
-    return render(request, "training/run_compare.html", {
-        "nav": "compare",
-        "runs": runs,
-        "selected": {r.id for r in runs},
-        "choices": run_list(user=request.user)[:100],
-        "differences": config_differences([_comparable(r) for r in runs]) if len(runs) > 1 else [],
-        "chart_data": {"runs": chart, "series": list(DEFAULT_SERIES)},
-        "plotly_url": plotly_url(),
-    })
+    return render(
+        request,
+        "training/run_compare.html",
+        {
+            "nav": "compare",
+            "runs": runs,
+            "selected": {r.id for r in runs},
+            "choices": run_list(user=request.user)[:100],
+            "differences": config_differences([_comparable(r) for r in runs]) if len(runs) > 1 else [],
+            "chart_data": {"runs": chart, "series": list(DEFAULT_SERIES)},
+            "plotly_url": plotly_url(),
+        },
+    )

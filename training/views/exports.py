@@ -29,10 +29,16 @@ def export_list_view(request):
     if request.GET.get("run", "").isdigit():
         run = Run.objects.filter(owner=request.user, id=int(request.GET["run"])).first()
     targets = export_target_list(owner=request.user, run=run)
-    return render(request, "training/export_list.html", {
-        "nav": "exports", "targets": [(t, export_target_public(t)) for t in targets], "run": run,
-        "kinds": ExportTarget.Kind.choices,
-    })
+    return render(
+        request,
+        "training/export_list.html",
+        {
+            "nav": "exports",
+            "targets": [(t, export_target_public(t)) for t in targets],
+            "run": run,
+            "kinds": ExportTarget.Kind.choices,
+        },
+    )
 
 
 @login_required
@@ -43,16 +49,28 @@ def export_create_view(request, kind: str):
     if request.method == "POST" and form.is_valid():
         try:
             target = services.export_target_create(
-                owner=request.user, kind=kind, settings=form.settings(), secret=form.cleaned_data["secret"],
-                run=form.cleaned_data["run"], enabled=form.cleaned_data["enabled"])
+                owner=request.user,
+                kind=kind,
+                settings=form.settings(),
+                secret=form.cleaned_data["secret"],
+                run=form.cleaned_data["run"],
+                enabled=form.cleaned_data["enabled"],
+            )
         except ApplicationError as exc:
             form.apply_errors(exc)
         else:
             messages.success(request, f"{target.get_kind_display()} export added. Send a test event to check it.")
             return redirect("export-detail", target_id=target.id)
-    return render(request, "training/export_form.html", {
-        "nav": "exports", "form": form, "kind_label": ExportTarget.Kind(kind).label, "target": None,
-    })
+    return render(
+        request,
+        "training/export_form.html",
+        {
+            "nav": "exports",
+            "form": form,
+            "kind_label": ExportTarget.Kind(kind).label,
+            "target": None,
+        },
+    )
 
 
 @login_required
@@ -64,17 +82,25 @@ def export_detail_view(request, target_id: int):
         # An empty key field keeps the stored key; only the checkbox removes it.
         secret = "" if data.get("clear_secret") else (data["secret"] or None)
         try:
-            services.export_target_update(target=target, actor=request.user, settings=form.settings(), secret=secret,
-                                          enabled=data["enabled"])
+            services.export_target_update(
+                target=target, actor=request.user, settings=form.settings(), secret=secret, enabled=data["enabled"]
+            )
         except ApplicationError as exc:
             form.apply_errors(exc)
         else:
             messages.success(request, "Export settings saved.")
             return redirect("export-detail", target_id=target.id)
-    return render(request, "training/export_form.html", {
-        "nav": "exports", "form": form, "kind_label": target.get_kind_display(), "target": target,
-        "public": export_target_public(target),
-    })
+    return render(
+        request,
+        "training/export_form.html",
+        {
+            "nav": "exports",
+            "form": form,
+            "kind_label": target.get_kind_display(),
+            "target": target,
+            "public": export_target_public(target),
+        },
+    )
 
 
 @login_required

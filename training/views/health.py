@@ -14,15 +14,19 @@ from training.views.assets import plotly_url
 @login_required
 def run_reward_health_view(request, run_id: int):
     run = run_get(user=request.user, run_id=run_id)
-    return render(request, "training/run_health.html", {
-        "nav": "runs",
-        "run": run,
-        # The page's script draws everything from this (the API's answer, same shape) and refetches it
-        # when the run's socket says a step or a group was written.
-        "page_data": {
-            "health": run_reward_health(run=run),
-            "api_url": reverse("api-run-reward-health", args=[run.id]),
-            "ws_path": f"/ws/runs/{run.id}/",
+    return render(
+        request,
+        "training/run_health.html",
+        {
+            "nav": "runs",
+            "run": run,
+            # The page's script draws everything from this (the API's answer, same shape) and refetches it
+            # when the run's socket says a step or a group was written.
+            "page_data": {
+                "health": run_reward_health(run=run),
+                "api_url": reverse("api-run-reward-health", args=[run.id]),
+                "ws_path": f"/ws/runs/{run.id}/",
+            },
+            "plotly_url": plotly_url(),
         },
-        "plotly_url": plotly_url(),
-    })
+    )

@@ -13,13 +13,13 @@ from training.heatmap import MAX_STEP, heatmap_etag, heatmap_query, run_heatmap
 from training.selectors import run_get
 from training.views.assets import plotly_url
 
-SORTS = [("index", "Scenario index"), ("regressed", "Regressed most"),
-         ("solved", "Solved first")]
+SORTS = [("index", "Scenario index"), ("regressed", "Regressed most"), ("solved", "Solved first")]
 
 
 class HeatmapFilterForm(forms.Form):
-    split = forms.ChoiceField(required=False, choices=[("train", "Train"), ("validation", "Validation")],
-                              widget=forms.RadioSelect)
+    split = forms.ChoiceField(
+        required=False, choices=[("train", "Train"), ("validation", "Validation")], widget=forms.RadioSelect
+    )
     # Query-string names "from" and "to", as in the API (declared below: "from" is a Python keyword).
     sort = forms.ChoiceField(required=False, choices=SORTS, label="Rows")
 
@@ -57,7 +57,16 @@ def run_heatmap_view(request, run_id: int):
             "page_url": reverse("run-heatmap", args=[run.id]),
             "ws_path": f"/ws/runs/{run.id}/",
         }
-    return render(request, "training/run_heatmap.html", {
-        "nav": "runs", "run": run, "form": form, "error": error, "heatmap": heatmap, "page_data": page_data,
-        "plotly_url": plotly_url(),
-    })
+    return render(
+        request,
+        "training/run_heatmap.html",
+        {
+            "nav": "runs",
+            "run": run,
+            "form": form,
+            "error": error,
+            "heatmap": heatmap,
+            "page_data": page_data,
+            "plotly_url": plotly_url(),
+        },
+    )

@@ -32,11 +32,17 @@ def _page(request, *, form=None, judge_form=None):
     judges = list(JudgeEndpoint.objects.filter(owner=request.user))
     for judge in judges:
         judge.key_shown = secret_mask(judge.key_last4) if judge.key_encrypted else "none"
-    return render(request, "training/model_list.html", {
-        "nav": "models", "models": base_model_visible(request.user).select_related("owner"),
-        "form": form or BaseModelForm(), "judges": judges,
-        "judge_form": judge_form or JudgeEndpointForm(prefix=JUDGE_PREFIX),
-    })
+    return render(
+        request,
+        "training/model_list.html",
+        {
+            "nav": "models",
+            "models": base_model_visible(request.user).select_related("owner"),
+            "form": form or BaseModelForm(),
+            "judges": judges,
+            "judge_form": judge_form or JudgeEndpointForm(prefix=JUDGE_PREFIX),
+        },
+    )
 
 
 JUDGE_PREFIX = "judge"  # the page holds two forms: their fields must not share names and ids

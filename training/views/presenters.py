@@ -47,23 +47,30 @@ def transcript(messages: list[dict] | None) -> list[dict]:
         calls = []
         for c in m.get("tool_calls") or []:
             fn = c.get("function") or {}
-            calls.append({"id": c.get("id", ""), "name": fn.get("name") or c.get("name", "?"),
-                          "arguments": _pretty_json(fn.get("arguments", c.get("arguments", "")))})
+            calls.append(
+                {
+                    "id": c.get("id", ""),
+                    "name": fn.get("name") or c.get("name", "?"),
+                    "arguments": _pretty_json(fn.get("arguments", c.get("arguments", ""))),
+                }
+            )
         token_ids = m.get("token_ids")
         logprobs = m.get("logprobs")
         mean_logprob = None
         if isinstance(logprobs, list) and logprobs and all(isinstance(v, (int, float)) for v in logprobs):
             mean_logprob = sum(logprobs) / len(logprobs)
-        turns.append({
-            "role": m.get("role", "other"),
-            "name": m.get("name", ""),
-            "text": _text(m.get("content")),
-            "tool_calls": calls,
-            "tool_call_id": m.get("tool_call_id", ""),
-            "tokens": len(token_ids) if isinstance(token_ids, list) else None,
-            "mean_logprob": mean_logprob,
-            "trained": isinstance(token_ids, list),
-        })
+        turns.append(
+            {
+                "role": m.get("role", "other"),
+                "name": m.get("name", ""),
+                "text": _text(m.get("content")),
+                "tool_calls": calls,
+                "tool_call_id": m.get("tool_call_id", ""),
+                "tokens": len(token_ids) if isinstance(token_ids, list) else None,
+                "mean_logprob": mean_logprob,
+                "trained": isinstance(token_ids, list),
+            }
+        )
     return turns
 
 
@@ -111,4 +118,5 @@ def code_with_errors(code: str, errors: list[str], context: int = 3) -> list[dic
 def code_diff_table(old: str, new: str, old_label: str, new_label: str) -> str:
     """An HTML side-by-side diff (difflib escapes the code itself)."""
     return difflib.HtmlDiff(tabsize=4, wrapcolumn=90).make_table(
-        old.splitlines(), new.splitlines(), old_label, new_label, context=True, numlines=3)
+        old.splitlines(), new.splitlines(), old_label, new_label, context=True, numlines=3
+    )

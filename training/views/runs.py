@@ -56,14 +56,22 @@ def run_list_view(request):
     query = request.GET.copy()
     query.pop("page", None)
     filters = form.selector_kwargs()
-    return render(request, "training/run_list.html", {
-        "nav": "runs", "form": form, "page": page, "query": query.urlencode(), "per_page": per_page,
-        "page_sizes": PAGE_SIZES,
-        # The live list's cursor, and whether a new run belongs at the top of this page: the newest
-        # first, unfiltered, page 1. Elsewhere the page says a run is new and links to where it is.
-        "last_run": last_run,
-        "inserts_new": page.number == 1 and filters.pop("order") == "-created_at" and not any(filters.values()),
-    })
+    return render(
+        request,
+        "training/run_list.html",
+        {
+            "nav": "runs",
+            "form": form,
+            "page": page,
+            "query": query.urlencode(),
+            "per_page": per_page,
+            "page_sizes": PAGE_SIZES,
+            # The live list's cursor, and whether a new run belongs at the top of this page: the newest
+            # first, unfiltered, page 1. Elsewhere the page says a run is new and links to where it is.
+            "last_run": last_run,
+            "inserts_new": page.number == 1 and filters.pop("order") == "-created_at" and not any(filters.values()),
+        },
+    )
 
 
 def _run_page_data(run, chart, events, logs, groups) -> dict:
@@ -92,19 +100,23 @@ def run_detail_view(request, run_id: int):
     events = run_events_recent(run=run, limit=50)
     logs = run_logs_recent(run=run, limit=100)
     groups = run_group_messages(run_id=run.id)
-    return render(request, "training/run_detail.html", {
-        "nav": "runs",
-        "run": run,
-        "page_data": _run_page_data(run, chart, events, logs, groups),
-        "events": events,
-        "warnings": run_warnings(run=run),
-        "logs": logs,
-        "checkpoints": checkpoint_list(run=run),
-        "config_json": json.dumps(run.config, indent=2, sort_keys=True),
-        "alerts_form": AlertRulesForm(rules=run.config.get("alerts", {})),
-        "plotly_url": plotly_url(),
-        "admin_checkpoints_url": reverse("admin:index") + f"training/checkpoint/?run__id__exact={run.id}",
-    })
+    return render(
+        request,
+        "training/run_detail.html",
+        {
+            "nav": "runs",
+            "run": run,
+            "page_data": _run_page_data(run, chart, events, logs, groups),
+            "events": events,
+            "warnings": run_warnings(run=run),
+            "logs": logs,
+            "checkpoints": checkpoint_list(run=run),
+            "config_json": json.dumps(run.config, indent=2, sort_keys=True),
+            "alerts_form": AlertRulesForm(rules=run.config.get("alerts", {})),
+            "plotly_url": plotly_url(),
+            "admin_checkpoints_url": reverse("admin:index") + f"training/checkpoint/?run__id__exact={run.id}",
+        },
+    )
 
 
 RUN_ACTIONS = {
@@ -152,7 +164,8 @@ def run_alerts_view(request, run_id: int):
 def _launch_form(request, data=None, initial=None) -> RunLaunchForm:
     user = request.user
     return RunLaunchForm(
-        data, initial=initial,
+        data,
+        initial=initial,
         base_models=base_model_visible(user),
         script_versions=script_version_list(user=user),
         reward_versions=reward_version_list(user=user),
@@ -166,18 +179,25 @@ def _launch_hints(form: RunLaunchForm) -> dict:
     newest = {}  # reward function id -> its newest version the person may pick (the list runs newest first)
     for version in form.fields["reward_version"].queryset:
         newest.setdefault(version.asset_id, version.id)
-    companions = {str(v.id): newest[v.asset.companion_reward_id] for v in form.fields["script_version"].queryset
-                  if v.asset.companion_reward_id in newest}
-    recommended = {str(m.id): {"name": m.name, "train": m.recommended_train}
-                   for m in form.fields["base_model"].queryset}
+    companions = {
+        str(v.id): newest[v.asset.companion_reward_id]
+        for v in form.fields["script_version"].queryset
+        if v.asset.companion_reward_id in newest
+    }
+    recommended = {
+        str(m.id): {"name": m.name, "train": m.recommended_train} for m in form.fields["base_model"].queryset
+    }
     return {"companions": companions, "recommended": recommended}
 
 
 def _fresh_initial(form: RunLaunchForm, hints: dict) -> dict:
     """A new launch: the first script and model as the page shows them, with the script's companion
     reward preselected."""
-    initial = {name: first.id for name in ("base_model", "scenario_set")
-               if (first := form.fields[name].queryset.first()) is not None}
+    initial = {
+        name: first.id
+        for name in ("base_model", "scenario_set")
+        if (first := form.fields[name].queryset.first()) is not None
+    }
     first = form.fields["script_version"].queryset.first()
     if first is not None:
         initial["script_version"] = first.id
@@ -188,9 +208,14 @@ def _fresh_initial(form: RunLaunchForm, hints: dict) -> dict:
 
 def _initial_from(run) -> dict:
     """Launch form values copied from an existing run ("launch similar")."""
-    initial = {"name": f"{run.name} (copy)", "tags": ", ".join(run.tags), "base_model": run.base_model_id,
-               "script_version": run.script_version_id, "reward_version": run.reward_version_id,
-               "scenario_set": run.scenario_set_id}
+    initial = {
+        "name": f"{run.name} (copy)",
+        "tags": ", ".join(run.tags),
+        "base_model": run.base_model_id,
+        "script_version": run.script_version_id,
+        "reward_version": run.reward_version_id,
+        "scenario_set": run.scenario_set_id,
+    }
     for key, value in (run.config or {}).items():
         initial[key] = json.dumps(value) if isinstance(value, dict) else value
     return initial
@@ -217,9 +242,16 @@ def run_launch_view(request):
     hints = _launch_hints(form)
     if request.method != "POST" and not form.initial:
         form.initial = _fresh_initial(form, hints)
-    return render(request, "training/run_launch.html", {
-        "nav": "launch", "form": form, "train_reference": train_config_reference(), "hints": hints,
-    })
+    return render(
+        request,
+        "training/run_launch.html",
+        {
+            "nav": "launch",
+            "form": form,
+            "train_reference": train_config_reference(),
+            "hints": hints,
+        },
+    )
 
 
 @login_required
@@ -231,5 +263,4 @@ def checkpoint_download_view(request, run_id: int, checkpoint_id: int):
     except ApplicationError as exc:
         messages.error(request, exc.message)
         return redirect(reverse("run-detail", args=[run.id]) + "#checkpoints")
-    return FileResponse(path.open("rb"), as_attachment=True, filename=path.name,
-                        content_type="application/gzip")
+    return FileResponse(path.open("rb"), as_attachment=True, filename=path.name, content_type="application/gzip")

@@ -123,7 +123,7 @@ class ResultPipe:
         data = (json.dumps(message, allow_nan=False) + "\n").encode()
         view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view):]
+            view = view[os.write(self._fd, view) :]
 
 
 def describe_error(exc: BaseException, user_files: set[str]) -> str:
@@ -174,7 +174,7 @@ def load_module(path: Path, name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module
-    exec(code, module.__dict__)  # noqa: S102 - running the person's code is what this process is for
+    exec(code, module.__dict__)
     return module
 
 
@@ -243,15 +243,14 @@ class Batch:
             script = load_module(workdir / "rollout.py", "rollout_script")
             self.rollout = getattr(script, "rollout", None)
             if not callable(self.rollout):
-                raise AttributeError(  # noqa: TRY004 - a missing name, as Python reports it
-                    "the rollout script defines no function named `rollout(model, scenario)`")
+                raise AttributeError("the rollout script defines no function named `rollout(model, scenario)`")
             if self.reward_kind:
                 module = load_module(workdir / "reward.py", "reward_function")
                 name = "score_group" if self.reward_kind == "group" else "reward"
                 self.reward = getattr(module, name, None)
                 if not callable(self.reward):
                     raise AttributeError(f"the reward function file defines no function named `{name}`")
-        except BaseException as exc:  # noqa: BLE001 - every rollout will report this error
+        except BaseException as exc:
             self.load_error = "Loading your code failed: " + describe_error(exc, self.user_files)
 
     async def run(self) -> None:
@@ -349,7 +348,7 @@ class Batch:
             rewards = [check_reward(r) for r in rewards]
         except TimeoutError:
             error = f"Timed out: score_group did not finish within {self.timeout_s:g} s (wall clock)."
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             error = _stage_error("reward", exc, self.user_files)
         share_ms = int((time.monotonic() - started) * 1000 / len(scored))
         for i, (record, traj) in enumerate(scored):
@@ -374,13 +373,14 @@ class Batch:
         error = None
         try:
             async with asyncio.timeout(self.timeout_s):
-                scores = await score_message_lists(client, self.judge_model, [t.messages() for _, t in scored],
-                                                   scenario=group["scenario"])
+                scores = await score_message_lists(
+                    client, self.judge_model, [t.messages() for _, t in scored], scenario=group["scenario"]
+                )
         except TimeoutError:
             error = f"RULER did not score this group: the judge did not answer within {self.timeout_s:g} s."
         except RulerError as exc:
             error = f"RULER did not score this group: {exc}"
-        except Exception as exc:  # noqa: BLE001 - an unexpected failure is this group's, not the batch's
+        except Exception as exc:
             error = f"RULER did not score this group: {type(exc).__name__}: {exc}"
         finally:
             await client.close()
@@ -405,10 +405,14 @@ class StoredMessage:
     def __init__(self, message: dict) -> None:
         self._dict = {"role": "assistant", "content": message.get("content"), "tool_calls": message.get("tool_calls")}
         self.role, self.content, self.refusal = "assistant", message.get("content"), None
-        self.tool_calls = [types.SimpleNamespace(
-            id=call.get("id", ""), type=call.get("type", "function"),
-            function=types.SimpleNamespace(**{"name": "", "arguments": "", **(call.get("function") or {})}))
-            for call in message.get("tool_calls") or []] or None
+        self.tool_calls = [
+            types.SimpleNamespace(
+                id=call.get("id", ""),
+                type=call.get("type", "function"),
+                function=types.SimpleNamespace(**{"name": "", "arguments": "", **(call.get("function") or {})}),
+            )
+            for call in message.get("tool_calls") or []
+        ] or None
 
     def model_dump(self, exclude_none: bool = False, **_kwargs) -> dict:
         return {k: copy.deepcopy(v) for k, v in self._dict.items() if not (exclude_none and v is None)}
@@ -423,9 +427,12 @@ class StoredChoice:
         self.finish_reason = message.get("finish_reason")
         self.message = StoredMessage(message)
         self.token_ids = list(message.get("token_ids") or [])
-        self.logprobs = types.SimpleNamespace(content=[
-            types.SimpleNamespace(token="", logprob=lp, bytes=None, top_logprobs=[])
-            for lp in message.get("logprobs") or []])
+        self.logprobs = types.SimpleNamespace(
+            content=[
+                types.SimpleNamespace(token="", logprob=lp, bytes=None, top_logprobs=[])
+                for lp in message.get("logprobs") or []
+            ]
+        )
 
     def __repr__(self) -> str:
         return f"Choice(finish_reason={self.finish_reason!r}, message={self.message.model_dump(exclude_none=True)!r})"
@@ -441,9 +448,12 @@ def restore_item(message: dict):
 
 
 def restore_trajectory(record: dict) -> Trajectory:
-    return Trajectory(messages_and_choices=[restore_item(m) for m in record.get("messages") or []],
-                      tools=record.get("tools"), metrics=record.get("metrics") or {},
-                      metadata=record.get("metadata") or {})
+    return Trajectory(
+        messages_and_choices=[restore_item(m) for m in record.get("messages") or []],
+        tools=record.get("tools"),
+        metrics=record.get("metrics") or {},
+        metadata=record.get("metadata") or {},
+    )
 
 
 class ScoreBatch(Batch):
@@ -459,9 +469,8 @@ class ScoreBatch(Batch):
             name = "score_group" if self.reward_kind == "group" else "reward"
             self.reward = getattr(module, name, None)
             if not callable(self.reward):
-                raise AttributeError(  # noqa: TRY004 - a missing name, as Python reports it
-                    f"the reward function file defines no function named `{name}`")
-        except BaseException as exc:  # noqa: BLE001 - every trajectory will report this error
+                raise AttributeError(f"the reward function file defines no function named `{name}`")
+        except BaseException as exc:
             self.load_error = "Loading your code failed: " + describe_error(exc, self.user_files)
 
     async def run_group(self, group: dict) -> None:
@@ -493,8 +502,11 @@ class ScoreBatch(Batch):
             except RolloutTimeout:
                 error = f"Timed out: the reward did not finish within {self.timeout_s:g} s (wall clock)."
             except TimeoutError as exc:
-                error = (f"Timed out: the reward did not finish within {self.timeout_s:g} s (wall clock)."
-                         if deadline.expired() else _stage_error("reward", exc, self.user_files))
+                error = (
+                    f"Timed out: the reward did not finish within {self.timeout_s:g} s (wall clock)."
+                    if deadline.expired()
+                    else _stage_error("reward", exc, self.user_files)
+                )
             except BaseException as exc:
                 if isinstance(exc, KeyboardInterrupt):
                     raise
@@ -518,13 +530,15 @@ class ScoreBatch(Batch):
             rewards = [check_reward(r) for r in rewards]
         except (TimeoutError, RolloutTimeout):
             error = f"Timed out: score_group did not finish within {self.timeout_s:g} s (wall clock)."
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             error = _stage_error("reward", exc, self.user_files)
         finally:
             self.watchdog.deadlines.pop(task, None)
         share_ms = int((time.monotonic() - started) * 1000 / max(1, len(trajectories)))
-        return [_score(rewards[i] if error is None else None, _safe_metrics(t), error, share_ms)
-                for i, t in enumerate(trajectories)]
+        return [
+            _score(rewards[i] if error is None else None, _safe_metrics(t), error, share_ms)
+            for i, t in enumerate(trajectories)
+        ]
 
     async def ruler_scores(self, group: dict, trajectories: list[Trajectory]) -> list[dict]:
         started = time.monotonic()
@@ -532,13 +546,14 @@ class ScoreBatch(Batch):
         error, scores = None, []
         try:
             async with asyncio.timeout(self.timeout_s):
-                scores = await score_message_lists(client, self.judge_model, [t.messages() for t in trajectories],
-                                                   scenario=group["scenario"])
+                scores = await score_message_lists(
+                    client, self.judge_model, [t.messages() for t in trajectories], scenario=group["scenario"]
+                )
         except TimeoutError:
             error = f"RULER did not score this group: the judge did not answer within {self.timeout_s:g} s."
         except RulerError as exc:
             error = f"RULER did not score this group: {exc}"
-        except Exception as exc:  # noqa: BLE001 - an unexpected failure is this group's, not the batch's
+        except Exception as exc:
             error = f"RULER did not score this group: {type(exc).__name__}: {exc}"
         finally:
             await client.close()
@@ -558,7 +573,7 @@ def _score(reward, metrics: dict, error: str | None, reward_ms: int | None, expl
 def _safe_metrics(trajectory: Trajectory) -> dict:
     try:
         return _plain_metrics(trajectory)
-    except Exception:  # noqa: BLE001 - metrics the reward left unserialisable are dropped, not the score
+    except Exception:
         return {}
 
 
@@ -585,10 +600,14 @@ def _bounded(record: dict) -> dict:
     size = len(json.dumps(record, default=str))
     if size <= MAX_RECORD_BYTES:
         return record
-    return {**_empty_record(), "logs": record["logs"][-50:], "error":
-            f"The trajectory is {size >> 20} MB as JSON; the limit is {MAX_RECORD_BYTES >> 20} MB.",
-            "duration_ms": record["duration_ms"], "prompt_tokens": record["prompt_tokens"],
-            "completion_tokens": record["completion_tokens"]}
+    return {
+        **_empty_record(),
+        "logs": record["logs"][-50:],
+        "error": f"The trajectory is {size >> 20} MB as JSON; the limit is {MAX_RECORD_BYTES >> 20} MB.",
+        "duration_ms": record["duration_ms"],
+        "prompt_tokens": record["prompt_tokens"],
+        "completion_tokens": record["completion_tokens"],
+    }
 
 
 def start_relay(socket_path: str) -> int:
@@ -691,7 +710,7 @@ def _weave_start():
         import weave
 
         return weave.init(project)
-    except Exception as exc:  # noqa: BLE001 - tracing is optional
+    except Exception as exc:
         os.environ["WEAVE_DISABLED"] = "true"
         print(f"Weave tracing is off for this batch: {type(exc).__name__}: {exc}", file=sys.__stderr__)
         return None
@@ -705,7 +724,7 @@ def _weave_finish(client) -> None:
     def flush():
         try:
             client.finish()
-        except Exception:  # noqa: BLE001 - traces are best effort
+        except Exception:
             pass
         done.set()
 

@@ -11,8 +11,12 @@ def make_adapter(out_dir: Path, *, seed: int, std: float, rank: int = 8) -> Path
     from tests.fixtures.vllm import default_model_dir
 
     model = AutoModelForCausalLM.from_pretrained(str(default_model_dir()), dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, task_type="CAUSAL_LM",
-                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        task_type="CAUSAL_LM",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     peft_model = get_peft_model(model, config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

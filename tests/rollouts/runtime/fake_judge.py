@@ -28,21 +28,45 @@ class FakeJudge(ThreadedServer):
 
     def trajectory_counts(self) -> list[int]:
         """How many trajectories each request asked about."""
-        return [len(re.findall(r'<trajectory id="\d+">', r["body"]["messages"][-1]["content"]))
-                for r in self.requests]
+        return [len(re.findall(r'<trajectory id="\d+">', r["body"]["messages"][-1]["content"])) for r in self.requests]
 
     async def _complete(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append({"body": body, "authorization": request.headers.get("Authorization")})
         if self.refuse_schema and "response_format" in body:
-            return web.json_response({"error": {"message": "response_format is not supported", "type": "invalid_request_error",
-                                                "param": None, "code": None}}, status=400)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "response_format is not supported",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                status=400,
+            )
         n = len(re.findall(r'<trajectory id="\d+">', body["messages"][-1]["content"]))
-        content = self.reply if self.reply is not None else json.dumps({"scores": [
-            {"trajectory_id": str(i + 1), "explanation": f"judged {i + 1} of {n}", "score": self.scores[i]}
-            for i in range(n)]})
-        return web.json_response({
-            "id": "judge-1", "object": "chat.completion", "created": 0, "model": body["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        })
+        content = (
+            self.reply
+            if self.reply is not None
+            else json.dumps(
+                {
+                    "scores": [
+                        {"trajectory_id": str(i + 1), "explanation": f"judged {i + 1} of {n}", "score": self.scores[i]}
+                        for i in range(n)
+                    ]
+                }
+            )
+        )
+        return web.json_response(
+            {
+                "id": "judge-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )

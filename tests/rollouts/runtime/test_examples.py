@@ -15,8 +15,7 @@ import artweb_sdk as art
 
 def load_reward():
     namespace = {}
-    exec(compile(  # noqa: S102
-        (EXAMPLES / "reward.py").read_text(), "reward.py", "exec"), namespace)
+    exec(compile((EXAMPLES / "reward.py").read_text(), "reward.py", "exec"), namespace)
     return namespace["reward"]
 
 

@@ -25,8 +25,10 @@ from tests.rollouts.runtime.scripts import script
 
 def report(code: str) -> str:
     """A script whose rollout runs `code` (which fills dict `out`) and returns it as metadata."""
-    body = "out = {}\n" + code + "\nreturn art.Trajectory(messages_and_choices=[{'role': 'user', 'content': 'x'}], " \
-           "reward=1.0, metadata=out)"
+    body = (
+        "out = {}\n" + code + "\nreturn art.Trajectory(messages_and_choices=[{'role': 'user', 'content': 'x'}], "
+        "reward=1.0, metadata=out)"
+    )
     return script(body)
 
 
@@ -41,7 +43,7 @@ def named(comm: str) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
         if name == comm and state not in "ZX":  # a zombie is dead, only not yet reaped
             found.append(int(entry))
     return found
@@ -79,15 +81,24 @@ def good_group_ok(results) -> None:
 
 
 def test_it_runs_user_code_as_an_unprivileged_uid_without_capabilities(request_for):
-    results = run_rollouts(request_for(report(
-        "out['ids'] = [os.getuid(), os.geteuid(), os.getgid()]\n"
-        "out['status'] = {l.split(':')[0]: l.split(':')[1].strip() for l in open('/proc/self/status') "
-        "if l.startswith(('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs'))}\n"
-        "try:\n    out['shadow'] = open('/etc/shadow').read()\nexcept OSError as e:\n    out['shadow'] = type(e).__name__\n")))
+    results = run_rollouts(
+        request_for(
+            report(
+                "out['ids'] = [os.getuid(), os.geteuid(), os.getgid()]\n"
+                "out['status'] = {l.split(':')[0]: l.split(':')[1].strip() for l in open('/proc/self/status') "
+                "if l.startswith(('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs'))}\n"
+                "try:\n    out['shadow'] = open('/etc/shadow').read()\nexcept OSError as e:\n    out['shadow'] = type(e).__name__\n"
+            )
+        )
+    )
     out = results[0].trajectories[0]["metadata"]
     assert out["ids"] == [1000, 1000, 1000]
-    assert out["status"] == {"CapEff": "0000000000000000", "CapPrm": "0000000000000000",
-                             "CapBnd": "0000000000000000", "NoNewPrivs": "1"}
+    assert out["status"] == {
+        "CapEff": "0000000000000000",
+        "CapPrm": "0000000000000000",
+        "CapBnd": "0000000000000000",
+        "NoNewPrivs": "1",
+    }
     assert out["shadow"] == "FileNotFoundError"
     assert Path("/etc/shadow").exists()  # the host has one; the jail does not show it
 
@@ -95,18 +106,23 @@ def test_it_runs_user_code_as_an_unprivileged_uid_without_capabilities(request_f
 def test_it_hides_every_other_process_and_the_workers_environment(request_for, monkeypatch):
     monkeypatch.setenv("SECRET_KEY", "hunter2-secret-key")
     monkeypatch.setenv("DATABASE_URL", "postgres://artweb:hunter2@127.0.0.1/artweb")
-    results = run_rollouts(request_for(report(
-        "out['pids'] = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
-        "out['ppid'] = os.getppid()\n"
-        "leaks = []\n"
-        "for p in out['pids'] + [os.getppid()]:\n"
-        "    try:\n"
-        "        if b'hunter2' in open(f'/proc/{p}/environ', 'rb').read():\n"
-        "            leaks.append(p)\n"
-        "    except OSError:\n"
-        "        pass\n"
-        "out['leaks'] = leaks\n"
-        "out['cmdlines'] = [open(f'/proc/{p}/cmdline', 'rb').read().decode(errors='replace') for p in out['pids']]\n")))
+    results = run_rollouts(
+        request_for(
+            report(
+                "out['pids'] = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+                "out['ppid'] = os.getppid()\n"
+                "leaks = []\n"
+                "for p in out['pids'] + [os.getppid()]:\n"
+                "    try:\n"
+                "        if b'hunter2' in open(f'/proc/{p}/environ', 'rb').read():\n"
+                "            leaks.append(p)\n"
+                "    except OSError:\n"
+                "        pass\n"
+                "out['leaks'] = leaks\n"
+                "out['cmdlines'] = [open(f'/proc/{p}/cmdline', 'rb').read().decode(errors='replace') for p in out['pids']]\n"
+            )
+        )
+    )
     out = results[0].trajectories[0]["metadata"]
     assert out["leaks"] == []
     # Only the jail's own init and the guest: not the worker, not pytest, not PostgreSQL.
@@ -118,17 +134,22 @@ def test_it_hides_every_other_process_and_the_workers_environment(request_for, m
 def test_it_reaches_neither_postgresql_nor_redis_nor_anything_on_the_network(request_for):
     for port in (5432, 6379):  # they are there, for the worker
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    results = run_rollouts(request_for(report(
-        "for host, port in [('127.0.0.1', 5432), ('127.0.0.1', 6379), ('localhost', 5432), ('10.0.0.1', 80),\n"
-        "                   ('8.8.8.8', 53)]:\n"
-        "    s = socket.socket()\n"
-        "    s.settimeout(2)\n"
-        "    try:\n"
-        "        s.connect((host, port))\n"
-        "        out[f'{host}:{port}'] = 'open'\n"
-        "    except OSError as e:\n"
-        "        out[f'{host}:{port}'] = type(e).__name__\n"
-        "out['ifaces'] = sorted(n for _, n in socket.if_nameindex())\n")))
+    results = run_rollouts(
+        request_for(
+            report(
+                "for host, port in [('127.0.0.1', 5432), ('127.0.0.1', 6379), ('localhost', 5432), ('10.0.0.1', 80),\n"
+                "                   ('8.8.8.8', 53)]:\n"
+                "    s = socket.socket()\n"
+                "    s.settimeout(2)\n"
+                "    try:\n"
+                "        s.connect((host, port))\n"
+                "        out[f'{host}:{port}'] = 'open'\n"
+                "    except OSError as e:\n"
+                "        out[f'{host}:{port}'] = type(e).__name__\n"
+                "out['ifaces'] = sorted(n for _, n in socket.if_nameindex())\n"
+            )
+        )
+    )
     out = results[0].trajectories[0]["metadata"]
     assert out.pop("ifaces") == ["lo"]
     assert "open" not in out.values(), out
@@ -143,15 +164,24 @@ def test_it_shows_no_data_dir_project_or_other_batch(request_for, tmp_path):
     for d in (tmp_path, *tmp_path.rglob("*")):
         d.chmod(0o755 if d.is_dir() else 0o644)
     repo = Path(__file__).resolve().parents[3]
-    targets = [str(other / "adapter_model.safetensors"), str(repo / "artweb" / "settings.py"),
-               str(repo / "pyproject.toml"), "/etc/passwd"]
-    results = run_rollouts(request_for(report(
-        f"for path in {targets!r}:\n"
-        "    try:\n"
-        "        out[path] = open(path).read()[:200]\n"
-        "    except OSError as e:\n"
-        "        out[path] = type(e).__name__\n"
-        "out['batch'] = sorted(os.listdir('/batch'))\n")))
+    targets = [
+        str(other / "adapter_model.safetensors"),
+        str(repo / "artweb" / "settings.py"),
+        str(repo / "pyproject.toml"),
+        "/etc/passwd",
+    ]
+    results = run_rollouts(
+        request_for(
+            report(
+                f"for path in {targets!r}:\n"
+                "    try:\n"
+                "        out[path] = open(path).read()[:200]\n"
+                "    except OSError as e:\n"
+                "        out[path] = type(e).__name__\n"
+                "out['batch'] = sorted(os.listdir('/batch'))\n"
+            )
+        )
+    )
     out = results[0].trajectories[0]["metadata"]
     assert out.pop("batch") == ["batch.json", "rollout.py"]
     passwd = out.pop("/etc/passwd")
@@ -162,16 +192,21 @@ def test_it_shows_no_data_dir_project_or_other_batch(request_for, tmp_path):
 def test_it_lets_user_code_write_only_to_its_private_scratch(request_for):
     marker = f"artweb-hostile-{uuid.uuid4().hex}"
     places = ["/", "/usr", "/batch", "/opt/artweb/guest", "/run/artweb", "/etc", "/proc/1", "/root"]
-    results = run_rollouts(request_for(report(
-        f"for d in {places!r}:\n"
-        "    try:\n"
-        f"        open(os.path.join(d, {marker!r}), 'w').write('x')\n"
-        "        out[d] = 'written'\n"
-        "    except OSError as e:\n"
-        "        out[d] = type(e).__name__\n"
-        f"open('/tmp/{marker}', 'w').write('scratch')\n"
-        f"open('/dev/shm/{marker}', 'w').write('shm')\n"
-        "out['tmp'] = os.listdir('/tmp')\n")))
+    results = run_rollouts(
+        request_for(
+            report(
+                f"for d in {places!r}:\n"
+                "    try:\n"
+                f"        open(os.path.join(d, {marker!r}), 'w').write('x')\n"
+                "        out[d] = 'written'\n"
+                "    except OSError as e:\n"
+                "        out[d] = type(e).__name__\n"
+                f"open('/tmp/{marker}', 'w').write('scratch')\n"
+                f"open('/dev/shm/{marker}', 'w').write('shm')\n"
+                "out['tmp'] = os.listdir('/tmp')\n"
+            )
+        )
+    )
     out = results[0].trajectories[0]["metadata"]
     assert marker in out.pop("tmp")
     assert "written" not in out.values(), out
@@ -201,7 +236,8 @@ def test_it_kills_a_setsid_survivor_with_its_batch(request_for, tmp_path):
         "            time.sleep(0.05)\n"
         "    os._exit(0)\n"
         "os.waitpid(pid, 0)\n"
-        "await asyncio.sleep(1)\n")
+        "await asyncio.sleep(1)\n"
+    )
     with Seen(comm) as seen:
         results = run_rollouts(request_for(script(survivor)))
     assert seen.pids, "the survivor never ran"  # it was alive while the batch was
@@ -214,16 +250,20 @@ def test_it_kills_a_setsid_survivor_with_its_batch(request_for, tmp_path):
 
 def test_it_bounds_a_ctypes_fork_past_the_audit_hook(request_for):
     comm = f"bomb{uuid.uuid4().hex[:8]}"
-    bomb = ("import ctypes\n"
-            "libc = ctypes.CDLL(None)\n"
-            f"libc.prctl(15, {comm.encode()!r}, 0, 0, 0)\n"
-            "while True:\n"
-            "    if libc.fork() < 0:\n"
-            "        raise OSError('fork refused')\n")
+    bomb = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None)\n"
+        f"libc.prctl(15, {comm.encode()!r}, 0, 0, 0)\n"
+        "while True:\n"
+        "    if libc.fork() < 0:\n"
+        "        raise OSError('fork refused')\n"
+    )
     started = time.monotonic()
-    results = run_rollouts(request_for(script(bomb), sandboxes=2,
-                                       limits=SandboxLimits(rollout_timeout_s=10, batch_timeout_s=30,
-                                                            max_processes=16)))
+    results = run_rollouts(
+        request_for(
+            script(bomb), sandboxes=2, limits=SandboxLimits(rollout_timeout_s=10, batch_timeout_s=30, max_processes=16)
+        )
+    )
     assert time.monotonic() - started < 60
     # The process budget is the batch's, so its other groups may starve too; other batches do not
     # (test_it_keeps_other_batches_running_while_one_attacks).
@@ -233,45 +273,49 @@ def test_it_bounds_a_ctypes_fork_past_the_audit_hook(request_for):
 
 def test_it_caps_memory_spread_over_forked_children(request_for):
     # Each child alone is within the limit; together they are not.
-    spread = ("kids = []\n"
-              "for _ in range(4):\n"
-              "    pid = os.fork()\n"
-              "    if pid == 0:\n"
-              "        hog = bytearray(250 * 1024 * 1024)\n"
-              "        for i in range(0, len(hog), 4096):\n"
-              "            hog[i] = 1\n"
-              "        import time\n"
-              "        time.sleep(3)\n"
-              "        os._exit(0)\n"
-              "    kids.append(pid)\n"
-              "killed = [pid for pid in kids if os.WIFSIGNALED(os.waitpid(pid, 0)[1])]\n"
-              "if killed:\n"
-              "    raise MemoryError(f'{len(killed)} children were killed')\n")
-    results = run_rollouts(request_for(script(spread), sandboxes=2,
-                                       limits=SandboxLimits(rollout_timeout_s=25, batch_timeout_s=40,
-                                                            memory_mb=700)))
+    spread = (
+        "kids = []\n"
+        "for _ in range(4):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        hog = bytearray(250 * 1024 * 1024)\n"
+        "        for i in range(0, len(hog), 4096):\n"
+        "            hog[i] = 1\n"
+        "        import time\n"
+        "        time.sleep(3)\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "killed = [pid for pid in kids if os.WIFSIGNALED(os.waitpid(pid, 0)[1])]\n"
+        "if killed:\n"
+        "    raise MemoryError(f'{len(killed)} children were killed')\n"
+    )
+    results = run_rollouts(
+        request_for(
+            script(spread), sandboxes=2, limits=SandboxLimits(rollout_timeout_s=25, batch_timeout_s=40, memory_mb=700)
+        )
+    )
     errors = [t["error"] for t in results[0].trajectories]
     assert all(e and "children were killed" in e and "memory limit of 700 MB" in e for e in errors), errors
     good_group_ok(results)
 
 
 def test_it_survives_a_flood_on_the_result_pipe_within_its_deadline(request_for):
-    flood = ("fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
-             "chunk = b'x' * (1 << 20)\n"
-             "while True:\n"
-             "    os.write(fd, chunk)\n")
+    flood = "fd = int(os.environ['ARTWEB_RESULT_FD'])\nchunk = b'x' * (1 << 20)\nwhile True:\n    os.write(fd, chunk)\n"
     started = time.monotonic()
-    results = run_rollouts(request_for(script(flood), sandboxes=2,
-                                       limits=SandboxLimits(rollout_timeout_s=3, batch_timeout_s=6)))
+    results = run_rollouts(
+        request_for(script(flood), sandboxes=2, limits=SandboxLimits(rollout_timeout_s=3, batch_timeout_s=6))
+    )
     assert time.monotonic() - started < 15
     assert all("broke artweb's result protocol" in t["error"] for t in results[0].trajectories)
     good_group_ok(results)
 
 
 def test_it_fails_only_the_sandbox_that_garbles_the_result_stream(request_for):
-    garble = ("fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
-              "os.write(fd, b'{\"kind\": \"trajectory\", \"group\": 0, not json\\n')\n"
-              "await asyncio.sleep(5)\n")
+    garble = (
+        "fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
+        'os.write(fd, b\'{"kind": "trajectory", "group": 0, not json\\n\')\n'
+        "await asyncio.sleep(5)\n"
+    )
     results = run_rollouts(request_for(script(garble), sandboxes=2))
     assert all("not JSON" in t["error"] for t in results[0].trajectories)
     good_group_ok(results)
@@ -280,22 +324,26 @@ def test_it_fails_only_the_sandbox_that_garbles_the_result_stream(request_for):
 def test_it_refuses_forged_records(request_for):
     # A record for a group this sandbox does not own (group 1 runs in the other sandbox), then one with
     # token ids past the vocabulary and a NaN logprob for its own group.
-    forge = ("fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
-             "rec = {'messages': [{'role': 'assistant', 'content': 'x', 'token_ids': [5, 10**9], "
-             "'logprobs': [-0.1, -0.2]}], 'tools': None, 'reward': 1.0, 'metrics': {}, 'metadata': {}, "
-             "'logs': [], 'error': None, 'duration_ms': 1, 'prompt_tokens': 1, 'completion_tokens': 2}\n"
-             "os.write(fd, (json.dumps({'kind': 'trajectory', 'group': 0, 'index': 1, 'trajectory': rec}) + "
-             "'\\n').encode())\n")
+    forge = (
+        "fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
+        "rec = {'messages': [{'role': 'assistant', 'content': 'x', 'token_ids': [5, 10**9], "
+        "'logprobs': [-0.1, -0.2]}], 'tools': None, 'reward': 1.0, 'metrics': {}, 'metadata': {}, "
+        "'logs': [], 'error': None, 'duration_ms': 1, 'prompt_tokens': 1, 'completion_tokens': 2}\n"
+        "os.write(fd, (json.dumps({'kind': 'trajectory', 'group': 0, 'index': 1, 'trajectory': rec}) + "
+        "'\\n').encode())\n"
+    )
     results = run_rollouts(request_for(script(forge), sandboxes=2, vocab_size=49152))
     forged = results[0].trajectories[1]
     assert forged["reward"] is None and "token id must be an integer in [0, 49152)" in forged["error"]
     # The real rollout of index 1 then arrives for a slot already taken: the sandbox is cut off.
     good_group_ok(results)
 
-    steal = ("fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
-             "os.write(fd, (json.dumps({'kind': 'trajectory', 'group': 1, 'index': 0, 'trajectory': {}}) + "
-             "'\\n').encode())\n"
-             "await asyncio.sleep(5)\n")
+    steal = (
+        "fd = int(os.environ['ARTWEB_RESULT_FD'])\n"
+        "os.write(fd, (json.dumps({'kind': 'trajectory', 'group': 1, 'index': 0, 'trajectory': {}}) + "
+        "'\\n').encode())\n"
+        "await asyncio.sleep(5)\n"
+    )
     results = run_rollouts(request_for(script(steal), sandboxes=2))
     assert all("not one of its groups" in t["error"] for t in results[0].trajectories)
     good_group_ok(results)
@@ -309,9 +357,14 @@ def test_it_keeps_other_batches_running_while_one_attacks(request_for):
         outcome[name] = run_rollouts(request_for(source, **kwargs))
 
     bomb = "import ctypes\nlibc = ctypes.CDLL(None)\nwhile True:\n    libc.fork()"
-    threads = [threading.Thread(target=run, args=("bad", script(bomb)),
-                                kwargs={"limits": SandboxLimits(rollout_timeout_s=10, max_processes=16)}),
-               threading.Thread(target=run, args=("good", script("await asyncio.sleep(1)")))]
+    threads = [
+        threading.Thread(
+            target=run,
+            args=("bad", script(bomb)),
+            kwargs={"limits": SandboxLimits(rollout_timeout_s=10, max_processes=16)},
+        ),
+        threading.Thread(target=run, args=("good", script("await asyncio.sleep(1)"))),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -343,8 +396,7 @@ def test_it_removes_the_batchs_cgroups_when_it_ends(request_for):
     watcher = threading.Thread(target=find_ours)
     watcher.start()
     try:
-        run_rollouts(request_for(script(rename(comm) + "await asyncio.sleep(1)"), group_size=1,
-                                 scenarios=[{"i": 0}]))
+        run_rollouts(request_for(script(rename(comm) + "await asyncio.sleep(1)"), group_size=1, scenarios=[{"i": 0}]))
     finally:
         done.set()
         watcher.join()
@@ -377,9 +429,11 @@ def test_it_passes_only_inference_routes_for_the_batchs_own_model(request_for, v
         f"    s.connect(('127.0.0.1', {vllm_server.port}))\n"
         "    out['direct'] = 'open'\n"
         "except OSError as e:\n"
-        "    out['direct'] = type(e).__name__\n")
-    results = run_rollouts(request_for(report(probe), base_url=vllm_server.base_url, model_name=base,
-                                       api_key=vllm_server.api_key))
+        "    out['direct'] = type(e).__name__\n"
+    )
+    results = run_rollouts(
+        request_for(report(probe), base_url=vllm_server.base_url, model_name=base, api_key=vllm_server.api_key)
+    )
     out = results[0].trajectories[0]["metadata"]
     assert out.pop("own") == 200
     assert out.pop("other_model") == 404
@@ -460,7 +514,8 @@ def test_it_tunnels_only_to_the_runs_own_tracing_service(request_for):
         f"    s.connect(('127.0.0.1', {port}))\n"
         "    out['direct'] = 'open'\n"
         "except OSError as e:\n"
-        "    out['direct'] = type(e).__name__\n")
+        "    out['direct'] = type(e).__name__\n"
+    )
     try:
         results = run_rollouts(request_for(report(probe), egress_hosts=(f"127.0.0.1:{port}",)))
         plain = run_rollouts(request_for(report("out['proxy'] = os.environ.get('HTTPS_PROXY')")))
@@ -476,7 +531,13 @@ def test_the_weave_settings_open_only_weaves_hosts():
 
     assert rollout_egress_hosts({}) == ()
     assert rollout_egress_hosts({"WEAVE_PROJECT": "team/p", "WANDB_API_KEY": "k"}) == (
-        "api.wandb.ai:443", "trace.wandb.ai:443")
-    assert rollout_egress_hosts({"WEAVE_PROJECT": "team/p", "WANDB_BASE_URL": "http://wandb.internal:8080",
-                                 "WF_TRACE_SERVER_URL": "https://traces.internal"}) == (
-        "wandb.internal:8080", "traces.internal:443")
+        "api.wandb.ai:443",
+        "trace.wandb.ai:443",
+    )
+    assert rollout_egress_hosts(
+        {
+            "WEAVE_PROJECT": "team/p",
+            "WANDB_BASE_URL": "http://wandb.internal:8080",
+            "WF_TRACE_SERVER_URL": "https://traces.internal",
+        }
+    ) == ("wandb.internal:8080", "traces.internal:443")

@@ -31,10 +31,18 @@ async def rollout(model, scenario):
 
 
 def test_a_script_streams_through_its_own_client_and_the_sdk_gets_token_ids(request_for, vllm_server):
-    results = run_rollouts(request_for(OWN_CLIENT_STREAMING, scenarios=[{}], group_size=2,
-                                       base_url=vllm_server.base_url, api_key=vllm_server.api_key,
-                                       model_name=vllm_server.ensure_base(), vocab_size=49152,
-                                       rollout_timeout_s=300))
+    results = run_rollouts(
+        request_for(
+            OWN_CLIENT_STREAMING,
+            scenarios=[{}],
+            group_size=2,
+            base_url=vllm_server.base_url,
+            api_key=vllm_server.api_key,
+            model_name=vllm_server.ensure_base(),
+            vocab_size=49152,
+            rollout_timeout_s=300,
+        )
+    )
     for t in results[0].trajectories:
         assert t["error"] is None, t["error"]
         assert t["metadata"]["chunks"] > 3 and t["metadata"]["text"]  # a stream, not one buffered reply

@@ -57,8 +57,14 @@ class FakeUpstream(ThreadedServer):
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         body = json.loads(raw) if raw else None
-        self.requests.append({"method": request.method, "path": request.path, "body": body,
-                              "authorization": request.headers.get("Authorization")})
+        self.requests.append(
+            {
+                "method": request.method,
+                "path": request.path,
+                "body": body,
+                "authorization": request.headers.get("Authorization"),
+            }
+        )
         if request.path not in ("/v1/chat/completions", "/v1/completions"):
             return web.json_response({"reached": request.path})
         if body.get("stream"):
@@ -87,14 +93,24 @@ class FakeUpstream(ThreadedServer):
 
 
 def _completion(model: str, content: str) -> dict:
-    return {"id": "cmpl-1", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    return {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
 
 
 def _chunk(model: str, content: str) -> dict:
-    return {"id": "cmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model,
-            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+    return {
+        "id": "cmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
 
 
 def _sse(data: dict) -> bytes:
@@ -131,13 +147,16 @@ def served(proxy, upstream, socket_dir):
 
 
 def http(path: Path, **kwargs) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://proxy/v1", timeout=10,
-                        **kwargs)
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://proxy/v1", timeout=10, **kwargs)
 
 
 def openai_client(path: Path) -> openai.OpenAI:
-    return openai.OpenAI(base_url="http://proxy/v1", api_key=CALLER_KEY, max_retries=0,
-                         http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=10))
+    return openai.OpenAI(
+        base_url="http://proxy/v1",
+        api_key=CALLER_KEY,
+        max_retries=0,
+        http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=10),
+    )
 
 
 def chat(model: str = "run-1@3", **extra) -> dict:
@@ -192,13 +211,27 @@ def test_it_sends_upstream_the_body_it_checked(served, upstream):
     assert upstream.requests[0]["body"] == {"model": "run-1@3", "messages": []}
 
 
-@pytest.mark.parametrize("method, path", [
-    ("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter"), ("POST", "/collective_rpc"),
-    ("POST", "/sleep"), ("POST", "/wake_up"), ("POST", "/reset_prefix_cache"), ("GET", "/metrics"),
-    ("GET", "/docs"), ("GET", "/openapi.json"), ("POST", "/v1/embeddings"), ("GET", "/health"),
-    ("GET", "/v1/chat/completions"), ("POST", "/v1/models"), ("POST", "/v1/chat/completions/"),
-    ("POST", "/v1/../collective_rpc"), ("POST", "/v1/chat/completions/../../collective_rpc"),
-])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("POST", "/v1/load_lora_adapter"),
+        ("POST", "/v1/unload_lora_adapter"),
+        ("POST", "/collective_rpc"),
+        ("POST", "/sleep"),
+        ("POST", "/wake_up"),
+        ("POST", "/reset_prefix_cache"),
+        ("GET", "/metrics"),
+        ("GET", "/docs"),
+        ("GET", "/openapi.json"),
+        ("POST", "/v1/embeddings"),
+        ("GET", "/health"),
+        ("GET", "/v1/chat/completions"),
+        ("POST", "/v1/models"),
+        ("POST", "/v1/chat/completions/"),
+        ("POST", "/v1/../collective_rpc"),
+        ("POST", "/v1/chat/completions/../../collective_rpc"),
+    ],
+)
 def test_it_refuses_every_other_route(served, upstream, method, path):
     with http(served) as client:
         response = client.request(method, "http://proxy" + path, json=chat())
@@ -214,8 +247,9 @@ def test_it_refuses_an_oversized_body(served, upstream):
     with http(served) as client:
         declared = client.post("/chat/completions", json=big)
         # Sent chunked, with no Content-Length to refuse it by.
-        chunked = client.post("/chat/completions", content=iter([json.dumps(big).encode()]),
-                              headers={"Content-Type": "application/json"})
+        chunked = client.post(
+            "/chat/completions", content=iter([json.dumps(big).encode()]), headers={"Content-Type": "application/json"}
+        )
     for response in (declared, chunked):
         assert response.status_code == 413
         assert response.json()["error"]["code"] == "request_too_large"
@@ -338,11 +372,18 @@ def test_shutdown_closes_every_socket(proxy, upstream, socket_dir):
 
 # As in rollouts/examples/tool_rollout.py: without the property's description the default model copies
 # the schema into its arguments instead of filling it in.
-LOOKUP_TOOL = {"type": "function", "function": {
-    "name": "lookup_capital", "description": "Look up the capital city of a country.",
-    "parameters": {"type": "object", "required": ["country"], "properties": {
-        "country": {"type": "string", "description": "The country's name in English."}}},
-}}
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup_capital",
+        "description": "Look up the capital city of a country.",
+        "parameters": {
+            "type": "object",
+            "required": ["country"],
+            "properties": {"country": {"type": "string", "description": "The country's name in English."}},
+        },
+    },
+}
 
 
 @pytest.mark.vllm
@@ -350,20 +391,32 @@ def test_it_serves_the_real_vllm_server_to_the_openai_client(vllm_server, proxy,
     model = vllm_server.ensure_base()
     path = socket_dir / "vllm.sock"
     proxy.open(path, {model: Upstream(vllm_server.base_url, api_key=vllm_server.api_key)})
-    client = openai.OpenAI(base_url="http://proxy/v1", api_key=CALLER_KEY, max_retries=0,
-                           http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=300))
+    client = openai.OpenAI(
+        base_url="http://proxy/v1",
+        api_key=CALLER_KEY,
+        max_retries=0,
+        http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=300),
+    )
     messages = [{"role": "user", "content": "Name three fruits."}]
 
-    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=12, stream=True,
-                                                 logprobs=True, temperature=0.0))
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=messages, max_tokens=12, stream=True, logprobs=True, temperature=0.0
+        )
+    )
     content = [c.choices[0] for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(content) > 1
     assert all(choice.logprobs.content and choice.logprobs.content[0].logprob <= 0 for choice in content)
 
     completion = client.chat.completions.create(
-        model=model, max_tokens=60, temperature=0.0, tools=[LOOKUP_TOOL],
-        messages=[{"role": "system", "content": "Use the lookup_capital tool, then answer with the city's name."},
-                  {"role": "user", "content": "What is the capital of France?"}],
+        model=model,
+        max_tokens=60,
+        temperature=0.0,
+        tools=[LOOKUP_TOOL],
+        messages=[
+            {"role": "system", "content": "Use the lookup_capital tool, then answer with the city's name."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
         tool_choice={"type": "function", "function": {"name": "lookup_capital"}},
     )
     [call] = completion.choices[0].message.tool_calls

@@ -23,7 +23,7 @@ GUEST = Path(__file__).resolve().parents[3] / "rollouts" / "runtime" / "guest"
 if str(GUEST) not in sys.path:
     sys.path.insert(0, str(GUEST))
 
-from artweb_sdk import ruler as sdk
+from artweb_sdk import ruler as sdk  # noqa: E402 - importable once the guest directory is on sys.path
 
 JUDGE_KEY = "judge-secret"
 
@@ -46,21 +46,31 @@ WITH_REWARD = NO_REWARD.replace('f"answer {n}"}])', 'f"answer {n}"}], reward=0.2
 
 def judged_request(request_for, script, judge, **kwargs):
     kwargs.setdefault("scenarios", [{"i": 0}, {"i": 1}])
-    return request_for(script, model_name="run-7@3", judge_model="judge-model",
-                       extra_models={"judge-model": Upstream(judge.base_url, JUDGE_KEY)}, **kwargs)
+    return request_for(
+        script,
+        model_name="run-7@3",
+        judge_model="judge-model",
+        extra_models={"judge-model": Upstream(judge.base_url, JUDGE_KEY)},
+        **kwargs,
+    )
 
 
 # --- the prompt and the parser -------------------------------------------------------------------
 
 
 def test_it_reads_scores_around_fences_and_garbled_ids():
-    text = 'Here you go:\n```json\n{"scores": [{"trajectory_id": "2", "explanation": "b", "score": 0.2},' \
-           ' {"trajectory_id": "one", "explanation": "a", "score": 1.7}]}\n```'
+    text = (
+        'Here you go:\n```json\n{"scores": [{"trajectory_id": "2", "explanation": "b", "score": 0.2},'
+        ' {"trajectory_id": "one", "explanation": "a", "score": 1.7}]}\n```'
+    )
     first, second = sdk.parse_scores(text, 2)
     assert (first.score, first.explanation) == (1.0, "a")  # clamped to [0, 1], placed by position
     assert (second.score, second.explanation) == (0.2, "b")
-    for bad, why in (("no json", "no JSON object"), ('{"scores": [{"score": 1}]}', "1 scores for 2"),
-                     ('{"scores": [{"score": "high"}, {"score": 1}]}', "no numeric score")):
+    for bad, why in (
+        ("no json", "no JSON object"),
+        ('{"scores": [{"score": 1}]}', "1 scores for 2"),
+        ('{"scores": [{"score": "high"}, {"score": 1}]}', "no numeric score"),
+    ):
         with pytest.raises(ValueError, match=why):
             sdk.parse_scores(bad, 2)
 
@@ -71,14 +81,13 @@ def test_it_shows_the_messages_every_trajectory_shares_once():
     _, user = sdk.judge_messages(lists, scenario={"question": "2 + 2"})
     text = user["content"]
     assert text.count("Be brief.") == 1 and text.index("<context>") < text.index('<trajectory id="1">')
-    assert 'assistant: 4' in text and 'assistant: 5' in text and '"question": "2 + 2"' in text
+    assert "assistant: 4" in text and "assistant: 5" in text and '"question": "2 + 2"' in text
 
 
 def test_it_asks_in_words_when_the_judge_refuses_a_schema_and_judges_identical_trajectories_once():
     same = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     with FakeJudge([0.7], refuse_schema=True) as judge:
-        records = [{"messages": same, "reward": None, "metrics": {}, "metadata": {}, "error": None}
-                   for _ in range(3)]
+        records = [{"messages": same, "reward": None, "metrics": {}, "metadata": {}, "error": None} for _ in range(3)]
         ruler_score_group(records, Judge(base_url=judge.base_url, model="judge-model", api_key=JUDGE_KEY))
     assert [r["reward"] for r in records] == [0.7, 0.7, 0.7]
     assert ["response_format" in r["body"] for r in judge.requests] == [True, False]
@@ -160,10 +169,24 @@ def test_art_scripts_score_groups_with_art_rewards_and_the_batchs_judge(request_
 
 def test_art_rewards_takes_a_litellm_style_judge_name_and_refuses_one_out_of_reach(request_for):
     with FakeJudge([0.3, 0.8]) as judge:
-        ok = run_rollouts(judged_request(request_for, WITH_REWARD, judge, scenarios=[{"i": 0}],
-                                         reward=ART_SCORE_GROUP.format(args=', "hosted_vllm/judge-model"')))
-        refused = run_rollouts(judged_request(request_for, WITH_REWARD, judge, scenarios=[{"i": 0}],
-                                              reward=ART_SCORE_GROUP.format(args=', "openai/o3"')))
+        ok = run_rollouts(
+            judged_request(
+                request_for,
+                WITH_REWARD,
+                judge,
+                scenarios=[{"i": 0}],
+                reward=ART_SCORE_GROUP.format(args=', "hosted_vllm/judge-model"'),
+            )
+        )
+        refused = run_rollouts(
+            judged_request(
+                request_for,
+                WITH_REWARD,
+                judge,
+                scenarios=[{"i": 0}],
+                reward=ART_SCORE_GROUP.format(args=', "openai/o3"'),
+            )
+        )
     assert ok[0].rewards == [0.3, 0.8]
     error = refused[0].errors[0]
     assert "The judge model `openai/o3` is not available" in error
@@ -172,8 +195,10 @@ def test_art_rewards_takes_a_litellm_style_judge_name_and_refuses_one_out_of_rea
 
 def test_art_rewards_ruler_scores_message_lists():
     async def main():
-        return await sdk.ruler([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]],
-                               extra_litellm_params={"temperature": 0.5, "api_base": "http://elsewhere"})
+        return await sdk.ruler(
+            [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]],
+            extra_litellm_params={"temperature": 0.5, "api_base": "http://elsewhere"},
+        )
 
     with FakeJudge([0.1, 0.6]) as judge, pytest.MonkeyPatch.context() as mp:
         mp.setenv("OPENAI_BASE_URL", judge.base_url)
@@ -217,9 +242,17 @@ async def rollout(model, scenario):
 @pytest.mark.vllm
 def test_the_base_model_judges_a_batch_through_the_proxy(vllm_server, request_for):
     base = vllm_server.ensure_base()
-    request = request_for(FIXED_ANSWERS, scenarios=[{"question": "2 + 2"}], group_size=3,
-                          base_url=vllm_server.base_url, api_key=vllm_server.api_key, model_name=base,
-                          judge_model=base, ruler=True, rollout_timeout_s=240)
+    request = request_for(
+        FIXED_ANSWERS,
+        scenarios=[{"question": "2 + 2"}],
+        group_size=3,
+        base_url=vllm_server.base_url,
+        api_key=vllm_server.api_key,
+        model_name=base,
+        judge_model=base,
+        ruler=True,
+        rollout_timeout_s=240,
+    )
     [group] = run_rollouts(request)
     assert group.errors == []
     for t in group.trajectories:

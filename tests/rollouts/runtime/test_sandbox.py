@@ -35,8 +35,13 @@ def test_it_stops_a_rollout_that_awaits_forever(request_for):
 
 
 def test_it_survives_a_fork_bomb(request_for):
-    results = run_rollouts(request_for(script("while True:\n    os.fork()"), sandboxes=2,
-                                       limits=SandboxLimits(rollout_timeout_s=20, max_processes=16)))
+    results = run_rollouts(
+        request_for(
+            script("while True:\n    os.fork()"),
+            sandboxes=2,
+            limits=SandboxLimits(rollout_timeout_s=20, max_processes=16),
+        )
+    )
     # The fork is refused once the process budget is spent; the rollout fails with that error.
     bad, good = results
     assert [t["reward"] for t in good.trajectories] == [1.0, 1.0]
@@ -44,8 +49,9 @@ def test_it_survives_a_fork_bomb(request_for):
 
 
 def test_it_turns_a_memory_bomb_into_a_memory_error(request_for):
-    results = run_rollouts(request_for(script("hog = bytearray(64 * 1024**3)"),
-                                       limits=SandboxLimits(rollout_timeout_s=20, memory_mb=1024)))
+    results = run_rollouts(
+        request_for(script("hog = bytearray(64 * 1024**3)"), limits=SandboxLimits(rollout_timeout_s=20, memory_mb=1024))
+    )
     assert_only_group_zero_failed(results, "MemoryError", 'File "rollout.py", line 6')
 
 
@@ -116,7 +122,9 @@ def test_it_gives_up_past_max_exceptions(request_for):
 
 
 def test_it_enforces_the_batch_timeout(request_for):
-    blocking = script("import time\nwhile True:\n    try:\n        time.sleep(10)\n    except BaseException:\n        pass")
+    blocking = script(
+        "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except BaseException:\n        pass"
+    )
     started = time.monotonic()
     results = run_rollouts(request_for(blocking, limits=SandboxLimits(rollout_timeout_s=1, batch_timeout_s=6)))
     assert time.monotonic() - started < 20
@@ -130,17 +138,18 @@ def test_it_times_the_reward_function_per_trajectory_and_shares_a_group_rewards_
     assert all(300 <= ms < 3000 for ms in timed), timed
     assert all(t["duration_ms"] >= t["reward_ms"] for t in results[0].trajectories)
 
-    group = ("import time\n\ndef score_group(group, scenario):\n    time.sleep(0.4)\n"
-             "    return [1.0 for _ in group]\n")
+    group = "import time\n\ndef score_group(group, scenario):\n    time.sleep(0.4)\n    return [1.0 for _ in group]\n"
     results = run_rollouts(request_for(script("pass"), reward=group, scenarios=[{"i": 1}]))
     shares = [t["reward_ms"] for t in results[0].trajectories]
     assert len(shares) == 2 and all(200 <= ms < 2000 for ms in shares), shares  # 0.4 s over two trajectories
 
 
 def test_nul_characters_in_a_trajectory_are_dropped_so_the_step_can_store_it(request_for):
-    nul = ("import art\n\nasync def rollout(model, scenario):\n"
-           "    return art.Trajectory(reward=1.0, messages_and_choices=[{'role': 'user', 'content': 'a\\x00b'}],\n"
-           "                          metadata={'k\\x00': 'v\\x00'}, logs=['line\\x00'])\n")
+    nul = (
+        "import art\n\nasync def rollout(model, scenario):\n"
+        "    return art.Trajectory(reward=1.0, messages_and_choices=[{'role': 'user', 'content': 'a\\x00b'}],\n"
+        "                          metadata={'k\\x00': 'v\\x00'}, logs=['line\\x00'])\n"
+    )
     results = run_rollouts(request_for(nul, scenarios=[{"i": 0}]))
     t = results[0].trajectories[0]
     assert t["error"] is None and t["messages"][0]["content"] == "ab"

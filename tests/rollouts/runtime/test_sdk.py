@@ -11,17 +11,33 @@ from openai.types.chat.chat_completion import ChatCompletion
 GUEST = Path(__file__).resolve().parents[3] / "rollouts" / "runtime" / "guest"
 sys.path.insert(0, str(GUEST))
 
-import artweb_sdk as art
+import artweb_sdk as art  # noqa: E402 - importable once the guest directory is on sys.path
 
 COMPLETION = {
-    "id": "c1", "object": "chat.completion", "created": 0, "model": "run-1@1",
-    "choices": [{
-        "index": 0, "finish_reason": "tool_calls", "token_ids": [10, 11, 2],
-        "message": {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]},
-        "logprobs": {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
-                                 for t, lp in (("a", -0.5), ("b", -1.0), ("<|im_end|>", -0.1))]},
-    }],
+    "id": "c1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "run-1@1",
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "tool_calls",
+            "token_ids": [10, 11, 2],
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+                ],
+            },
+            "logprobs": {
+                "content": [
+                    {"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in (("a", -0.5), ("b", -1.0), ("<|im_end|>", -0.1))
+                ]
+            },
+        }
+    ],
 }
 
 
@@ -58,7 +74,8 @@ def test_gather_trajectory_groups_keeps_failures_in_their_group():
 
     async def main():
         groups = await art.gather_trajectory_groups(
-            [art.TrajectoryGroup([ok(1.0), boom()]), art.TrajectoryGroup(ok(r) for r in (0.0, 0.5))], max_exceptions=1)
+            [art.TrajectoryGroup([ok(1.0), boom()]), art.TrajectoryGroup(ok(r) for r in (0.0, 0.5))], max_exceptions=1
+        )
         assert [len(g) for g in groups] == [1, 2] and isinstance(groups[0].exceptions[0], ValueError)
         with pytest.raises(art.TooManyExceptions):
             await art.gather_trajectory_groups([art.TrajectoryGroup([boom(), boom()])], max_exceptions=1)

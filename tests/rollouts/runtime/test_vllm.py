@@ -14,7 +14,7 @@ from .conftest import EXAMPLES
 pytestmark = pytest.mark.vllm
 
 # The rollout from ART's documentation, as a person would paste it (only `score` is theirs to write).
-ART_DOC_ROLLOUT = '''
+ART_DOC_ROLLOUT = """
 import art, weave
 
 
@@ -36,7 +36,7 @@ async def rollout(model: art.Model, scenario) -> art.Trajectory:
 
     traj.reward = score(choice.message.content, scenario)  # your reward fn
     return traj
-'''
+"""
 
 
 def assert_trainable(message: dict):
@@ -49,10 +49,16 @@ def assert_trainable(message: dict):
 
 def test_it_records_token_ids_and_logprobs_of_the_example_task(vllm_server, request_for):
     scenario = json.loads((EXAMPLES / "scenarios.jsonl").read_text().splitlines()[0])
-    request = request_for((EXAMPLES / "rollout.py").read_text(), reward=(EXAMPLES / "reward.py").read_text(),
-                          scenarios=[scenario], group_size=2, base_url=vllm_server.base_url,
-                          api_key=vllm_server.api_key, model_name=vllm_server.ensure_base(),
-                          sampling={"max_tokens": 24, "temperature": 1.0})
+    request = request_for(
+        (EXAMPLES / "rollout.py").read_text(),
+        reward=(EXAMPLES / "reward.py").read_text(),
+        scenarios=[scenario],
+        group_size=2,
+        base_url=vllm_server.base_url,
+        api_key=vllm_server.api_key,
+        model_name=vllm_server.ensure_base(),
+        sampling={"max_tokens": 24, "temperature": 1.0},
+    )
     [group] = run_rollouts(request)
     for t in group.trajectories:
         assert t["error"] is None, t["error"]
@@ -66,9 +72,15 @@ def test_it_records_token_ids_and_logprobs_of_the_example_task(vllm_server, requ
 
 
 def test_it_runs_the_art_documentation_rollout_unchanged(vllm_server, request_for):
-    request = request_for(ART_DOC_ROLLOUT, scenarios=[{"prompt": "Say hello.", "word": "hello"}], group_size=2,
-                          base_url=vllm_server.base_url, api_key=vllm_server.api_key,
-                          model_name=vllm_server.ensure_base(), sampling={"max_tokens": 16})
+    request = request_for(
+        ART_DOC_ROLLOUT,
+        scenarios=[{"prompt": "Say hello.", "word": "hello"}],
+        group_size=2,
+        base_url=vllm_server.base_url,
+        api_key=vllm_server.api_key,
+        model_name=vllm_server.ensure_base(),
+        sampling={"max_tokens": 16},
+    )
     [group] = run_rollouts(request)
     for t in group.trajectories:
         assert t["error"] is None, t["error"]
@@ -77,11 +89,16 @@ def test_it_runs_the_art_documentation_rollout_unchanged(vllm_server, request_fo
 
 
 def test_it_records_every_turn_of_a_tool_calling_rollout(vllm_server, request_for):
-    request = request_for((EXAMPLES / "tool_rollout.py").read_text(),
-                          scenarios=[{"country": "France", "capital": "Paris"}], group_size=1,
-                          base_url=vllm_server.base_url, api_key=vllm_server.api_key,
-                          model_name=vllm_server.ensure_base(), sampling={"max_tokens": 40, "temperature": 0.0},
-                          rollout_timeout_s=120)
+    request = request_for(
+        (EXAMPLES / "tool_rollout.py").read_text(),
+        scenarios=[{"country": "France", "capital": "Paris"}],
+        group_size=1,
+        base_url=vllm_server.base_url,
+        api_key=vllm_server.api_key,
+        model_name=vllm_server.ensure_base(),
+        sampling={"max_tokens": 40, "temperature": 0.0},
+        rollout_timeout_s=120,
+    )
     [group] = run_rollouts(request)
     [t] = group.trajectories
     assert t["error"] is None, t["error"]
@@ -99,10 +116,16 @@ def test_it_records_every_turn_of_a_tool_calling_rollout(vllm_server, request_fo
 
 def test_a_dry_run_returns_output_within_its_time_bound(vllm_server):
     started = time.monotonic()
-    result = dry_run(script=(EXAMPLES / "rollout.py").read_text(), reward=(EXAMPLES / "reward.py").read_text(),
-                     scenarios=[json.loads(line) for line in (EXAMPLES / "scenarios.jsonl").read_text().splitlines()],
-                     base_url=vllm_server.base_url, api_key=vllm_server.api_key,
-                     model_name=vllm_server.ensure_base(), sampling={"max_tokens": 16}, timeout_s=120)
+    result = dry_run(
+        script=(EXAMPLES / "rollout.py").read_text(),
+        reward=(EXAMPLES / "reward.py").read_text(),
+        scenarios=[json.loads(line) for line in (EXAMPLES / "scenarios.jsonl").read_text().splitlines()],
+        base_url=vllm_server.base_url,
+        api_key=vllm_server.api_key,
+        model_name=vllm_server.ensure_base(),
+        sampling={"max_tokens": 16},
+        timeout_s=120,
+    )
     assert time.monotonic() - started < 130
     assert len(result["trajectories"]) == 3 and result["errors"] == []
     assert all(r is not None for r in result["rewards"])
@@ -110,34 +133,54 @@ def test_a_dry_run_returns_output_within_its_time_bound(vllm_server):
 
 def test_a_dry_run_of_a_broken_script_returns_its_errors(vllm_server):
     started = time.monotonic()
-    result = dry_run(script="import art\nasync def rollout(model, scenario):\n    while True:\n        pass\n",
-                     reward=None, scenarios=[{"x": 1}], base_url=vllm_server.base_url,
-                     api_key=vllm_server.api_key, model_name=vllm_server.base_model_name, timeout_s=15)
+    result = dry_run(
+        script="import art\nasync def rollout(model, scenario):\n    while True:\n        pass\n",
+        reward=None,
+        scenarios=[{"x": 1}],
+        base_url=vllm_server.base_url,
+        api_key=vllm_server.api_key,
+        model_name=vllm_server.base_model_name,
+        timeout_s=15,
+    )
     assert time.monotonic() - started < 25
     assert len(result["errors"]) == 1 and "Timed out" in result["errors"][0]
 
 
 def test_ruler_scores_a_group_with_the_base_model_as_judge(vllm_server):
     def trajectory(answer, reward):
-        return {"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": answer}],
-                "reward": reward, "metrics": {}, "metadata": {}, "error": None}
+        return {
+            "messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": answer}],
+            "reward": reward,
+            "metrics": {},
+            "metadata": {},
+            "error": None,
+        }
 
     group = [trajectory("4", 1.0), trajectory("I like turtles.", 0.0)]
     # No max_tokens: the answer's schema bounds its length (two short explanations). A generous timeout:
     # on a busy 2-core machine this small judge writes a few tokens a second.
-    judge = Judge(base_url=vllm_server.base_url, model=vllm_server.ensure_base(), api_key=vllm_server.api_key,
-                  timeout_s=600)
+    judge = Judge(
+        base_url=vllm_server.base_url, model=vllm_server.ensure_base(), api_key=vllm_server.api_key, timeout_s=600
+    )
     ruler_score_group(group, judge)
-    for t, independent in zip(group, (1.0, 0.0)):
+    for t, independent in zip(group, (1.0, 0.0), strict=False):
         assert 0.0 <= t["reward"] <= 1.0
         assert t["metrics"]["independent_reward"] == independent
         assert t["metrics"]["ruler_score"] == t["reward"]
 
 
 def _greedy(server, model: str) -> str:
-    response = httpx.post(f"{server.base_url}/chat/completions", timeout=300, headers=server.headers, json={
-        "model": model, "messages": [{"role": "user", "content": "Name three fruits."}],
-        "max_tokens": 12, "temperature": 0.0})
+    response = httpx.post(
+        f"{server.base_url}/chat/completions",
+        timeout=300,
+        headers=server.headers,
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": "Name three fruits."}],
+            "max_tokens": 12,
+            "temperature": 0.0,
+        },
+    )
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"]
 
@@ -168,10 +211,20 @@ def test_it_restarts_a_dead_server(vllm_server):
 
 
 # Routes that would hand a caller the server itself; vLLM's own key check covers none outside /v1.
-ADMIN_ROUTES = [("POST", "/collective_rpc"), ("POST", "/v1/load_lora_adapter"), ("POST", "/reset_prefix_cache"),
-                ("POST", "/sleep"), ("POST", "/wake_up"), ("POST", "/pause"), ("GET", "/metrics"),
-                ("GET", "/docs"), ("GET", "/openapi.json"), ("POST", "/tokenize"), ("POST", "/v1/chat/completions"),
-                ("OPTIONS", "/v1/chat/completions")]
+ADMIN_ROUTES = [
+    ("POST", "/collective_rpc"),
+    ("POST", "/v1/load_lora_adapter"),
+    ("POST", "/reset_prefix_cache"),
+    ("POST", "/sleep"),
+    ("POST", "/wake_up"),
+    ("POST", "/pause"),
+    ("GET", "/metrics"),
+    ("GET", "/docs"),
+    ("GET", "/openapi.json"),
+    ("POST", "/tokenize"),
+    ("POST", "/v1/chat/completions"),
+    ("OPTIONS", "/v1/chat/completions"),
+]
 
 
 def test_every_route_but_health_needs_the_servers_key(vllm_server):
@@ -180,8 +233,11 @@ def test_every_route_but_health_needs_the_servers_key(vllm_server):
     root = vllm_server.root_url
     spec = httpx.get(f"{root}/openapi.json", headers=vllm_server.headers, timeout=30)
     assert spec.status_code == 200
-    listed = {(method.upper(), path.replace("{", "").replace("}", ""))
-              for path, methods in spec.json()["paths"].items() for method in methods}
+    listed = {
+        (method.upper(), path.replace("{", "").replace("}", ""))
+        for path, methods in spec.json()["paths"].items()
+        for method in methods
+    }
     assert ("POST", "/v1/chat/completions") in listed and ("POST", "/v1/load_lora_adapter") in listed
     with httpx.Client(base_url=root, timeout=30) as client:
         for method, path in sorted(listed | set(ADMIN_ROUTES)):

@@ -28,12 +28,15 @@ def test_it_gives_the_gpu_build_a_kv_cache_of_the_configured_size(tmp_path):
 
 
 def test_the_operators_own_memory_setting_wins(tmp_path):
-    for extra in (["--gpu-memory-utilization", "0.3"], ["--gpu-memory-utilization=0.3"],
-                  ["--kv-cache-memory-bytes", "1000000000"]):
+    for extra in (
+        ["--gpu-memory-utilization", "0.3"],
+        ["--gpu-memory-utilization=0.3"],
+        ["--kv-cache-memory-bytes", "1000000000"],
+    ):
         server = VLLMServer(str(tmp_path), python=_gpu_host_python(tmp_path), extra_args=extra)
         command = server.command()
         assert command.count("--kv-cache-memory-bytes") == extra.count("--kv-cache-memory-bytes")
-        assert command[-len(extra):] == extra
+        assert command[-len(extra) :] == extra
 
 
 def test_the_cpu_build_sizes_its_kv_cache_through_its_environment(tmp_path):
@@ -56,8 +59,7 @@ def test_a_gpu_host_without_flashinfer_samples_in_pytorch(tmp_path):
     """vLLM's GPU sampler imports FlashInfer unless told not to; without it the engine dies at start."""
     server = VLLMServer(str(tmp_path), python=_gpu_host_python(tmp_path))
     assert server.environment()["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
-    told = VLLMServer(str(tmp_path), python=_gpu_host_python(tmp_path),
-                      extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "1"})
+    told = VLLMServer(str(tmp_path), python=_gpu_host_python(tmp_path), extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "1"})
     assert told.environment()["VLLM_USE_FLASHINFER_SAMPLER"] == "1"  # an operator's choice stands
 
 

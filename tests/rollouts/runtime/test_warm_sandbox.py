@@ -51,8 +51,18 @@ def probe(request_for):
     """A one-rollout batch of the probe for run `run`, at `step`; returns what the probe saw."""
 
     def run(run: int, *, step: int, prestart_next: bool = False, **kwargs) -> dict:
-        results = run_rollouts(request_for(PROBE, scenarios=[{"i": 0}], group_size=1, sandboxes=1, step=step,
-                                           warm_key=f"run-{run}", prestart_next=prestart_next, **kwargs))
+        results = run_rollouts(
+            request_for(
+                PROBE,
+                scenarios=[{"i": 0}],
+                group_size=1,
+                sandboxes=1,
+                step=step,
+                warm_key=f"run-{run}",
+                prestart_next=prestart_next,
+                **kwargs,
+            )
+        )
         record = results[0].trajectories[0]
         assert record["error"] is None, record["error"]
         return record["metadata"]
@@ -67,8 +77,11 @@ def held(key: str) -> sandbox._StartedBatch:
 
 def traces(batch: sandbox._StartedBatch) -> dict[str, object]:
     """Where a pre-started batch lives on the host: its processes, cgroup directories and files."""
-    return {"pids": batch.jail.cgroup.pids(), "cgroups": list(batch.jail.cgroup.dirs.values()),
-            "root": batch.layout.root}
+    return {
+        "pids": batch.jail.cgroup.pids(),
+        "cgroups": list(batch.jail.cgroup.dirs.values()),
+        "root": batch.layout.root,
+    }
 
 
 def assert_gone(where: dict) -> None:

@@ -24,12 +24,25 @@ def _steps(run, rows):
     raised = {}
     for step, row in enumerate(rows, start=1):
         row = dict(row)
-        StepFactory(run=run, step=step, reward_mean=row.pop("reward_mean", 0.5), reward_std=row.pop("reward_std", 0.2),
-                    val_reward=row.pop("val_reward", None), metrics=row)
+        StepFactory(
+            run=run,
+            step=step,
+            reward_mean=row.pop("reward_mean", 0.5),
+            reward_std=row.pop("reward_std", 0.2),
+            val_reward=row.pop("val_reward", None),
+            metrics=row,
+        )
         group = TrajectoryGroupFactory(run=run, step=step, split="train")
         for i in range(3):
-            TrajectoryFactory(group=group, run=run, step=step, index=i, completion_tokens=10 * (i + 1),
-                              truncated=i == 2, search_text=row.get("answer_repeat_text", f"answer {i}"))
+            TrajectoryFactory(
+                group=group,
+                run=run,
+                step=step,
+                index=i,
+                completion_tokens=10 * (i + 1),
+                truncated=i == 2,
+                search_text=row.get("answer_repeat_text", f"answer {i}"),
+            )
         raised[step] = [e.kind for e in run_alerts_check(run=run, step=step)]
     return raised
 
@@ -62,8 +75,9 @@ def test_rising_train_and_falling_held_out_reward_raise_divergence():
 
 def test_held_out_reward_that_rises_with_train_is_silent():
     run = RunFactory()
-    rows = [{"reward_mean": 0.3 + 0.04 * s, **({"val_reward": 0.3 + 0.05 * s} if s % 4 == 0 else {})}
-            for s in range(1, 17)]
+    rows = [
+        {"reward_mean": 0.3 + 0.04 * s, **({"val_reward": 0.3 + 0.05 * s} if s % 4 == 0 else {})} for s in range(1, 17)
+    ]
     assert not any("alert_heldout_divergence" in k for k in _steps(run, rows).values())
 
 
@@ -76,14 +90,18 @@ def test_completion_length_drift_names_the_longest_answers():
     event = RunEvent.objects.get(run=run, kind="alert_length_drift")
     assert "grew from 20.0 tokens" in event.message and "no validation" in event.message
     longest = Step.objects.get(run=run, step=7)
-    assert event.data["trajectory_ids"][0] == run.trajectories.filter(step=longest.step).order_by(
-        "-completion_tokens").first().id
+    assert (
+        event.data["trajectory_ids"][0]
+        == run.trajectories.filter(step=longest.step).order_by("-completion_tokens").first().id
+    )
 
 
 def test_a_length_change_that_comes_with_a_better_held_out_reward_is_learning():
     run = RunFactory()
-    rows = [{"completion_tokens_mean": n, **({"val_reward": v} if v is not None else {})}
-            for n, v in [(30, 0.3), (29, None), (28, None), (20, 0.4), (14, None), (13, None), (12, 0.6)]]
+    rows = [
+        {"completion_tokens_mean": n, **({"val_reward": v} if v is not None else {})}
+        for n, v in [(30, 0.3), (29, None), (28, None), (20, 0.4), (14, None), (13, None), (12, 0.6)]
+    ]
     assert not any("alert_length_drift" in kinds for kinds in _steps(run, rows).values())
     run = RunFactory()
     rows[-1]["val_reward"] = 0.2  # the same drift, with the held-out reward falling: warned
@@ -93,26 +111,41 @@ def test_a_length_change_that_comes_with_a_better_held_out_reward_is_learning():
 
 def test_flat_reward_entropy_collapse_and_truncation():
     run = RunFactory(config={"alerts": {"flat_reward_steps": 4, "flat_reward_delta": 0.02}})
-    rows = [{"reward_mean": 0.5, "entropy": 1.2, "truncation_rate": 0.1},
-            {"reward_mean": 0.505, "entropy": 0.9, "truncation_rate": 0.2},
-            {"reward_mean": 0.51, "entropy": 0.5, "truncation_rate": 0.8},
-            {"reward_mean": 0.5, "entropy": 0.1, "truncation_rate": 0.9}]
+    rows = [
+        {"reward_mean": 0.5, "entropy": 1.2, "truncation_rate": 0.1},
+        {"reward_mean": 0.505, "entropy": 0.9, "truncation_rate": 0.2},
+        {"reward_mean": 0.51, "entropy": 0.5, "truncation_rate": 0.8},
+        {"reward_mean": 0.5, "entropy": 0.1, "truncation_rate": 0.9},
+    ]
     raised = _steps(run, rows)
     assert raised[3] == ["alert_truncation"]
     assert sorted(raised[4]) == ["alert_entropy_collapse", "alert_reward_flat"]
     trunc = RunEvent.objects.get(run=run, kind="alert_truncation")
     assert "80% of step 3's rollouts stopped at max_tokens" in trunc.message
-    assert set(run.trajectories.filter(id__in=trunc.data["trajectory_ids"]).values_list("truncated", flat=True)) == {True}
+    assert set(run.trajectories.filter(id__in=trunc.data["trajectory_ids"]).values_list("truncated", flat=True)) == {
+        True
+    }
 
 
 def test_one_component_carrying_the_reward_and_a_repeated_answer():
     run = RunFactory()
-    raised = _steps(run, [
-        {"component_top": "format", "component_top_share": 0.5, "answer_repeat_share": 0.25,
-         "answer_repeat_text": "42"},
-        {"component_top": "format", "component_top_share": 0.93, "answer_repeat_share": 0.75,
-         "answer_repeat_text": "42"},
-    ])
+    raised = _steps(
+        run,
+        [
+            {
+                "component_top": "format",
+                "component_top_share": 0.5,
+                "answer_repeat_share": 0.25,
+                "answer_repeat_text": "42",
+            },
+            {
+                "component_top": "format",
+                "component_top_share": 0.93,
+                "answer_repeat_share": 0.75,
+                "answer_repeat_text": "42",
+            },
+        ],
+    )
     assert sorted(raised[2]) == ["alert_component_dominance", "alert_repeated_answer"]
     repeated = RunEvent.objects.get(run=run, kind="alert_repeated_answer")
     assert "75% of step 2's scenarios" in repeated.message and "q=42" in repeated.data["link"]
@@ -138,9 +171,18 @@ def test_the_shipped_examples_healthy_run_raises_no_alert():
     assert recorded["status"] == "completed" and len(recorded["steps"]) == 20
     run = RunFactory(config=recorded["config"])
     rules = AlertRules.model_validate(recorded["config"].get("alerts", {}))
-    rows = [Step(run=run, step=s["step"], reward_mean=s["reward_mean"], reward_std=s["reward_std"],
-                 val_reward=s["val_reward"], metrics=s["metrics"]) for s in recorded["steps"]]
-    fired = {name: [r.step for i, r in enumerate(rows) if rule(rules, rows[:i + 1])] for name, rule in RULES.items()}
+    rows = [
+        Step(
+            run=run,
+            step=s["step"],
+            reward_mean=s["reward_mean"],
+            reward_std=s["reward_std"],
+            val_reward=s["val_reward"],
+            metrics=s["metrics"],
+        )
+        for s in recorded["steps"]
+    ]
+    fired = {name: [r.step for i, r in enumerate(rows) if rule(rules, rows[: i + 1])] for name, rule in RULES.items()}
     assert {name: steps for name, steps in fired.items() if steps} == {}
     assert rows[-1].metrics["reward_mean"] > rows[0].metrics["reward_mean"]  # it did learn
 
@@ -150,9 +192,17 @@ def test_rules_are_edited_from_the_run_page(client):
     client.force_login(run.owner)
     page = client.get(reverse("run-detail", args=[run.id])).content.decode()
     assert 'id="alerts-form"' in page and 'name="no_signal_steps"' in page
-    response = client.post(reverse("run-alerts", args=[run.id]), {
-        "no_signal_steps": "5", "flat_reward_steps": "", "truncation_share": "0.9", "reward_components": "fmt, ok",
-        "pause_on_alert": "on"}, follow=True)
+    response = client.post(
+        reverse("run-alerts", args=[run.id]),
+        {
+            "no_signal_steps": "5",
+            "flat_reward_steps": "",
+            "truncation_share": "0.9",
+            "reward_components": "fmt, ok",
+            "pause_on_alert": "on",
+        },
+        follow=True,
+    )
     assert "Alert rules saved" in response.content.decode()
     run.refresh_from_db()
     alerts = run.config["alerts"]

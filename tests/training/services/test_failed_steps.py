@@ -53,8 +53,13 @@ class ReachedTraining(Exception):
 @pytest.fixture(autouse=True)
 def worker(monkeypatch, settings, tmp_path):
     settings.DATA_DIR = tmp_path
-    server = SimpleNamespace(base_url="http://127.0.0.1:9/v1", api_key="k", merged=True,
-                             base_model_name="SmolLM2-135M-Instruct", ensure_base=lambda: "SmolLM2-135M-Instruct")
+    server = SimpleNamespace(
+        base_url="http://127.0.0.1:9/v1",
+        api_key="k",
+        merged=True,
+        base_model_name="SmolLM2-135M-Instruct",
+        ensure_base=lambda: "SmolLM2-135M-Instruct",
+    )
     monkeypatch.setattr(inference, "inference_server", lambda base_model: server)
     monkeypatch.setattr(inference, "vocab_size", lambda base_model: None)
 
@@ -65,10 +70,16 @@ def worker(monkeypatch, settings, tmp_path):
 
 
 def make_run(owner, script: str, max_exceptions: float) -> Run:
-    config = run_config_parse({"max_exceptions": max_exceptions, "group_size": 2, "scenarios_per_step": 2,
-                               "concurrency": 1}).model_dump()
-    return RunFactory(owner=owner, status=Run.Status.QUEUED, config=config, reward_version=None,
-                      script_version=RolloutScriptVersionFactory(asset__owner=owner, content=script))
+    config = run_config_parse(
+        {"max_exceptions": max_exceptions, "group_size": 2, "scenarios_per_step": 2, "concurrency": 1}
+    ).model_dump()
+    return RunFactory(
+        owner=owner,
+        status=Run.Status.QUEUED,
+        config=config,
+        reward_version=None,
+        script_version=RolloutScriptVersionFactory(asset__owner=owner, content=script),
+    )
 
 
 def execute(run) -> Run:

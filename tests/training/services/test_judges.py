@@ -41,9 +41,12 @@ def local_judges_allowed(settings):
 
 
 def _run(owner, judge: str):
-    return RunFactory(owner=owner, script_version=RolloutScriptVersionFactory(asset__owner=owner, content=SCRIPT),
-                      reward_version=None,
-                      config=run_config_parse({"use_ruler": True, "group_size": 3, "ruler_judge": judge}).model_dump())
+    return RunFactory(
+        owner=owner,
+        script_version=RolloutScriptVersionFactory(asset__owner=owner, content=SCRIPT),
+        reward_version=None,
+        config=run_config_parse({"use_ruler": True, "group_size": 3, "ruler_judge": judge}).model_dump(),
+    )
 
 
 def test_an_endpoint_judge_scores_the_run_with_the_users_key_added_by_the_proxy(alice, local_judges_allowed):
@@ -51,13 +54,15 @@ def test_an_endpoint_judge_scores_the_run_with_the_users_key_added_by_the_proxy(
         judge_endpoint_create(owner=alice, name="ext", base_url=judge.base_url, model="judge-model", api_key=USER_KEY)
         run = _run(alice, "endpoint:ext")
         # The policy server is never called (the script answers itself) and holds no judge.
-        policy = SimpleNamespace(base_url=NO_SERVER, api_key="worker-key", base_model_name=run.base_model.name,
-                                 merged=False)
+        policy = SimpleNamespace(
+            base_url=NO_SERVER, api_key="worker-key", base_model_name=run.base_model.name, merged=False
+        )
         timings = {}
         scenarios, results = rollouts(run, policy, "SmolLM2-135M-Instruct", timings)
     assert [g.rewards for g in results] == [SCORES, SCORES]
-    assert [(r["body"]["model"], r["authorization"]) for r in judge.requests] == \
-        [("judge-model", f"Bearer {USER_KEY}")] * 2
+    assert [(r["body"]["model"], r["authorization"]) for r in judge.requests] == [
+        ("judge-model", f"Bearer {USER_KEY}")
+    ] * 2
     assert timings["ruler"] > 0
     advantages = compute_advantages([g.trajectories for g in results])
     assert advantages.values[0] == pytest.approx([-1.16248, 1.27872, -0.11625], abs=1e-4)
@@ -73,14 +78,16 @@ def test_another_registered_model_judges_on_a_server_the_worker_starts_for_it(al
     other = BaseModelFactory(name="Qwen-judge", source="org/qwen")
     started = []
     with FakeJudge(SCORES) as judge:
+
         def judge_server(base_model):
             started.append(base_model)
             return SimpleNamespace(base_url=judge.base_url, api_key="judge-server-key", base_model_name="Qwen-judge")
 
         monkeypatch.setattr(inference, "judge_server", judge_server)
         run = _run(alice, "model:Qwen-judge")
-        policy = SimpleNamespace(base_url=NO_SERVER, api_key="worker-key", base_model_name=run.base_model.name,
-                                 merged=False)
+        policy = SimpleNamespace(
+            base_url=NO_SERVER, api_key="worker-key", base_model_name=run.base_model.name, merged=False
+        )
         _, results = rollouts(run, policy, "SmolLM2-135M-Instruct")
     assert started == [other]
     assert [g.rewards for g in results] == [SCORES, SCORES]
@@ -89,27 +96,37 @@ def test_another_registered_model_judges_on_a_server_the_worker_starts_for_it(al
 
 def test_a_run_may_only_name_a_judge_its_owner_can_use(alice, bob):
     judge_endpoint_create(owner=bob, name="bobs", base_url="https://93.184.215.14/v1", model="m")
-    kwargs = {"owner": alice, "name": "r", "base_model": BaseModelFactory(),
-              "script_version": RolloutScriptVersionFactory(asset__owner=alice),
-              "reward_version": RewardFunctionVersionFactory(asset__owner=alice),
-              "scenario_set": ScenarioSetFactory(owner=alice), "start": False}
+    kwargs = {
+        "owner": alice,
+        "name": "r",
+        "base_model": BaseModelFactory(),
+        "script_version": RolloutScriptVersionFactory(asset__owner=alice),
+        "reward_version": RewardFunctionVersionFactory(asset__owner=alice),
+        "scenario_set": ScenarioSetFactory(owner=alice),
+        "start": False,
+    }
     with pytest.raises(ApplicationError) as exc:
         run_create(config={"use_ruler": True, "ruler_judge": "endpoint:bobs"}, **kwargs)
     assert "names no judge you can use" in exc.value.message and "'model:SmolLM2-135M-Instruct'" in exc.value.message
     assert "ruler_judge" in exc.value.field_errors
     judge_endpoint_create(owner=alice, name="mine", base_url="https://93.184.215.14/v1", model="m")
-    assert run_create(config={"use_ruler": True, "ruler_judge": "endpoint:mine"}, **kwargs).config["ruler_judge"] \
+    assert (
+        run_create(config={"use_ruler": True, "ruler_judge": "endpoint:mine"}, **kwargs).config["ruler_judge"]
         == "endpoint:mine"
+    )
 
 
-@pytest.mark.parametrize("url, fragment", [
-    ("http://127.0.0.1:8100/v1", "private address"),
-    ("http://localhost/v1", "private address"),
-    ("https://10.1.2.3/v1", "private address"),
-    ("http://[::1]/v1", "private address"),
-    ("ftp://example.com/v1", "base URL"),
-    ("https://user:pw@93.184.215.14/v1", "may not carry"),
-])
+@pytest.mark.parametrize(
+    "url, fragment",
+    [
+        ("http://127.0.0.1:8100/v1", "private address"),
+        ("http://localhost/v1", "private address"),
+        ("https://10.1.2.3/v1", "private address"),
+        ("http://[::1]/v1", "private address"),
+        ("ftp://example.com/v1", "base URL"),
+        ("https://user:pw@93.184.215.14/v1", "may not carry"),
+    ],
+)
 def test_an_endpoint_must_be_a_public_http_server(alice, url, fragment):
     with pytest.raises(ApplicationError) as exc:
         judge_endpoint_create(owner=alice, name="x", base_url=url, model="m")
@@ -128,8 +145,11 @@ def test_a_private_judge_saved_while_allowed_is_refused_at_use_once_disallowed(a
 def test_the_key_is_write_only_in_the_api_and_kept_when_left_out(alice, bob):
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=alice).key}")
-    created = api.post("/api/v1/judges/create/", {"name": "ext", "base_url": "https://93.184.215.14/v1",
-                                                   "model": "judge", "api_key": USER_KEY}, format="json")
+    created = api.post(
+        "/api/v1/judges/create/",
+        {"name": "ext", "base_url": "https://93.184.215.14/v1", "model": "judge", "api_key": USER_KEY},
+        format="json",
+    )
     assert created.status_code == 201, created.json()
     body = created.json()
     assert body["api_key"] == "••••0042" and body["ruler_judge"] == "endpoint:ext" and USER_KEY not in str(body)
@@ -144,8 +164,9 @@ def test_the_key_is_write_only_in_the_api_and_kept_when_left_out(alice, bob):
     bobs.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=bob).key}")
     assert bobs.get(f"/api/v1/judges/{endpoint.id}/").status_code == 404
     assert bobs.post(f"/api/v1/judges/{endpoint.id}/delete/").status_code == 404
-    dup = api.post("/api/v1/judges/create/", {"name": "ext", "base_url": "https://93.184.215.14/v1", "model": "m"},
-                   format="json")
+    dup = api.post(
+        "/api/v1/judges/create/", {"name": "ext", "base_url": "https://93.184.215.14/v1", "model": "m"}, format="json"
+    )
     assert dup.status_code == 400 and "already have a judge" in dup.json()["message"]
     assert api.post(f"/api/v1/judges/{endpoint.id}/delete/").json() == {"deleted": endpoint.id}
     assert not JudgeEndpoint.objects.exists()
@@ -153,13 +174,21 @@ def test_the_key_is_write_only_in_the_api_and_kept_when_left_out(alice, bob):
 
 def test_judges_are_added_and_deleted_from_the_models_page(client, alice):
     client.force_login(alice)
-    response = client.post(reverse("judge-create"), {"judge-name": "ext", "judge-base_url": "https://93.184.215.14/v1",
-                                                     "judge-model": "judge", "judge-api_key": USER_KEY})
+    response = client.post(
+        reverse("judge-create"),
+        {
+            "judge-name": "ext",
+            "judge-base_url": "https://93.184.215.14/v1",
+            "judge-model": "judge",
+            "judge-api_key": USER_KEY,
+        },
+    )
     assert response.status_code == 302
     page = client.get(reverse("model-list")).content.decode()
     assert "endpoint:ext" in page and "••••0042" in page and USER_KEY not in page
-    bad = client.post(reverse("judge-create"), {"judge-name": "lan", "judge-base_url": "http://127.0.0.1/v1",
-                                                "judge-model": "m"})
+    bad = client.post(
+        reverse("judge-create"), {"judge-name": "lan", "judge-base_url": "http://127.0.0.1/v1", "judge-model": "m"}
+    )
     assert 'id="id_judge-name"' in bad.content.decode() and 'id="id_name"' in bad.content.decode()
     assert bad.status_code == 200 and "private address" in bad.content.decode()
     endpoint = JudgeEndpoint.objects.get()

@@ -28,29 +28,44 @@ pytestmark = pytest.mark.django_db
 
 # The new reward: the length of the policy's last answer. It reads the answer through the Choice object, as
 # a reward function does in a step (the stored message is turned back into one).
-LENGTH_REWARD = '''def reward(trajectory, scenario):
+LENGTH_REWARD = """def reward(trajectory, scenario):
     answer = trajectory.messages_and_choices[-1].message.content
     trajectory.metrics["chars"] = len(answer)
     return float(len(answer))
-'''
+"""
 
 
 def answer(text: str) -> list[dict]:
     """A stored conversation whose last message the policy sampled (as _persist_groups stores it)."""
-    return [{"role": "user", "content": "Say something."},
-            {"role": "assistant", "content": text, "token_ids": [1] * len(text), "logprobs": [-0.5] * len(text),
-             "finish_reason": "stop"}]
+    return [
+        {"role": "user", "content": "Say something."},
+        {
+            "role": "assistant",
+            "content": text,
+            "token_ids": [1] * len(text),
+            "logprobs": [-0.5] * len(text),
+            "finish_reason": "stop",
+        },
+    ]
 
 
-def seed_group(run, step: int, rows: list[tuple[float | None, str]], *, split="train", failed=False,
-               error: str = "") -> TrajectoryGroup:
+def seed_group(
+    run, step: int, rows: list[tuple[float | None, str]], *, split="train", failed=False, error: str = ""
+) -> TrajectoryGroup:
     """A stored group: (old reward, answer) per trajectory; an answer of "" is a rollout that failed."""
     scenario = run.scenario_set.scenarios.filter(split=split).first()
     group = TrajectoryGroup.objects.create(run=run, step=step, split=split, scenario=scenario, failed_attempt=failed)
     for i, (reward, text) in enumerate(rows):
-        Trajectory.objects.create(group=group, run=run, step=step, index=i, reward=reward,
-                                  messages=answer(text) if text else [], error=error if not text else "",
-                                  metrics={"from_the_run": 1})
+        Trajectory.objects.create(
+            group=group,
+            run=run,
+            step=step,
+            index=i,
+            reward=reward,
+            messages=answer(text) if text else [],
+            error=error if not text else "",
+            metrics={"from_the_run": 1},
+        )
     return group
 
 
@@ -67,9 +82,11 @@ def new_reward(owner, content=LENGTH_REWARD, kind="trajectory"):
 
 
 def training_state(run) -> tuple:
-    return (list(Step.objects.filter(run=run).order_by("step").values_list("step", "reward_mean", "metrics")),
-            list(Checkpoint.objects.filter(run=run).order_by("step").values_list("step", "path", "state")),
-            list(Trajectory.objects.filter(run=run).order_by("id").values_list("id", "reward", "metrics", "advantage")))
+    return (
+        list(Step.objects.filter(run=run).order_by("step").values_list("step", "reward_mean", "metrics")),
+        list(Checkpoint.objects.filter(run=run).order_by("step").values_list("step", "path", "state")),
+        list(Trajectory.objects.filter(run=run).order_by("id").values_list("id", "reward", "metrics", "advantage")),
+    )
 
 
 @pytest.fixture
@@ -85,12 +102,15 @@ def small_run(alice):
     return run
 
 
-def test_it_rescores_a_small_run_and_its_figures_match_a_hand_computation(alice, small_run,
-                                                                          django_capture_on_commit_callbacks):
+def test_it_rescores_a_small_run_and_its_figures_match_a_hand_computation(
+    alice, small_run, django_capture_on_commit_callbacks
+):
     before = training_state(small_run)
     # No worker runs here: the message is caught on its way to the broker, after the commit.
-    with mock.patch("training.tasks.rescore_execute_task.apply_async") as send, \
-            django_capture_on_commit_callbacks(execute=True):
+    with (
+        mock.patch("training.tasks.rescore_execute_task.apply_async") as send,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
         rescore = rescore_create(user=alice, run=small_run, reward_version=new_reward(alice))
         send.assert_not_called()
     send.assert_called_once_with(args=(rescore.id,), kwargs={})
@@ -102,11 +122,18 @@ def test_it_rescores_a_small_run_and_its_figures_match_a_hand_computation(alice,
     rescore.refresh_from_db()
     assert rescore.status == "done", rescore.error
     assert (rescore.trajectories_total, rescore.trajectories_done) == (6, 6)
-    scores = {(s.step, s.trajectory.index): s for s in RescoreScore.objects.filter(rescore=rescore)
-              .select_related("trajectory")}
+    scores = {
+        (s.step, s.trajectory.index): s
+        for s in RescoreScore.objects.filter(rescore=rescore).select_related("trajectory")
+    }
     assert {k: (s.old_reward, s.new_reward) for k, s in scores.items()} == {
-        (1, 0): (0.0, 2.0), (1, 1): (1.0, 1.0), (1, 2): (0.5, 3.0),
-        (2, 0): (1.0, 4.0), (2, 1): (0.0, 1.0), (2, 2): (0.5, 2.0)}
+        (1, 0): (0.0, 2.0),
+        (1, 1): (1.0, 1.0),
+        (1, 2): (0.5, 3.0),
+        (2, 0): (1.0, 4.0),
+        (2, 1): (0.0, 1.0),
+        (2, 2): (0.5, 2.0),
+    }
     assert scores[(1, 2)].metrics == {"from_the_run": 1, "chars": 3}
     assert all(s.error == "" and s.reward_ms is not None for s in scores.values())
 
@@ -129,23 +156,35 @@ def test_it_rescores_a_small_run_and_its_figures_match_a_hand_computation(alice,
     assert summary["curve"]["new"] == pytest.approx([2.0, 7 / 3])
     # Rank gaps |new rank - old rank|: 2, 4, 1.5, 0.5, 0, 0; on a tie the larger |new - old| first.
     order = [(d["step"], d["old_reward"], d["new_reward"], d["rank_gap"]) for d in summary["disagreements"]]
-    assert order == [(1, 1.0, 1.0, 4.0), (1, 0.0, 2.0, 2.0), (1, 0.5, 3.0, 1.5), (2, 1.0, 4.0, 0.5),
-                     (2, 0.5, 2.0, 0.0), (2, 0.0, 1.0, 0.0)]
-    listed = [(s.step, s.trajectory.index) for s in rescores.rescore_scores(rescore=rescore).select_related("trajectory")]
+    assert order == [
+        (1, 1.0, 1.0, 4.0),
+        (1, 0.0, 2.0, 2.0),
+        (1, 0.5, 3.0, 1.5),
+        (2, 1.0, 4.0, 0.5),
+        (2, 0.5, 2.0, 0.0),
+        (2, 0.0, 1.0, 0.0),
+    ]
+    listed = [
+        (s.step, s.trajectory.index) for s in rescores.rescore_scores(rescore=rescore).select_related("trajectory")
+    ]
     assert listed == [(1, 1), (1, 0), (1, 2), (2, 0), (2, 2), (2, 1)]
 
     assert training_state(small_run) == before  # training untouched: steps, checkpoints, rewards, metrics
     assert list(small_run.events.filter(kind="rescore").values_list("message", flat=True))[-1].startswith(
-        f"Re-score #{rescore.id} done: 6 trajectories, Spearman 0.308")
+        f"Re-score #{rescore.id} done: 6 trajectories, Spearman 0.308"
+    )
 
 
 def test_it_records_errors_in_the_reward_per_trajectory(alice, small_run):
-    broken = new_reward(alice, '''def reward(trajectory, scenario):
+    broken = new_reward(
+        alice,
+        """def reward(trajectory, scenario):
     text = trajectory.messages()[-1]["content"]
     if text == "a":
         raise ValueError("cannot score a one-letter answer")
     return 1.0
-''')
+""",
+    )
     rescore = rescore_create(user=alice, run=small_run, reward_version=broken)
     rescore_execute(rescore_id=rescore.id)
     rescore.refresh_from_db()
@@ -164,21 +203,30 @@ def test_a_reward_that_does_not_load_fails_every_trajectory_with_the_reason(alic
     rescore_execute(rescore_id=rescore.id)
     rescore.refresh_from_db()
     assert rescore.status == "done" and rescore.summary["errors"] == 6 and rescore.summary["spearman"] is None
-    assert all(e.startswith("Loading your code failed:") and "SyntaxError: invalid syntax" in e
-               for e in RescoreScore.objects.filter(rescore=rescore).values_list("error", flat=True))
+    assert all(
+        e.startswith("Loading your code failed:") and "SyntaxError: invalid syntax" in e
+        for e in RescoreScore.objects.filter(rescore=rescore).values_list("error", flat=True)
+    )
 
 
 def test_a_group_reward_scores_each_stored_group_together(alice, small_run):
     # Rank within the group, 0 for the shortest answer: only a per-group score can give this.
-    by_rank = new_reward(alice, '''def score_group(group, scenario):
+    by_rank = new_reward(
+        alice,
+        """def score_group(group, scenario):
     lengths = [len(t.messages()[-1]["content"]) for t in group]
     return [float(sorted(lengths).index(n)) for n in lengths]
-''', kind="group")
+""",
+        kind="group",
+    )
     rescore = rescore_create(user=alice, run=small_run, reward_version=by_rank)
     rescore_execute(rescore_id=rescore.id)
     rescore.refresh_from_db()
-    rows = list(RescoreScore.objects.filter(rescore=rescore).order_by("step", "trajectory__index")
-                .values_list("step", "new_reward"))
+    rows = list(
+        RescoreScore.objects.filter(rescore=rescore)
+        .order_by("step", "trajectory__index")
+        .values_list("step", "new_reward")
+    )
     assert rows == [(1, 1.0), (1, 0.0), (1, 2.0), (2, 2.0), (2, 0.0), (2, 1.0)]
     assert rescore.summary["pair_agreement"] == pytest.approx(4 / 6)
 
@@ -319,16 +367,22 @@ def test_ruler_rescores_each_group_through_a_judge_endpoint_with_the_users_key(a
 
 def test_nul_characters_from_the_reward_are_dropped_not_the_score(alice, small_run):
     # PostgreSQL refuses NUL in text and jsonb: a reward that puts some in its metrics or error still gets stored.
-    nul = new_reward(alice, '''def reward(trajectory, scenario):
+    nul = new_reward(
+        alice,
+        """def reward(trajectory, scenario):
     trajectory.metrics["note\\x00"] = "a\\x00b"
     if trajectory.messages()[-1]["content"] == "a":
         raise ValueError("bad\\x00answer")
     return 1.0
-''')
+""",
+    )
     rescore = rescore_create(user=alice, run=small_run, reward_version=nul)
     rescore_execute(rescore_id=rescore.id)
     rescore.refresh_from_db()
     assert rescore.status == "done", rescore.error
     rows = list(RescoreScore.objects.filter(rescore=rescore))
     assert all(r.metrics["note"] == "ab" for r in rows)
-    assert sorted(r.error.splitlines()[0] for r in rows if r.error) == ["The reward function failed: ValueError: badanswer"] * 2
+    assert (
+        sorted(r.error.splitlines()[0] for r in rows if r.error)
+        == ["The reward function failed: ValueError: badanswer"] * 2
+    )

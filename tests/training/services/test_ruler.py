@@ -37,21 +37,25 @@ NO_SERVER = "http://127.0.0.1:9/v1"
 def make_run(alice, *, reward: str | None = None, use_ruler: bool = True, script: str = SCRIPT):
     script_version = RolloutScriptVersionFactory(asset__owner=alice, content=script)
     reward_version = RewardFunctionVersionFactory(asset__owner=alice, content=reward) if reward else None
-    return RunFactory(owner=alice, script_version=script_version, reward_version=reward_version,
-                      config=run_config_parse({"use_ruler": use_ruler, "group_size": 3}).model_dump())
+    return RunFactory(
+        owner=alice,
+        script_version=script_version,
+        reward_version=reward_version,
+        config=run_config_parse({"use_ruler": use_ruler, "group_size": 3}).model_dump(),
+    )
 
 
 def server_for(judge, *, merged=False):
     """The worker's inference server as the step sees it; its base model is the fake judge."""
-    return SimpleNamespace(base_url=judge.base_url, api_key="worker-key", base_model_name="SmolLM2-135M-Instruct",
-                           merged=merged)
+    return SimpleNamespace(
+        base_url=judge.base_url, api_key="worker-key", base_model_name="SmolLM2-135M-Instruct", merged=merged
+    )
 
 
 def rollouts(run, server, policy, timings=None):
     cfg = RunConfig.model_validate(run.config)
     scenarios = list(run.scenario_set.scenarios.filter(split="train").order_by("index")[:2])
-    return scenarios, steps._rollouts(run, cfg, scenarios, policy, server, NEVER_STOP, cfg.group_size,
-                                      timings=timings)
+    return scenarios, steps._rollouts(run, cfg, scenarios, policy, server, NEVER_STOP, cfg.group_size, timings=timings)
 
 
 def test_a_ruler_run_without_a_reward_function_is_rewarded_by_the_judge(alice):
@@ -62,8 +66,9 @@ def test_a_ruler_run_without_a_reward_function_is_rewarded_by_the_judge(alice):
     for group in results:
         assert group.errors == [] and group.rewards == SCORES
     # The base model was asked, with the worker's key, once per group.
-    assert [(r["body"]["model"], r["authorization"]) for r in judge.requests] == \
-        [("SmolLM2-135M-Instruct", "Bearer worker-key")] * 2
+    assert [(r["body"]["model"], r["authorization"]) for r in judge.requests] == [
+        ("SmolLM2-135M-Instruct", "Bearer worker-key")
+    ] * 2
     assert timings["ruler"] > 0 and "judge_server" in timings
 
     # GRPO's advantages follow the judge: (score - mean) / (population std + 1e-6), by hand.
@@ -94,15 +99,18 @@ def test_in_merged_mode_a_steps_policy_is_judged_by_a_second_server_of_the_base_
     run = make_run(alice)
     started = []
     with FakeJudge(SCORES) as judge:
+
         def judge_server(base_model):
             started.append(base_model)
-            return SimpleNamespace(base_url=judge.base_url, api_key="judge-server-key",
-                                   base_model_name="SmolLM2-135M-Instruct")
+            return SimpleNamespace(
+                base_url=judge.base_url, api_key="judge-server-key", base_model_name="SmolLM2-135M-Instruct"
+            )
 
         monkeypatch.setattr(inference, "judge_server", judge_server)
         # The policy server holds run-N@1's merged weights: it cannot answer to the base model's name.
-        policy_server = SimpleNamespace(base_url=NO_SERVER, api_key="worker-key",
-                                         base_model_name="SmolLM2-135M-Instruct", merged=True)
+        policy_server = SimpleNamespace(
+            base_url=NO_SERVER, api_key="worker-key", base_model_name="SmolLM2-135M-Instruct", merged=True
+        )
         _, results = rollouts(run, policy_server, f"run-{run.id}@1")
     assert started == [run.base_model]
     assert [g.rewards for g in results] == [SCORES, SCORES]
@@ -118,8 +126,10 @@ def test_in_merged_mode_at_step_zero_the_policy_server_judges(alice, monkeypatch
 
 
 def test_a_run_whose_reward_function_calls_art_rewards_gets_the_judge_without_use_ruler(alice):
-    reward = ("import art\n\nasync def score_group(group, scenario):\n"
-              "    return [t.reward for t in await art.rewards.ruler_score_group(group)]\n")
+    reward = (
+        "import art\n\nasync def score_group(group, scenario):\n"
+        "    return [t.reward for t in await art.rewards.ruler_score_group(group)]\n"
+    )
     run = make_run(alice, reward=reward, use_ruler=False)
     with FakeJudge(SCORES) as judge:
         _, results = rollouts(run, server_for(judge), "SmolLM2-135M-Instruct")

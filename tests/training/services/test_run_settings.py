@@ -26,8 +26,10 @@ from training.services import inference
 
 pytestmark = pytest.mark.django_db
 
-OVERRIDE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} OVERRIDDEN\n{{ m['content'] }}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+OVERRIDE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} OVERRIDDEN\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -92,8 +94,7 @@ def test_it_drops_the_moved_keys_from_stored_configs():
 
 def test_it_starts_vllm_with_the_models_chat_template_override(tiny_model_dir, tmp_path):  # noqa: F811
     plain = BaseModelFactory(name="tiny", local_path=str(tiny_model_dir))
-    custom = BaseModelFactory(name="tiny-custom", local_path=str(tiny_model_dir),
-                              chat_template_override=OVERRIDE)
+    custom = BaseModelFactory(name="tiny-custom", local_path=str(tiny_model_dir), chat_template_override=OVERRIDE)
 
     server = inference.inference_server(custom)
     command = server.command()
@@ -110,8 +111,7 @@ def test_it_starts_vllm_with_the_models_chat_template_override(tiny_model_dir, t
 
 
 def test_it_tokenizes_with_the_models_chat_template_override(tiny_model_dir, tokenizer):  # noqa: F811
-    custom = BaseModelFactory(name="tiny-custom", local_path=str(tiny_model_dir),
-                              chat_template_override=OVERRIDE)
+    custom = BaseModelFactory(name="tiny-custom", local_path=str(tiny_model_dir), chat_template_override=OVERRIDE)
     run = RunFactory(base_model=custom)
     trainer = inference.trainer_for(run, checkpoint_dir=None)
     assert trainer.tokenizer.chat_template == OVERRIDE
@@ -120,7 +120,7 @@ def test_it_tokenizes_with_the_models_chat_template_override(tiny_model_dir, tok
     rendered = tokenizer.decode(seq.input_ids)
     assert "<|im_start|>user OVERRIDDEN\nSay hi." in rendered
     # The sampled answer is still exactly the sampler's tokens, marked trainable.
-    assert tokenizer.decode([t for t, on in zip(seq.input_ids, seq.trainable) if on]).startswith("hi")
+    assert tokenizer.decode([t for t, on in zip(seq.input_ids, seq.trainable, strict=False) if on]).startswith("hi")
 
 
 def test_it_tokenizes_with_the_template_vllm_falls_back_to(tiny_model_dir):  # noqa: F811

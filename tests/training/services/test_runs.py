@@ -31,9 +31,15 @@ def sent_at_once(enqueued, monkeypatch):
 def test_it_creates_a_run_with_defaults_and_enqueues_after_commit(alice, enqueued, django_capture_on_commit_callbacks):
     template = RunFactory(owner=alice)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        run = run_create(owner=alice, name="r1", base_model=template.base_model,
-                         script_version=template.script_version, reward_version=template.reward_version,
-                         scenario_set=template.scenario_set, config={"num_steps": 3})
+        run = run_create(
+            owner=alice,
+            name="r1",
+            base_model=template.base_model,
+            script_version=template.script_version,
+            reward_version=template.reward_version,
+            scenario_set=template.scenario_set,
+            config={"num_steps": 3},
+        )
     assert run.status == S.QUEUED and run.num_steps == 3
     assert run.config["group_size"] == 6 and run.config["train"]["learning_rate"] > 0
     assert enqueued == [((run.id,), {})]
@@ -41,18 +47,27 @@ def test_it_creates_a_run_with_defaults_and_enqueues_after_commit(alice, enqueue
     assert list(run.events.values_list("kind", flat=True)) == ["created"]
 
 
-@pytest.mark.parametrize("config, field", [
-    ({"group_size": 1}, "group_size"),
-    ({"num_steps": 0}, "num_steps"),
-    ({"bogus": 1}, "bogus"),
-    ({"train": {"learning_rate": -1}}, "train"),
-])
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ({"group_size": 1}, "group_size"),
+        ({"num_steps": 0}, "num_steps"),
+        ({"bogus": 1}, "bogus"),
+        ({"train": {"learning_rate": -1}}, "train"),
+    ],
+)
 def test_it_rejects_bad_config_naming_the_field(alice, enqueued, config, field):
     template = RunFactory(owner=alice)
     before = Run.objects.count()
     with pytest.raises(ApplicationError) as exc:
-        run_create(owner=alice, name="bad", base_model=template.base_model, script_version=template.script_version,
-                   scenario_set=template.scenario_set, config=config)
+        run_create(
+            owner=alice,
+            name="bad",
+            base_model=template.base_model,
+            script_version=template.script_version,
+            scenario_set=template.scenario_set,
+            config=config,
+        )
     assert field in exc.value.message
     assert any(k.startswith(field) for k in exc.value.field_errors)
     assert Run.objects.count() == before and enqueued == []
@@ -61,8 +76,13 @@ def test_it_rejects_bad_config_naming_the_field(alice, enqueued, config, field):
 def test_it_refuses_other_peoples_assets(alice, bob, enqueued):
     theirs = RunFactory(owner=bob)
     with pytest.raises(ApplicationError):
-        run_create(owner=alice, name="x", base_model=theirs.base_model, script_version=theirs.script_version,
-                   scenario_set=theirs.scenario_set)
+        run_create(
+            owner=alice,
+            name="x",
+            base_model=theirs.base_model,
+            script_version=theirs.script_version,
+            scenario_set=theirs.scenario_set,
+        )
 
 
 def test_it_cancels_a_queued_run_at_once_and_flags_a_running_one(alice):
@@ -126,20 +146,29 @@ def test_retention_keeps_latest_best_and_promoted_and_refuses_the_resume_point(a
 EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[3] / "rollouts" / "examples"
 
 
-@pytest.mark.parametrize("script, reward, use_ruler, accepted", [
-    ("rollout.py", True, False, True),  # the example with its reward function
-    ("rollout.py", False, True, True),  # RULER scores it
-    ("tool_rollout.py", False, False, True),  # sets trajectory.reward itself
-    ("rollout.py", False, False, False),  # nothing would ever give a reward
-])
+@pytest.mark.parametrize(
+    "script, reward, use_ruler, accepted",
+    [
+        ("rollout.py", True, False, True),  # the example with its reward function
+        ("rollout.py", False, True, True),  # RULER scores it
+        ("tool_rollout.py", False, False, True),  # sets trajectory.reward itself
+        ("rollout.py", False, False, False),  # nothing would ever give a reward
+    ],
+)
 def test_it_refuses_a_run_without_any_reward_source(alice, enqueued, script, reward, use_ruler, accepted):
     from tests.factories import RolloutScriptVersionFactory
 
     template = RunFactory(owner=alice)
     version = RolloutScriptVersionFactory(asset__owner=alice, content=(EXAMPLES / script).read_text())
-    kwargs = {"owner": alice, "name": "r", "base_model": template.base_model, "script_version": version,
-              "reward_version": template.reward_version if reward else None, "scenario_set": template.scenario_set,
-              "config": {"use_ruler": use_ruler}}
+    kwargs = {
+        "owner": alice,
+        "name": "r",
+        "base_model": template.base_model,
+        "script_version": version,
+        "reward_version": template.reward_version if reward else None,
+        "scenario_set": template.scenario_set,
+        "config": {"use_ruler": use_ruler},
+    }
     if accepted:
         assert run_create(**kwargs).status == S.QUEUED
     else:
@@ -153,5 +182,7 @@ def test_it_reads_a_reward_from_the_script_statically():
     from rollouts.runtime.validation import script_sets_reward
 
     assert script_sets_reward("async def rollout(m, s):\n    t = make()\n    t.reward = 1.0\n    return t\n")
-    assert script_sets_reward("async def rollout(m, s):\n    return art.Trajectory(messages_and_choices=[], reward=0.5)\n")
+    assert script_sets_reward(
+        "async def rollout(m, s):\n    return art.Trajectory(messages_and_choices=[], reward=0.5)\n"
+    )
     assert not script_sets_reward("async def rollout(m, s):\n    return art.Trajectory(messages_and_choices=[])\n")

@@ -23,8 +23,9 @@ def sent(monkeypatch):
 
 
 def test_it_requeues_a_run_whose_worker_stopped_heartbeating(alice, sent, django_capture_on_commit_callbacks):
-    run = RunFactory(owner=alice, status=S.RUNNING, steps_done=2, worker="host:1",
-                     heartbeat_at=timezone.now() - timedelta(minutes=5))
+    run = RunFactory(
+        owner=alice, status=S.RUNNING, steps_done=2, worker="host:1", heartbeat_at=timezone.now() - timedelta(minutes=5)
+    )
     with django_capture_on_commit_callbacks(execute=True):
         assert runs_requeue_stale() == [run.id]
     run.refresh_from_db()
@@ -36,8 +37,9 @@ def test_it_requeues_a_run_whose_worker_stopped_heartbeating(alice, sent, django
 
 def test_it_requeues_a_run_left_between_steps_by_a_dead_worker(alice, sent, django_capture_on_commit_callbacks):
     # The worker released step 2's lease and died holding step 3's message, before claiming it.
-    run = RunFactory(owner=alice, status=S.RUNNING, steps_done=2, worker="",
-                     heartbeat_at=timezone.now() - timedelta(minutes=5))
+    run = RunFactory(
+        owner=alice, status=S.RUNNING, steps_done=2, worker="", heartbeat_at=timezone.now() - timedelta(minutes=5)
+    )
     with django_capture_on_commit_callbacks(execute=True):
         assert runs_requeue_stale() == [run.id]
         # The requeue counts as activity: the next sweep leaves it alone for another stale period.
@@ -74,8 +76,9 @@ def test_a_pool_child_takes_over_the_step_of_a_dead_sibling_at_once(alice):
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         host = socket.gethostname()
-        run = RunFactory(owner=alice, status=Run.Status.RUNNING, worker=f"{host}:{alive.pid}",
-                         heartbeat_at=timezone.now())
+        run = RunFactory(
+            owner=alice, status=Run.Status.RUNNING, worker=f"{host}:{alive.pid}", heartbeat_at=timezone.now()
+        )
         assert not run_claim(run_id=run.id, me=f"{host}:999999")  # a live holder keeps it
         Run.objects.filter(id=run.id).update(worker=f"other-host:{dead.pid}")
         assert not run_claim(run_id=run.id, me=f"{host}:999999")  # another host's process: only by staleness

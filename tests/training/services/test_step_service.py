@@ -109,8 +109,13 @@ class FakeTrainer:
         self.world.updates.append(groups)
         if self.world.during_update:
             self.world.during_update(should_stop)
-        return {"loss": 0.125, "kl": 0.0, "grad_norm": 1.5, "optimizer_stepped": 1,
-                "advantages": compute_advantages(groups).values}
+        return {
+            "loss": 0.125,
+            "kl": 0.0,
+            "grad_norm": 1.5,
+            "optimizer_stepped": 1,
+            "advantages": compute_advantages(groups).values,
+        }
 
     def save_checkpoint(self, directory: str) -> dict:
         Path(directory).mkdir(parents=True)
@@ -148,8 +153,9 @@ def world(monkeypatch, settings, tmp_path):
 
     monkeypatch.setattr(inference, "trainer_for", trainer_for)
     monkeypatch.setattr(inference, "trainer_close", lambda: setattr(w, "closed", w.closed + 1))
-    monkeypatch.setattr(run_step_task, "apply_async",
-                        lambda args=(), kwargs=None, **o: w.next_steps.append((tuple(args), kwargs or {})))
+    monkeypatch.setattr(
+        run_step_task, "apply_async", lambda args=(), kwargs=None, **o: w.next_steps.append((tuple(args), kwargs or {}))
+    )
     monkeypatch.setattr(run_exports_task, "apply_async", lambda args=(), kwargs=None, **o: w.exports.append(kwargs))
     return w
 
@@ -181,11 +187,15 @@ def listen():
 
 
 def make_run(owner, **config) -> Run:
-    settings = {"group_size": 2, "scenarios_per_step": 4, "concurrency": 1, "val_every": 0, "num_steps": 3,
-                **config}
-    return RunFactory(owner=owner, status=Run.Status.QUEUED, num_steps=settings["num_steps"],
-                      config=run_config_parse(settings).model_dump(), reward_version=None,
-                      script_version=RolloutScriptVersionFactory(asset__owner=owner, content=SCRIPT))
+    settings = {"group_size": 2, "scenarios_per_step": 4, "concurrency": 1, "val_every": 0, "num_steps": 3, **config}
+    return RunFactory(
+        owner=owner,
+        status=Run.Status.QUEUED,
+        num_steps=settings["num_steps"],
+        config=run_config_parse(settings).model_dump(),
+        reward_version=None,
+        script_version=RolloutScriptVersionFactory(asset__owner=owner, content=SCRIPT),
+    )
 
 
 def execute(run: Run, step: int | None = None) -> Run:
@@ -239,22 +249,29 @@ def test_it_records_a_completed_step_once_with_its_metrics_checkpoint_and_advant
 
 def test_a_second_execution_of_a_done_step_does_nothing(alice, world):
     run = execute(make_run(alice), step=1)
-    before = (list(TrajectoryGroup.objects.filter(run=run).values_list("id", flat=True)),
-              run.events.count(), len(world.updates), len(world.next_steps))
+    before = (
+        list(TrajectoryGroup.objects.filter(run=run).values_list("id", flat=True)),
+        run.events.count(),
+        len(world.updates),
+        len(world.next_steps),
+    )
 
     run = execute(run, step=1)  # a redelivered message for step 1
 
     assert run.steps_done == 1 and Step.objects.filter(run=run).count() == 1
     assert Checkpoint.objects.filter(run=run).count() == 1
-    after = (list(TrajectoryGroup.objects.filter(run=run).values_list("id", flat=True)),
-             run.events.count(), len(world.updates), len(world.next_steps))
+    after = (
+        list(TrajectoryGroup.objects.filter(run=run).values_list("id", flat=True)),
+        run.events.count(),
+        len(world.updates),
+        len(world.next_steps),
+    )
     assert after == before and run.worker == ""
 
 
 def test_it_leaves_a_run_that_another_live_worker_holds_alone(alice, world):
     run = make_run(alice)
-    Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING, worker="elsewhere:1",
-                                         heartbeat_at=timezone.now())
+    Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING, worker="elsewhere:1", heartbeat_at=timezone.now())
     run = execute(run, step=1)
     assert run.worker == "elsewhere:1" and run.steps_done == 0
     assert not world.updates and not TrajectoryGroup.objects.filter(run=run).exists()

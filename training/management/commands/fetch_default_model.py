@@ -25,11 +25,18 @@ class Command(BaseCommand):
         path = str(fetched.path)
         already = BaseModel.objects.filter(name=MODEL_NAME, source=path).exists()
         try:
-            model = base_model_register(name=MODEL_NAME, source=path, local_path=path, max_length=2048,
-                                        supports_tools=True, recommended_train=RECOMMENDED_TRAIN)
+            model = base_model_register(
+                name=MODEL_NAME,
+                source=path,
+                local_path=path,
+                max_length=2048,
+                supports_tools=True,
+                recommended_train=RECOMMENDED_TRAIN,
+            )
         except ApplicationError as exc:
-            raise CommandError(f"{exc.message} Delete that base model in the admin, or register this one "
-                               "under another name.") from exc
+            raise CommandError(
+                f"{exc.message} Delete that base model in the admin, or register this one under another name."
+            ) from exc
         if not model.recommended_train:  # registered before models carried recommendations
             base_model_recommend(model=model, train=RECOMMENDED_TRAIN)
         if fetched.created:

@@ -30,13 +30,26 @@ class Command(BaseCommand):
         if missing:
             raise CommandError(f"The example files are missing: {', '.join(missing)}.")
         steps = [
-            (RolloutScript, SCRIPT_NAME, lambda: script_create(
-                owner=owner, name=SCRIPT_NAME, content=files["rollout.py"].read_text())),
-            (RewardFunction, REWARD_NAME, lambda: reward_create(
-                owner=owner, name=REWARD_NAME, content=files["reward.py"].read_text())),
-            (ScenarioSet, SCENARIOS_NAME, lambda: scenario_set_create(
-                owner=owner, name=SCENARIOS_NAME, jsonl=files["scenarios.jsonl"].read_text(),
-                validation_fraction=0.2)),
+            (
+                RolloutScript,
+                SCRIPT_NAME,
+                lambda: script_create(owner=owner, name=SCRIPT_NAME, content=files["rollout.py"].read_text()),
+            ),
+            (
+                RewardFunction,
+                REWARD_NAME,
+                lambda: reward_create(owner=owner, name=REWARD_NAME, content=files["reward.py"].read_text()),
+            ),
+            (
+                ScenarioSet,
+                SCENARIOS_NAME,
+                lambda: scenario_set_create(
+                    owner=owner,
+                    name=SCENARIOS_NAME,
+                    jsonl=files["scenarios.jsonl"].read_text(),
+                    validation_fraction=0.2,
+                ),
+            ),
         ]
         for model, name, create in steps:
             if model.objects.filter(owner=owner, name=name).exists():

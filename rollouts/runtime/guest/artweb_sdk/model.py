@@ -47,14 +47,15 @@ class _PolicyTransport(httpx.AsyncBaseTransport):
         body["logprobs"] = True
         body["return_token_ids"] = True
         headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "content-length"]
-        request = httpx.Request("POST", request.url, headers=headers, content=json.dumps(body).encode(),
-                                extensions=request.extensions)
+        request = httpx.Request(
+            "POST", request.url, headers=headers, content=json.dumps(body).encode(), extensions=request.extensions
+        )
         response = await self._inner.handle_async_request(request)
         usage = current_usage.get()
         if usage is not None and not body.get("stream") and response.status_code == 200:
             # Reading here keeps the body cached on the response; the OpenAI client reads that copy.
             await response.aread()
-            counts = (json.loads(response.content).get("usage") or {})
+            counts = json.loads(response.content).get("usage") or {}
             usage.prompt_tokens += int(counts.get("prompt_tokens") or 0)
             usage.completion_tokens += int(counts.get("completion_tokens") or 0)
             usage.requests += 1
@@ -133,8 +134,12 @@ class Model:
         return self._client
 
     def litellm_completion_params(self) -> dict:
-        return {"model": f"hosted_vllm/{self.inference_model_name}", "api_base": self.inference_base_url,
-                "api_key": self.inference_api_key, **self._endpoint.sampling}
+        return {
+            "model": f"hosted_vllm/{self.inference_model_name}",
+            "api_base": self.inference_base_url,
+            "api_key": self.inference_api_key,
+            **self._endpoint.sampling,
+        }
 
     async def register(self, backend: Any = None, **_: Any) -> None:
         """Nothing to do: artweb has already registered the model with its inference server."""

@@ -30,8 +30,9 @@ JUDGE_ENV = "ARTWEB_JUDGE_MODEL"
 PROVIDER_PREFIXES = ("hosted_vllm/", "openai/", "litellm_proxy/")
 # litellm settings that choose where a request goes; in the sandbox there is one way out, so they are
 # dropped rather than sent to the judge as unknown request fields.
-ROUTING_PARAMS = frozenset({"api_base", "base_url", "api_key", "custom_llm_provider", "api_version",
-                            "azure_ad_token_provider", "caching"})
+ROUTING_PARAMS = frozenset(
+    {"api_base", "base_url", "api_key", "custom_llm_provider", "api_version", "azure_ad_token_provider", "caching"}
+)
 MAX_CHARS_PER_MESSAGE = 2000  # long tool outputs are cut so a group fits a small judge's context
 # An explanation is a sentence or two; the bound is in the schema, so a small judge cannot spend its whole
 # token budget on the first trajectory and leave the JSON unfinished.
@@ -69,9 +70,11 @@ def group_schema(n: int) -> dict:
         },
         "required": ["trajectory_id", "explanation", "score"],
     }
-    return {"type": "object", "properties": {"scores": {"type": "array", "items": entry, "minItems": n,
-                                                        "maxItems": n}},
-            "required": ["scores"]}
+    return {
+        "type": "object",
+        "properties": {"scores": {"type": "array", "items": entry, "minItems": n, "maxItems": n}},
+        "required": ["scores"],
+    }
 
 
 # --- the prompt ----------------------------------------------------------------------------------
@@ -85,8 +88,9 @@ def _render(messages: list[dict], limit: int) -> str:
             content = json.dumps(content, ensure_ascii=False)
         if len(content) > limit:
             content = content[:limit] + " […]"
-        calls = "".join(f"\n[calls {c['function']['name']}({c['function']['arguments']})]"
-                        for c in m.get("tool_calls") or [])
+        calls = "".join(
+            f"\n[calls {c['function']['name']}({c['function']['arguments']})]" for c in m.get("tool_calls") or []
+        )
         lines.append(f"{m.get('role', '?')}: {content}{calls}")
     return "\n".join(lines) if lines else "(no further messages)"
 
@@ -94,15 +98,20 @@ def _render(messages: list[dict], limit: int) -> str:
 def _shared_prefix(message_lists: list[list[dict]]) -> int:
     """How many leading messages every trajectory has in common (a system prompt, the task)."""
     n = 0
-    for messages in zip(*message_lists):
+    for messages in zip(*message_lists, strict=False):
         if any(m != messages[0] for m in messages[1:]):
             break
         n += 1
     return n
 
 
-def judge_messages(message_lists: list[list[dict]], rubric: str = DEFAULT_RUBRIC, *, scenario: Any = None,
-                   max_chars: int = MAX_CHARS_PER_MESSAGE) -> list[dict]:
+def judge_messages(
+    message_lists: list[list[dict]],
+    rubric: str = DEFAULT_RUBRIC,
+    *,
+    scenario: Any = None,
+    max_chars: int = MAX_CHARS_PER_MESSAGE,
+) -> list[dict]:
     """The chat messages asking the judge to score each message list; ids are "1".."n" in order.
 
     Messages every trajectory starts with are shown once, before the trajectories: the judge reads the
@@ -114,8 +123,10 @@ def judge_messages(message_lists: list[list[dict]], rubric: str = DEFAULT_RUBRIC
         task = json.dumps(scenario, ensure_ascii=False, default=str)[:max_chars]
         parts.append(f"<scenario>\nThe data the agent was given for this task:\n{task}\n</scenario>")
     if shared:
-        parts.append(f"<context>\nEvery trajectory starts with these messages:\n"
-                     f"{_render(message_lists[0][:shared], max_chars)}\n</context>")
+        parts.append(
+            f"<context>\nEvery trajectory starts with these messages:\n"
+            f"{_render(message_lists[0][:shared], max_chars)}\n</context>"
+        )
     for i, messages in enumerate(message_lists, start=1):
         parts.append(f'<trajectory id="{i}">\n{_render(messages[shared:], max_chars)}\n</trajectory>')
     system = (
@@ -166,8 +177,13 @@ def parse_scores(text: str, count: int) -> list[TrajectoryScore]:
             raise ValueError(f"trajectory {i} has no numeric score") from None
         if not math.isfinite(score):
             raise ValueError(f"trajectory {i} has the score {score}")
-        scores.append(TrajectoryScore(trajectory_id=str(i), score=min(1.0, max(0.0, score)),
-                                      explanation=str(entry.get("explanation", ""))[:MAX_EXPLANATION_CHARS]))
+        scores.append(
+            TrajectoryScore(
+                trajectory_id=str(i),
+                score=min(1.0, max(0.0, score)),
+                explanation=str(entry.get("explanation", ""))[:MAX_EXPLANATION_CHARS],
+            )
+        )
     return scores
 
 
@@ -207,15 +223,18 @@ async def score_message_lists(
     for attempt in range(max_attempts):
         kwargs: dict[str, Any] = {}
         if structured:
-            kwargs["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "ruler_scores", "schema": group_schema(len(judged))}}
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "ruler_scores", "schema": group_schema(len(judged))},
+            }
         if max_tokens is not None:
             kwargs["max_tokens"] = max_tokens
         if extra_body:
             kwargs["extra_body"] = extra_body
         try:
             completion = await client.chat.completions.create(
-                model=model, messages=messages, temperature=temperature + 0.3 * attempt, **kwargs)
+                model=model, messages=messages, temperature=temperature + 0.3 * attempt, **kwargs
+            )
         except openai.NotFoundError as exc:
             raise RulerError(f"The judge model `{model}` is not available: {_api_message(exc)}") from None
         except openai.BadRequestError as exc:
@@ -249,14 +268,19 @@ def apply_score(record: dict, score: TrajectoryScore) -> None:
     if record.get("reward") is not None:
         metrics["independent_reward"] = record["reward"]
     metrics["ruler_score"] = score.score
-    record.update(reward=score.score, metrics=metrics,
-                  metadata={**(record.get("metadata") or {}), "ruler_explanation": score.explanation})
+    record.update(
+        reward=score.score,
+        metrics=metrics,
+        metadata={**(record.get("metadata") or {}), "ruler_explanation": score.explanation},
+    )
 
 
 def _api_message(exc: Exception) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
-        message = (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else body.get("message")
+        message = (
+            (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else body.get("message")
+        )
         if message:
             return str(message)
     return str(exc)
@@ -275,8 +299,10 @@ def judge_name(judge_model: str | None) -> str:
     judge = batch_judge()
     if judge_model is None:
         if judge is None:
-            raise RulerError("This batch has no judge model. Turn on RULER in the run's settings (the run's base "
-                             "model then judges), or pass judge_model= a model this batch may call.")
+            raise RulerError(
+                "This batch has no judge model. Turn on RULER in the run's settings (the run's base "
+                "model then judges), or pass judge_model= a model this batch may call."
+            )
         return judge
     for prefix in PROVIDER_PREFIXES:
         rest = judge_model.removeprefix(prefix)
@@ -289,8 +315,12 @@ def judge_client():
     """An AsyncOpenAI client for the judge; in the sandbox it reaches the inference proxy."""
     from openai import AsyncOpenAI
 
-    return AsyncOpenAI(base_url=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
-                       api_key=os.environ.get("OPENAI_API_KEY", "artweb"), max_retries=1, timeout=600.0)
+    return AsyncOpenAI(
+        base_url=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
+        api_key=os.environ.get("OPENAI_API_KEY", "artweb"),
+        max_retries=1,
+        timeout=600.0,
+    )
 
 
 def _request_options(extra_litellm_params: dict | None) -> tuple[dict, dict]:
@@ -321,8 +351,9 @@ async def ruler(
     options, extra_body = _request_options(extra_litellm_params)
     client = judge_client()
     try:
-        return await score_message_lists(client, judge_name(judge_model), lists, rubric=rubric, debug=debug,
-                                         extra_body=extra_body or None, **options)
+        return await score_message_lists(
+            client, judge_name(judge_model), lists, rubric=rubric, debug=debug, extra_body=extra_body or None, **options
+        )
     finally:
         await client.close()
 
@@ -347,8 +378,15 @@ async def ruler_score_group(
     if any(t.extra.get("additional_histories") for t in trajectories):
         raise ValueError("RULER does not score trajectories with additional_histories.")
     copies = [
-        Trajectory(messages_and_choices=list(t.messages_and_choices), tools=list(t.tools) if t.tools else t.tools,
-                   reward=t.reward, metrics=dict(t.metrics), metadata=dict(t.metadata), logs=list(t.logs), **t.extra)
+        Trajectory(
+            messages_and_choices=list(t.messages_and_choices),
+            tools=list(t.tools) if t.tools else t.tools,
+            reward=t.reward,
+            metrics=dict(t.metrics),
+            metadata=dict(t.metadata),
+            logs=list(t.logs),
+            **t.extra,
+        )
         for t in trajectories
     ]
     for copy in copies:
@@ -360,7 +398,7 @@ async def ruler_score_group(
             raise
         print(f"[RULER] the group was not scored: {type(exc).__name__}: {exc}")
         return None
-    for copy, score in zip(copies, scores):
+    for copy, score in zip(copies, scores, strict=False):
         copy.reward = score.score
         copy.metrics["ruler_score"] = score.score
         copy.metadata["ruler_explanation"] = score.explanation

@@ -202,5 +202,3 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "__float__"):
         return _plain(float(value))
     return repr(value)
-
-
