@@ -57,8 +57,14 @@ def load_peft(cfg: TrainConfig, base_model_path: str, device: str, seed: int = 0
     base = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype, attn_implementation="sdpa")
     base.to(device)
     base.config.use_cache = False
-    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=_alpha(cfg), lora_dropout=cfg.lora_dropout,
-                      target_modules=list(cfg.lora_target_modules), bias="none", task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=_alpha(cfg),
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     # PEFT freezes the base and, with a half-precision base, keeps the adapter in fp32
     # (autocast_adapter_dtype), so small Adam updates are not rounded away.
     model = get_peft_model(base, lora)
@@ -74,18 +80,31 @@ def load_unsloth(cfg: TrainConfig, base_model_path: str, device: str, seed: int 
     # Unsloth fetches a usage-statistics file from the model hub on load unless told not to; a worker
     # must never depend on the internet.
     os.environ.setdefault("UNSLOTH_DISABLE_STATISTICS", "1")
-    from unsloth import FastLanguageModel  # noqa: PLC0415 (patches transformers on import)
+    from unsloth import FastLanguageModel
 
     checkpointing = "unsloth" if cfg.gradient_checkpointing else False
     # fix_tokenizer=False: the tokenizer must stay exactly the one the inference server uses.
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=base_model_path, max_seq_length=cfg.max_seq_len, dtype=resolve_dtype(cfg.dtype, device),
-        load_in_4bit=False, load_in_8bit=False, full_finetuning=False, fix_tokenizer=False,
-        use_gradient_checkpointing=checkpointing, random_state=seed)
+        model_name=base_model_path,
+        max_seq_length=cfg.max_seq_len,
+        dtype=resolve_dtype(cfg.dtype, device),
+        load_in_4bit=False,
+        load_in_8bit=False,
+        full_finetuning=False,
+        fix_tokenizer=False,
+        use_gradient_checkpointing=checkpointing,
+        random_state=seed,
+    )
     model = FastLanguageModel.get_peft_model(
-        model, r=cfg.lora_rank, lora_alpha=_alpha(cfg), lora_dropout=cfg.lora_dropout,
-        target_modules=list(cfg.lora_target_modules), bias="none", random_state=seed,
-        use_gradient_checkpointing=checkpointing)
+        model,
+        r=cfg.lora_rank,
+        lora_alpha=_alpha(cfg),
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        bias="none",
+        random_state=seed,
+        use_gradient_checkpointing=checkpointing,
+    )
     FastLanguageModel.for_training(model)
     # Unsloth may return a processor-like wrapper; the trainer needs the text tokenizer.
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)

@@ -72,8 +72,16 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def write_checkpoint(directory: str | os.PathLike, *, peft_model: Any, optimizer: torch.optim.Optimizer,
-                     scheduler: Any, param_names: list[str], config: dict[str, Any], step: int) -> dict:
+def write_checkpoint(
+    directory: str | os.PathLike,
+    *,
+    peft_model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    param_names: list[str],
+    config: dict[str, Any],
+    step: int,
+) -> dict:
     """Write a new checkpoint directory; return {"size_bytes", "step"}.
 
     The files are written aside, flushed to disk, and the directory renamed into place, so `directory`
@@ -87,9 +95,16 @@ def write_checkpoint(directory: str | os.PathLike, *, peft_model: Any, optimizer
     staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         peft_model.save_pretrained(str(staging), safe_serialization=True)
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "rng": capture_rng(), "param_names": param_names, "step": step},
-                   staging / STATE_FILE)
+        torch.save(
+            {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": capture_rng(),
+                "param_names": param_names,
+                "step": step,
+            },
+            staging / STATE_FILE,
+        )
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
         (staging / META_FILE).write_text(json.dumps({"format": FORMAT, "step": step}))
         _fsync_tree(staging)
@@ -131,6 +146,10 @@ def read_checkpoint(directory: str | os.PathLike) -> CheckpointState:
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     return CheckpointState(
         adapter=load_file(str(path / ADAPTER_WEIGHTS)),
-        optimizer=state["optimizer"], scheduler=state["scheduler"], rng=state["rng"],
+        optimizer=state["optimizer"],
+        scheduler=state["scheduler"],
+        rng=state["rng"],
         param_names=list(state["param_names"]),
-        config=json.loads((path / CONFIG_FILE).read_text()), step=int(state["step"]))
+        config=json.loads((path / CONFIG_FILE).read_text()),
+        step=int(state["step"]),
+    )

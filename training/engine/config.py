@@ -39,14 +39,21 @@ class ConfigError(ValueError):
         self.field = field
 
 
-def _spec(default: Any, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-          choices: tuple[str, ...] | None = None, optional: bool = False, integer: bool | None = None) -> Any:
+def _spec(
+    default: Any,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    choices: tuple[str, ...] | None = None,
+    optional: bool = False,
+    integer: bool | None = None,
+) -> Any:
     """A dataclass field carrying its bounds; `lo_open` makes the lower bound exclusive. Whether a
     number must be an integer is read off the default unless `integer` says it (for None defaults)."""
     if integer is None:
         integer = isinstance(default, int) and not isinstance(default, bool)
-    meta = {"lo": lo, "hi": hi, "lo_open": lo_open, "choices": choices, "optional": optional,
-            "integer": integer}
+    meta = {"lo": lo, "hi": hi, "lo_open": lo_open, "choices": choices, "optional": optional, "integer": integer}
     if isinstance(default, tuple):
         return field(default_factory=lambda: default, metadata=meta)
     return field(default=default, metadata=meta)
@@ -107,8 +114,9 @@ class TrainConfig:
     lora_target_modules: tuple[str, ...] = _spec(DEFAULT_LORA_TARGETS)
 
     # --- batching ------------------------------------------------------------------------------------
-    # Token budget of one micro-batch (rows × longest row, padding included); gradients of the
-    # micro-batches of one update are accumulated, so this trades memory for speed, not results.
+    # Token budget of one micro-batch: the positions of its packed row, each group's shared prompt
+    # counted once (rows × longest row where micro-batches are padded: the unsloth backend). Gradients
+    # of the micro-batches of one update are accumulated, so this trades memory for speed, not results.
     micro_batch_tokens: int = _spec(8192, lo=16, hi=1 << 24)
     # Report the mean entropy of the policy on trained tokens (one softmax more per micro-batch).
     compute_entropy: bool = _spec(True)
@@ -119,14 +127,15 @@ class TrainConfig:
         for f in fields(self):
             _check_field(f, getattr(self, f.name))
         if self.lr_scheduler != "constant" and self.total_steps is None:
-            raise ConfigError("total_steps", f"total_steps is required when lr_scheduler is "
-                              f"'{self.lr_scheduler}': an integer in [1, 10000000]")
+            raise ConfigError(
+                "total_steps",
+                f"total_steps is required when lr_scheduler is '{self.lr_scheduler}': an integer in [1, 10000000]",
+            )
 
     def clip_range(self) -> tuple[float, float]:
         """(ε_low, ε_high) in force: the configured values, or the loss's published defaults."""
         lo, hi = LOSS_CLIP_DEFAULTS[self.loss]
-        return (lo if self.epsilon is None else self.epsilon,
-                hi if self.epsilon_high is None else self.epsilon_high)
+        return (lo if self.epsilon is None else self.epsilon, hi if self.epsilon_high is None else self.epsilon_high)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -139,8 +148,7 @@ class TrainConfig:
         unknown = sorted(set(data) - known)
         for key in unknown:
             if key in MOVED_KEYS:
-                raise ConfigError(key, f"{key} belongs to the run, not to its training settings: "
-                                       f"{MOVED_KEYS[key]}")
+                raise ConfigError(key, f"{key} belongs to the run, not to its training settings: {MOVED_KEYS[key]}")
         if unknown:
             raise ConfigError(unknown[0], f"unknown config key(s) {unknown}; allowed keys: {sorted(known)}")
         return cls(**data)

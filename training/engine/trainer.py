@@ -2,9 +2,11 @@
 
 One update reads top to bottom in `train_step`:
   advantages per group → tokenize the trajectories of groups with signal → micro-batches under a token
-  budget → per micro-batch: policy log-probs of the sampled tokens, loss, backward (gradients accumulate)
-  → clip the gradient norm → AdamW step → scheduler step.
-Both backends hand over a PEFT model, so everything here is backend-independent.
+  budget, packed into one row each (a group's shared prompt once, no padding) → per micro-batch: policy
+  log-probs of the sampled tokens, loss, backward (gradients accumulate) → clip the gradient norm →
+  AdamW step → scheduler step.
+Both backends hand over a PEFT model, so everything here is backend-independent except the layout:
+Unsloth replaces the attention that reads packed rows, so its micro-batches are padded instead.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import numpy as np
 import torch
 
 from training.engine.advantages import compute_advantages
+from training.engine.attention import use_packed_attention
 from training.engine.backends import LOADERS, LoadedModel, resolve_dtype
-from training.engine.batching import MicroBatch, collate, plan_micro_batches
+from training.engine.batching import MicroBatch, collate, pack, plan_micro_batches, plan_packed
 from training.engine.checkpoint import read_checkpoint, restore_rng, write_checkpoint
 from training.engine.config import ConfigError, TrainConfig
 from training.engine.logprobs import token_logprobs
@@ -38,6 +41,7 @@ class Cancelled(Exception):
 @dataclass
 class _Sums:
     """Running sums over the micro-batches of one update, turned into means at the end."""
+
     loss: float = 0.0
     policy_loss: float = 0.0
     kl: float = 0.0
@@ -49,11 +53,21 @@ class _Sums:
 
 
 class GRPOTrainer:
-    def __init__(self, cfg: TrainConfig, base_model_path: str, device: str = "cpu", *, seed: int = 0,
-                 chat_template: str | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        base_model_path: str,
+        device: str = "cpu",
+        *,
+        seed: int = 0,
+        chat_template: str | None = None,
+        packed: bool | None = None,
+    ):
         """seed: the LoRA initialisation's and any dropout's (a resumed trainer restores its saved RNG
         states instead). chat_template: a Jinja chat template to render trajectories with instead of
-        the tokenizer's own; it must be the one the inference server rendered them with."""
+        the tokenizer's own; it must be the one the inference server rendered them with. packed: pack
+        micro-batches (default: with the peft backend, when the model's attention can be swapped) or
+        pad them (the layout before packing; the tests and the benchmark compare the two)."""
         if cfg.backend not in LOADERS:
             raise ConfigError("backend", f"backend must be one of {sorted(LOADERS)}, got {cfg.backend!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
@@ -63,6 +77,9 @@ class GRPOTrainer:
         self.chat_template = chat_template or None
         self.base_model_path = str(base_model_path)
         self.device = str(device)
+        if packed and cfg.backend != "peft":
+            raise ConfigError("backend", "packed micro-batches need the peft backend")
+        self.packed = cfg.backend == "peft" if packed is None else bool(packed)
         self._base_dtype = resolve_dtype(cfg.dtype, self.device)  # what the loaders give the base weights
         self.step = 0
         self._loaded: LoadedModel | None = None
@@ -83,11 +100,17 @@ class GRPOTrainer:
         self._loaded = LOADERS[self.cfg.backend](self.cfg, self.base_model_path, self.device, seed=self.seed)
         if self.chat_template:
             self._loaded.tokenizer.chat_template = self.chat_template
+        if self.packed and not use_packed_attention(self._loaded.model):
+            self.packed = False  # a model without pluggable attention trains on padded rows, as before
         named = sorted((n, p) for n, p in self.model.named_parameters() if p.requires_grad)
         self._param_names = [n for n, _ in named]
         self.optimizer = torch.optim.AdamW(
-            [p for _, p in named], lr=self.cfg.learning_rate, betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
-            eps=self.cfg.adam_epsilon, weight_decay=self.cfg.weight_decay)
+            [p for _, p in named],
+            lr=self.cfg.learning_rate,
+            betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
+            eps=self.cfg.adam_epsilon,
+            weight_decay=self.cfg.weight_decay,
+        )
         self.scheduler = _make_scheduler(self.cfg, self.optimizer)
         self.step = 0
         if state is not None:
@@ -97,16 +120,20 @@ class GRPOTrainer:
         for key in ("lora_rank", "lora_alpha", "lora_target_modules"):
             mine = self.cfg.to_dict()[key]
             if saved.get(key) != mine:
-                raise ConfigError(key, f"{key} is {mine!r} but the checkpoint was trained with "
-                                       f"{saved.get(key)!r}; resume with the checkpoint's LoRA settings")
+                raise ConfigError(
+                    key,
+                    f"{key} is {mine!r} but the checkpoint was trained with "
+                    f"{saved.get(key)!r}; resume with the checkpoint's LoRA settings",
+                )
 
     def _restore(self, state: Any) -> None:
         from peft.utils import set_peft_model_state_dict
 
         result = set_peft_model_state_dict(self.model, state.adapter)
         if getattr(result, "unexpected_keys", None):
-            raise ConfigError("lora_target_modules", f"checkpoint adapter has weights this model lacks: "
-                                                     f"{result.unexpected_keys[:3]}")
+            raise ConfigError(
+                "lora_target_modules", f"checkpoint adapter has weights this model lacks: {result.unexpected_keys[:3]}"
+            )
         if state.param_names != self._param_names:
             raise ConfigError("lora_target_modules", "checkpoint optimizer state belongs to other parameters")
         self.optimizer.load_state_dict(state.optimizer)
@@ -138,13 +165,18 @@ class GRPOTrainer:
         return self._loaded.tokenizer
 
     def save_checkpoint(self, directory: str) -> dict:
-        return write_checkpoint(directory, peft_model=self.model, optimizer=self.optimizer,
-                                scheduler=self.scheduler, param_names=self._param_names,
-                                config=self.cfg.to_dict(), step=self.step)
+        return write_checkpoint(
+            directory,
+            peft_model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            param_names=self._param_names,
+            config=self.cfg.to_dict(),
+            step=self.step,
+        )
 
     # --- one update ------------------------------------------------------------------------------------
-    def train_step(self, groups: list[list[dict]], should_stop: Callable[[], bool] | None = None
-                   ) -> dict[str, Any]:
+    def train_step(self, groups: list[list[dict]], should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         start = time.perf_counter()
         adv = compute_advantages(groups, scale_rewards=self.cfg.scale_rewards)
         seqs = self.tokenize_groups(groups, adv.values, adv.used)
@@ -152,17 +184,20 @@ class GRPOTrainer:
         truncated = sum(s.truncated for s in seqs)
         seqs = [s for s in seqs if s.n_trainable > 0]
         total_tokens = sum(s.n_trainable for s in seqs)
-        batches = plan_micro_batches([len(s.input_ids) for s in seqs], self.cfg.micro_batch_tokens)
+        keys = [s.source[0] for s in seqs]  # a group's trajectories share their prompt
+        batches = self._plan(seqs, keys)
         lr = self.optimizer.param_groups[0]["lr"]
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = _Sums()
+        processed = 0
         try:
             for rows in batches:
                 if should_stop is not None and should_stop():
                     raise Cancelled(f"update {self.step + 1} cancelled before its optimizer step")
-                mb = collate([seqs[i] for i in rows], self._pad_id(), self.device)
+                mb = self._batch([seqs[i] for i in rows], [keys[i] for i in rows])
+                processed += mb.tokens_processed
                 self._accumulate(mb, total_tokens, len(seqs), sums)
         except BaseException:
             self.optimizer.zero_grad(set_to_none=True)
@@ -182,7 +217,8 @@ class GRPOTrainer:
             "grad_norm": grad_norm,
             "learning_rate": lr,
             "tokens_trained": total_tokens,
-            "tokens_processed": sum(len(s.input_ids) for s in seqs),
+            # Positions the model ran over: each trained sequence, padding and shared prompts included.
+            "tokens_processed": processed,
             "trajectories_trained": len(seqs),
             "groups_used": adv.groups_used,
             "groups_skipped": adv.groups_skipped,
@@ -195,15 +231,16 @@ class GRPOTrainer:
             "advantages": adv.values,
         }
 
-    def tokenize_groups(self, groups: list[list[dict]], advantages: list[list[float | None]],
-                        used: list[bool]) -> list[TokenizedSequence]:
+    def tokenize_groups(
+        self, groups: list[list[dict]], advantages: list[list[float | None]], used: list[bool]
+    ) -> list[TokenizedSequence]:
         """Sequences of every scored trajectory of the groups with signal, advantage attached."""
         seqs: list[TokenizedSequence] = []
         cache: dict[str, list[int]] = {}
-        for g, (group, group_adv, ok) in enumerate(zip(groups, advantages, used)):
+        for g, (group, group_adv, ok) in enumerate(zip(groups, advantages, used, strict=True)):
             if not ok:
                 continue
-            for t, (traj, a) in enumerate(zip(group, group_adv)):
+            for t, (traj, a) in enumerate(zip(group, group_adv, strict=True)):
                 if a is None:
                     continue
                 seq = tokenize_trajectory(self.tokenizer, traj, self.cfg.max_seq_len, cache)
@@ -221,15 +258,29 @@ class GRPOTrainer:
         self.model.eval()
         try:
             live = [i for i, s in enumerate(seqs) if s.n_trainable > 0]
-            for rows in plan_micro_batches([len(seqs[i].input_ids) for i in live], self.cfg.micro_batch_tokens):
-                mb = collate([seqs[live[r]] for r in rows], self._pad_id(), self.device)
+            # One key for all: whatever prompt the trajectories share is computed once.
+            keys = [0] * len(live)
+            for rows in self._plan([seqs[i] for i in live], keys):
+                mb = self._batch([seqs[live[r]] for r in rows], [keys[r] for r in rows])
                 with self._precision(mb):
                     lp, _ = self._token_logprobs(mb, with_entropy=False)
-                for seq_row, value in zip(mb.seq_ids.tolist(), lp.tolist()):
+                for seq_row, value in zip(mb.seq_ids.tolist(), lp.tolist(), strict=True):
                     result[live[rows[seq_row]]].append(value)
         finally:
             self.model.train(was_training)
         return result
+
+    def _plan(self, seqs: list[TokenizedSequence], keys: list[int]) -> list[list[int]]:
+        """Micro-batches of sequence indices under cfg.micro_batch_tokens (real tokens when packed)."""
+        if self.packed:
+            return plan_packed(seqs, keys, self.cfg.micro_batch_tokens)
+        return plan_micro_batches([len(s.input_ids) for s in seqs], self.cfg.micro_batch_tokens)
+
+    def _batch(self, seqs: list[TokenizedSequence], keys: list[int]) -> MicroBatch:
+        """Sequences with equal keys share their common prompt (packed layout only)."""
+        if self.packed:
+            return pack(seqs, keys, self.device)
+        return collate(seqs, self._pad_id(), self.device)
 
     def _accumulate(self, mb: MicroBatch, total_tokens: int, total_seqs: int, sums: _Sums) -> None:
         """Forward + backward of one micro-batch; its gradient share adds to .grad."""
@@ -239,7 +290,8 @@ class GRPOTrainer:
         eps_low, eps_high = cfg.clip_range()
         pl = policy_loss(cfg.loss, new_lp, mb.old_logprobs, mb.advantages, mb.seq_ids, eps_low, eps_high)
         agg = lambda per_token: aggregate(  # noqa: E731
-            per_token, mb.seq_ids, mb.seq_token_counts, cfg.loss_aggregation, total_tokens, total_seqs)
+            per_token, mb.seq_ids, mb.seq_token_counts, cfg.loss_aggregation, total_tokens, total_seqs
+        )
         policy_part = agg(pl.per_token)
         loss = policy_part
         if cfg.kl_beta > 0:
@@ -264,11 +316,13 @@ class GRPOTrainer:
         agent rollouts (long prompts, short answers) saves most of the vocabulary-sized work.
         """
         causal_lm = self.model.get_base_model()
-        # Without padding the mask is all ones; leaving it out lets attention take its fused causal
-        # kernel (flash) instead of a masked one.
-        mask = None if mb.unpadded else mb.attention_mask
-        out = causal_lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mask, use_cache=False)
-        hidden = out.last_hidden_state[:, :-1][mb.target_mask]  # [N, H]
+        extra: dict[str, Any] = {}
+        if mb.layout is not None:
+            extra = {"position_ids": mb.position_ids, "packed_layout": mb.layout}
+        out = causal_lm.get_decoder()(
+            input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, **extra
+        )
+        hidden = out.last_hidden_state.flatten(0, 1)[mb.hidden_index]  # [N, H]
         logprobs, entropy = token_logprobs(hidden, causal_lm.get_output_embeddings(), mb.targets, with_entropy)
         return logprobs, entropy
 
@@ -290,7 +344,7 @@ class GRPOTrainer:
         device_type = "cuda" if self.device.startswith("cuda") else "cpu"
         stack.enter_context(torch.autocast(device_type=device_type, dtype=dtype))
         stack.enter_context(disable_input_dtype_casting(self.model))
-        if device_type == "cpu" and mb.input_ids.shape[1] <= 2048:
+        if device_type == "cpu" and mb.attention_width <= 2048:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
@@ -323,10 +377,12 @@ class GRPOTrainer:
 def _make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> Any:
     from transformers import get_scheduler
 
-    name = {"constant": "constant_with_warmup" if cfg.warmup_steps else "constant",
-            "linear": "linear", "cosine": "cosine"}[cfg.lr_scheduler]
-    return get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps,
-                         num_training_steps=cfg.total_steps)
+    name = {
+        "constant": "constant_with_warmup" if cfg.warmup_steps else "constant",
+        "linear": "linear",
+        "cosine": "cosine",
+    }[cfg.lr_scheduler]
+    return get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.total_steps)
 
 
 def _seed_everything(seed: int) -> None:
@@ -335,7 +391,16 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_trainer(cfg: TrainConfig, base_model_path: str, device: str = "cpu", *, seed: int = 0,
-                 chat_template: str | None = None) -> GRPOTrainer:
+def make_trainer(
+    cfg: TrainConfig,
+    base_model_path: str,
+    device: str = "cpu",
+    *,
+    seed: int = 0,
+    chat_template: str | None = None,
+    packed: bool | None = None,
+) -> GRPOTrainer:
     """A trainer for cfg.backend; call .load() before training."""
-    return GRPOTrainer(cfg, base_model_path=base_model_path, device=device, seed=seed, chat_template=chat_template)
+    return GRPOTrainer(
+        cfg, base_model_path=base_model_path, device=device, seed=seed, chat_template=chat_template, packed=packed
+    )

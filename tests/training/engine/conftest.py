@@ -37,10 +37,19 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
 
     path = tmp_path_factory.mktemp("tiny-llama")
     tokenizer.save_pretrained(path)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1234)
         LlamaForCausalLM(config).save_pretrained(path)
@@ -54,10 +63,15 @@ def completion(tokenizer, text: str, logprob: float = -10.8) -> dict:
 
 
 def trajectory(tokenizer, prompt: str, answer: str, reward: float | None, logprob: float = -10.8) -> dict:
-    return {"messages": [{"role": "system", "content": "Answer briefly."},
-                         {"role": "user", "content": prompt},
-                         completion(tokenizer, answer, logprob)],
-            "tools": None, "reward": reward}
+    return {
+        "messages": [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": prompt},
+            completion(tokenizer, answer, logprob),
+        ],
+        "tools": None,
+        "reward": reward,
+    }
 
 
 @pytest.fixture

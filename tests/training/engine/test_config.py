@@ -5,17 +5,20 @@ import pytest
 from training.engine import ConfigError, TrainConfig
 
 
-@pytest.mark.parametrize(("field", "value", "range_text"), [
-    ("learning_rate", -1e-5, "(0, 1]"),
-    ("learning_rate", 0.0, "(0, 1]"),
-    ("lora_rank", 0, "[1, 1024]"),
-    ("warmup_steps", -1, "[0, 1e+06]"),
-    ("loss", "reinforce", "['cispo', 'ppo', 'gspo']"),
-    ("backend", "jax", "['peft', 'unsloth']"),
-    ("max_grad_norm", -1.0, "[0, 1e+06]"),
-    ("lora_dropout", 1.0, "[0, 0.9]"),
-    ("epsilon", 0.0, "(0, 1]"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "range_text"),
+    [
+        ("learning_rate", -1e-5, "(0, 1]"),
+        ("learning_rate", 0.0, "(0, 1]"),
+        ("lora_rank", 0, "[1, 1024]"),
+        ("warmup_steps", -1, "[0, 1e+06]"),
+        ("loss", "reinforce", "['cispo', 'ppo', 'gspo']"),
+        ("backend", "jax", "['peft', 'unsloth']"),
+        ("max_grad_norm", -1.0, "[0, 1e+06]"),
+        ("lora_dropout", 1.0, "[0, 0.9]"),
+        ("epsilon", 0.0, "(0, 1]"),
+    ],
+)
 def test_it_rejects_out_of_range_values_naming_the_field_and_range(field, value, range_text):
     with pytest.raises(ConfigError) as err:
         TrainConfig(**{field: value})

@@ -17,7 +17,7 @@ def test_it_moves_the_policy_toward_rewarded_answers(default_model_dir, tokenize
     # On-policy, as in a run: the sampler's log-probs are the current policy's. The second update
     # reuses them, slightly stale, which the clipped importance weight accounts for.
     before = trainer.logprobs(group)
-    for traj, values in zip(group, before):
+    for traj, values in zip(group, before, strict=False):
         traj["messages"][-1]["logprobs"] = values
     first = trainer.train_step([group])
     trainer.train_step([group])
@@ -26,7 +26,7 @@ def test_it_moves_the_policy_toward_rewarded_answers(default_model_dir, tokenize
 
     assert first["sampler_kl"] < 1e-6 and first["optimizer_stepped"] == 1
     # Summed log-prob of each answer (its tokens and <|im_end|>).
-    paris, london = [(sum(b), sum(a)) for b, a in zip(before, after)]
+    paris, london = [(sum(b), sum(a)) for b, a in zip(before, after, strict=False)]
     assert paris[1] > paris[0] + 0.5, (paris, london)
     # Both answers share the prompt and the one-word shape, so the punished one may rise a little with
     # the rewarded one; what GRPO must do is widen the gap between them.

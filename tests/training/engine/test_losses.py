@@ -55,7 +55,8 @@ def test_k3_kl_is_zero_on_equal_policies_and_matches_the_formula():
     assert kl_k3(NEW, NEW).tolist() == [0.0, 0.0, 0.0]
     # d = ref - new = log(0.5) → 0.5 - log 0.5 - 1
     assert kl_k3(torch.log(torch.tensor([0.2])), torch.log(torch.tensor([0.1]))).item() == pytest.approx(
-        0.5 - math.log(0.5) - 1.0, rel=1e-5)
+        0.5 - math.log(0.5) - 1.0, rel=1e-5
+    )
 
 
 def test_token_and_sequence_aggregation():

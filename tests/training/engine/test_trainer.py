@@ -9,14 +9,18 @@ import torch
 from training.engine import Cancelled, ConfigError, TrainConfig, make_trainer
 
 # fp32: these tests compare updates for exact equivalence; bf16 rounding depends on batch shapes.
-FAST = dict(learning_rate=1e-2, max_grad_norm=1.0, weight_decay=0.0, dtype="float32")
+FAST = {"learning_rate": 1e-2, "max_grad_norm": 1.0, "weight_decay": 0.0, "dtype": "float32"}
 
 
 @pytest.fixture
 def groups(make_trajectory):
     return [
-        [make_trajectory("2+2?", "4", 1.0), make_trajectory("2+2?", "5", 0.0),
-         make_trajectory("2+2?", "four", 1.0), make_trajectory("2+2?", "no idea", None)],
+        [
+            make_trajectory("2+2?", "4", 1.0),
+            make_trajectory("2+2?", "5", 0.0),
+            make_trajectory("2+2?", "four", 1.0),
+            make_trajectory("2+2?", "no idea", None),
+        ],
         [make_trajectory("Capital of France?", "Paris", 1.0), make_trajectory("Capital of France?", "Rome", 0.0)],
         [make_trajectory("Say hi", "hi", 0.5), make_trajectory("Say hi", "hello", 0.5)],  # no signal
     ]
@@ -24,8 +28,9 @@ def groups(make_trajectory):
 
 @pytest.fixture
 def more_groups(make_trajectory):
-    return [[make_trajectory("3+3?", "6", 1.0), make_trajectory("3+3?", "seven", 0.0),
-             make_trajectory("3+3?", "6!", 0.5)]]
+    return [
+        [make_trajectory("3+3?", "6", 1.0), make_trajectory("3+3?", "seven", 0.0), make_trajectory("3+3?", "6!", 0.5)]
+    ]
 
 
 def adapter_weights(trainer) -> dict[str, torch.Tensor]:
@@ -38,11 +43,15 @@ def trained(tiny_model_dir, cfg, checkpoint=None):
     return trainer
 
 
-@pytest.mark.parametrize("cfg", [
-    TrainConfig(**FAST),
-    TrainConfig(**FAST, loss="ppo", loss_aggregation="sequence"),
-    TrainConfig(**FAST, loss="gspo", loss_aggregation="sequence", kl_beta=0.1),
-], ids=["cispo-token", "ppo-sequence", "gspo-kl"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        TrainConfig(**FAST),
+        TrainConfig(**FAST, loss="ppo", loss_aggregation="sequence"),
+        TrainConfig(**FAST, loss="gspo", loss_aggregation="sequence", kl_beta=0.1),
+    ],
+    ids=["cispo-token", "ppo-sequence", "gspo-kl"],
+)
 def test_it_makes_one_update_with_finite_loss_and_changed_adapter(tiny_model_dir, groups, cfg):
     trainer = trained(tiny_model_dir, cfg)
     before = adapter_weights(trainer)
@@ -52,8 +61,9 @@ def test_it_makes_one_update_with_finite_loss_and_changed_adapter(tiny_model_dir
     assert trainer.step == 1 and metrics["optimizer_stepped"] == 1
     assert metrics["groups_used"] == 2 and metrics["groups_skipped"] == 1
     assert metrics["trajectories_trained"] == 5 and metrics["sequences_truncated"] == 0
-    assert metrics["tokens_trained"] == sum(len(t["messages"][-1]["token_ids"]) for g in groups[:2]
-                                            for t in g if t["reward"] is not None)
+    assert metrics["tokens_trained"] == sum(
+        len(t["messages"][-1]["token_ids"]) for g in groups[:2] for t in g if t["reward"] is not None
+    )
     assert metrics["advantages"][0][3] is None and metrics["advantages"][2] == [0.0, 0.0]
     assert json.dumps(metrics)  # flat and serialisable, stored as is
     after = adapter_weights(trainer)
