@@ -218,11 +218,13 @@ def _descendants(proc: stack.Proc):
 
 
 def _running(proc: stack.Proc, name: str) -> bool:
+    """A process called `name` runs under the worker at normal priority: for "bwrap", a batch's rollouts
+    (the jail pre-started for a run's next batch waits at a low priority until its batch begins)."""
     import psutil
 
     for p in _descendants(proc):
         try:
-            if p.name() == name:
+            if p.name() == name and p.nice() == 0:
                 return True
         except psutil.NoSuchProcess:  # a sandbox that just ended
             continue
