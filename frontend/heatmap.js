@@ -147,6 +147,9 @@ function viridis(t) {
   return a.map((v, k) => Math.round(v + (b[k] - v) * (x - i)));
 }
 
+// The colour of each of 256 levels, computed once: a preview has up to hundreds of thousands of cells.
+const LUT = Array.from({ length: 256 }, (_, i) => viridis(i / 255));
+
 function drawPreview() {
   const rows = order.length, cols = view.first.length;
   if (!rows || !cols) return null;
@@ -161,7 +164,7 @@ function drawPreview() {
     const z = view.rows[order[y]].z;
     for (let x = 0; x < cols; x++) {
       if (Number.isNaN(z[x])) continue;  // transparent: no group
-      const [r, g, b] = viridis((z[x] - min) / span);
+      const [r, g, b] = LUT[Math.round(((z[x] - min) / span) * 255)] || LUT[0];
       const o = (y * cols + x) * 4;
       img.data[o] = r; img.data[o + 1] = g; img.data[o + 2] = b; img.data[o + 3] = 255;
     }
