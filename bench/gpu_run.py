@@ -161,14 +161,12 @@ def run_example(
     """One run of the example task on a fresh prefork GPU worker; its steps, phase timings and peak memory."""
     from django.conf import settings
     from django.contrib.auth import get_user_model
-    from django.db.models import Sum
 
-    from bench.run_curve import EXAMPLES, PeakMemory, _register_model
-    from rollouts.models import Trajectory
+    from bench.run_curve import EXAMPLES, PeakMemory, _register_model, step_rows
     from rollouts.services import reward_create, scenario_set_create, script_create
     from tests.e2e import stack
     from training.engine.default_model import ensure_default_model
-    from training.models import Run, Step
+    from training.models import Run
     from training.services import run_create
 
     t0 = time.perf_counter()
@@ -223,25 +221,7 @@ def run_example(
     finally:
         worker.kill()
     run.refresh_from_db()
-    rows = []
-    for s in Step.objects.filter(run=run).order_by("step"):
-        completion = (
-            Trajectory.objects.filter(group__run=run, group__step=s.step, group__split="train").aggregate(
-                n=Sum("completion_tokens")
-            )["n"]
-            or 0
-        )
-        rows.append(
-            {
-                "step": s.step,
-                "reward_mean": s.reward_mean,
-                "val_reward": s.val_reward,
-                "seconds": s.timings.get("step", s.duration_s),
-                "timings": s.timings,
-                "completion_tokens": completion,
-                "tokens_trained": s.metrics.get("tokens_trained", 0),
-            }
-        )
+    rows = step_rows(run)
     return {
         "run_id": run.id,
         "status": run.status,

@@ -90,6 +90,30 @@ def _register_model(model_dir: Path):
     return base_model_register(name=name, source=str(model_dir), local_path=str(model_dir), supports_tools=True)
 
 
+def step_rows(run) -> list[dict]:
+    """Each of a run's steps: reward, validation, wall time and phases, completion and trained tokens."""
+    rows = []
+    for s in Step.objects.filter(run=run).order_by("step"):
+        completion = (
+            Trajectory.objects.filter(group__run=run, group__step=s.step, group__split="train").aggregate(
+                n=Sum("completion_tokens")
+            )["n"]
+            or 0
+        )
+        rows.append(
+            {
+                "step": s.step,
+                "reward_mean": s.reward_mean,
+                "val_reward": s.val_reward,
+                "seconds": s.timings.get("step", s.duration_s),
+                "timings": s.timings,
+                "completion_tokens": completion,
+                "tokens_trained": s.metrics.get("tokens_trained", 0),
+            }
+        )
+    return rows
+
+
 def run_artweb(
     *,
     steps: int,
@@ -154,25 +178,7 @@ def run_artweb(
     finally:
         worker.kill()
     run.refresh_from_db()
-    rows = []
-    for s in Step.objects.filter(run=run).order_by("step"):
-        completion = (
-            Trajectory.objects.filter(group__run=run, group__step=s.step, group__split="train").aggregate(
-                n=Sum("completion_tokens")
-            )["n"]
-            or 0
-        )
-        rows.append(
-            {
-                "step": s.step,
-                "reward_mean": s.reward_mean,
-                "val_reward": s.val_reward,
-                "seconds": s.timings.get("step", s.duration_s),
-                "timings": s.timings,
-                "completion_tokens": completion,
-                "tokens_trained": s.metrics.get("tokens_trained", 0),
-            }
-        )
+    rows = step_rows(run)
     last = run.checkpoints.order_by("-step").first()
     return {
         "run_id": run.id,

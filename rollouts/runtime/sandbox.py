@@ -170,6 +170,29 @@ def inference_proxy() -> InferenceProxy:
         return _proxy
 
 
+def _pump(sandboxes, selector, *, batch_timeout: float, should_stop, tick, cancelled: str, unfinished: str) -> None:
+    """Read the sandboxes' pipes until every one has finished, the batch's deadline passes (the rest are
+    killed, each unfinished item saying `unfinished`) or the caller cancels; `tick` takes what arrived after
+    each read and may raise to end the batch early."""
+    deadline = time.monotonic() + batch_timeout
+    while any(not box.finished for box in sandboxes):
+        if should_stop():
+            raise Cancelled(cancelled)
+        if time.monotonic() > deadline:
+            for box in sandboxes:
+                box.kill(f"The batch did not finish within its {batch_timeout:g} s limit; {unfinished}")
+            return
+        for key, _ in selector.select(timeout=0.2):
+            key.data.read()
+            # A closed pipe stays readable, and so does one whose sandbox was cut off for breaking the
+            # protocol (nothing more is read from it): stop watching both.
+            if key.data.eof or key.data.finished:
+                selector.unregister(key.fd)
+        for box in sandboxes:
+            box.check_exit()
+        tick()
+
+
 def run_rollouts(
     request: RolloutRequest,
     should_stop: Callable[[], bool] = lambda: False,
@@ -271,25 +294,9 @@ def _rollouts_in(
         started.hand_over(request)
         for box in sandboxes:
             selector.register(box.read_fd, selectors.EVENT_READ, box)
-        deadline = time.monotonic() + batch_timeout
-        while any(not box.finished for box in sandboxes):
-            if should_stop():
-                raise Cancelled("the rollouts were cancelled")
-            if time.monotonic() > deadline:
-                for box in sandboxes:
-                    box.kill(
-                        f"The batch did not finish within its {batch_timeout:g} s limit; "
-                        "this rollout was stopped unfinished."
-                    )
-                break
-            for key, _ in selector.select(timeout=0.2):
-                key.data.read()
-                # A closed pipe stays readable, and so does one whose sandbox was cut off for breaking the
-                # protocol (nothing more is read from it): stop watching both.
-                if key.data.eof or key.data.finished:
-                    selector.unregister(key.fd)
+
+        def tick() -> None:
             for box in sandboxes:
-                box.check_exit()
                 collect(box)
             if len(failures) > budget:
                 raise TooManyErrors(
@@ -297,6 +304,16 @@ def _rollouts_in(
                     f"The first error:\n{failures[0]}",
                     _results(request, records, "Not run: the batch stopped after too many failures."),
                 )
+
+        _pump(
+            sandboxes,
+            selector,
+            batch_timeout=batch_timeout,
+            should_stop=should_stop,
+            tick=tick,
+            cancelled="the rollouts were cancelled",
+            unfinished="this rollout was stopped unfinished.",
+        )
         for box in sandboxes:
             collect(box)
         if jail is not None and (kills := jail.cgroup.oom_kills()):
@@ -1033,25 +1050,21 @@ def run_scores(request: ScoreRequest, should_stop: Callable[[], bool] = lambda: 
         for box in sandboxes:
             box.sizes = {g: len(request.groups[g].trajectories) for g in box.groups}
             selector.register(box.read_fd, selectors.EVENT_READ, box)
-        deadline = time.monotonic() + batch_timeout
-        while any(not box.finished for box in sandboxes):
-            if should_stop():
-                raise Cancelled("the re-scoring was cancelled")
-            if time.monotonic() > deadline:
-                for box in sandboxes:
-                    box.kill(
-                        f"The batch did not finish within its {batch_timeout:g} s limit; this trajectory "
-                        "was not scored."
-                    )
-                break
-            for key, _ in selector.select(timeout=0.2):
-                key.data.read()
-                if key.data.eof or key.data.finished:
-                    selector.unregister(key.fd)
+
+        def tick() -> None:
             for box in sandboxes:
-                box.check_exit()
                 for group, index, score in box.take():
                     scores[group][index] = score
+
+        _pump(
+            sandboxes,
+            selector,
+            batch_timeout=batch_timeout,
+            should_stop=should_stop,
+            tick=tick,
+            cancelled="the re-scoring was cancelled",
+            unfinished="this trajectory was not scored.",
+        )
         for box in sandboxes:
             for group, index, score in box.take():
                 scores[group][index] = score
