@@ -36,6 +36,7 @@ from rollouts.models import Scenario, Trajectory, TrajectoryGroup
 from rollouts.runtime import TooManyErrors
 from training import signals
 from training.config import RunConfig
+from training.heatmap import heatmap_columns_record
 from training.models import BaseModel, Checkpoint, Run, Step
 from training.services import inference
 from training.services.alerts import run_alerts_check
@@ -712,6 +713,8 @@ def _step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir: Path,
                 "state": Checkpoint.State.ACTIVE,
             },
         )
+        # The step's groups (train and validation) are final now: the heatmap reads them from here on.
+        heatmap_columns_record(run_id=run.id, step=step)
         if val_reward is not None:
             Run.objects.filter(Q(best_val_reward__isnull=True) | Q(best_val_reward__lt=val_reward), id=run.id).update(
                 best_val_reward=val_reward
