@@ -1,11 +1,12 @@
 """Where the CPU build of vLLM spends its time, per instruction set and dtype, on this processor.
 
-    python bench/cpu_paths.py [--rollouts 16] [--tokens 64] [--isa native,avx2] [--dtype bfloat16,float32]
+    python bench/cpu_paths.py [--rollouts 16] [--tokens 64] [--isa native,avx512,avx2] [--dtype bfloat16,float16,float32]
 
 For every (instruction set, dtype) pair it starts vLLM's CPU server for the default model, as the worker
 does (merged weights, the worker's threads and preloads), and times --rollouts chat completions of
-exactly --tokens tokens each (ignore_eos, logprobs and token ids on, all in flight at once), three
-rounds, median reported, after one greedy answer checked for text and finite log-probs (a path that
+exactly --tokens tokens each (ignore_eos, logprobs and token ids on, all in flight at once): the
+dtypes of one instruction set side by side, three rounds alternating between them, medians reported,
+after one greedy answer checked for text and finite log-probs (a path that
 answers garbage is reported as such, not timed). `avx2` makes this processor take an AVX2-only one's
 code paths, `avx512` those of one with AVX-512 but no bf16/AMX units (bench/isa/sitecustomize.py): the
 kernels such a processor runs, at this one's clock and memory speed.
@@ -61,7 +62,7 @@ def cpu_flags() -> str:
     return " ".join(f for f in wanted if f in flags) or "none of " + ", ".join(wanted)
 
 
-def measure(model_dir: str, isa: str, dtype: str, rollouts: int, tokens: int) -> dict:
+def start(model_dir: str, isa: str, dtype: str) -> tuple[VLLMServer, float]:
     env = {k: v for k, v in gpu_worker_env(dict(os.environ)).items() if k in ("OMP_NUM_THREADS", "LD_PRELOAD")}
     server = VLLMServer(
         model_dir,
@@ -74,44 +75,58 @@ def measure(model_dir: str, isa: str, dtype: str, rollouts: int, tokens: int) ->
     )
     started = time.perf_counter()
     server.start()
-    up_s = time.perf_counter() - started
+    return server, time.perf_counter() - started
+
+
+def usable_answer(server: VLLMServer, name: str) -> str | None:
+    """None when the server answers a greedy question with text and finite log-probs; else what it said."""
+    check = httpx.post(
+        f"{server.base_url}/chat/completions",
+        headers=server.headers,
+        json={
+            "model": name,
+            "messages": [{"role": "user", "content": "What is 2+2?"}],
+            "max_tokens": 16,
+            "temperature": 0,
+            "logprobs": True,
+        },
+        timeout=600,
+    )
+    if check.status_code == 200 and check.json()["choices"][0]["message"]["content"].strip():
+        return None
+    return f"HTTP {check.status_code}: {check.text[:120]!r}"
+
+
+def measure_isa(model_dir: str, isa: str, dtypes: list[str], rollouts: int, tokens: int) -> list[dict]:
+    """Every dtype's server up at once, then rounds alternating between them: whatever else the machine
+    does at a moment weighs on all of them alike."""
+    sampling = {"max_tokens": tokens, "temperature": 1.0, "ignore_eos": True}
+    servers, rows = {}, {}
     try:
-        name = server.ensure_base()
-        sampling = {"max_tokens": tokens, "temperature": 1.0, "ignore_eos": True}
-        check = httpx.post(
-            f"{server.base_url}/chat/completions",
-            headers=server.headers,
-            json={
-                "model": name,
-                "messages": [{"role": "user", "content": "What is 2+2?"}],
-                "max_tokens": 16,
-                "temperature": 0,
-                "logprobs": True,
-            },
-            timeout=600,
-        )
-        answer = check.json()["choices"][0]["message"]["content"] if check.status_code == 200 else ""
-        if not answer.strip():
-            return {"isa": isa, "dtype": dtype, "broken": f"HTTP {check.status_code}: {check.text[:120]!r}"}
-        asyncio.run(direct(server.base_url, server.api_key, name, 2, 2, {**sampling, "max_tokens": 8}))  # warm-up
-        rounds = []
+        for dtype in dtypes:
+            server, up_s = start(model_dir, isa, dtype)
+            name = server.ensure_base()
+            broken = usable_answer(server, name)
+            rows[dtype] = {"isa": isa, "dtype": dtype, "up_s": up_s, "rounds": []}
+            if broken:
+                rows[dtype]["broken"] = broken
+                server.stop()
+                continue
+            servers[dtype] = (server, name)
+            asyncio.run(direct(server.base_url, server.api_key, name, 2, 2, {**sampling, "max_tokens": 8}))  # warm-up
         for _ in range(3):
-            t = time.perf_counter()
-            n = asyncio.run(direct(server.base_url, server.api_key, name, rollouts, rollouts, sampling))
-            rounds.append((n, time.perf_counter() - t))
-        seconds = statistics.median(s for _, s in rounds)
-        log = "".join(p.read_text(errors="replace") for p in Path(server.log_dir).glob("*"))
-        return {
-            "isa": isa,
-            "dtype": dtype,
-            "seconds": seconds,
-            "tok_s": rounds[0][0] / seconds,
-            "up_s": up_s,
-            "answer": answer,
-            "warned_isa": "Failed to import from vllm._C" in log,
-        }
+            for dtype, (server, name) in servers.items():
+                t = time.perf_counter()
+                n = asyncio.run(direct(server.base_url, server.api_key, name, rollouts, rollouts, sampling))
+                rows[dtype]["rounds"].append((n, time.perf_counter() - t))
     finally:
-        server.stop()
+        for server, _ in servers.values():
+            server.stop()
+    for row in rows.values():
+        if row["rounds"]:
+            row["seconds"] = statistics.median(s for _, s in row["rounds"])
+            row["tok_s"] = row["rounds"][0][0] / row["seconds"]
+    return list(rows.values())
 
 
 def main() -> None:
@@ -119,7 +134,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--isa", default="native,avx512,avx2")
-    parser.add_argument("--dtype", default="bfloat16,float32")
+    parser.add_argument("--dtype", default="bfloat16,float16,float32")
     parser.add_argument("--data-dir", default=os.environ.get("ARTWEB_DATA_DIR", str(REPO / "data")))
     args = parser.parse_args()
     model_dir = str(ensure_default_model(Path(args.data_dir)).path)
@@ -131,17 +146,16 @@ def main() -> None:
         print(line, flush=True)
     rows = []
     for isa in args.isa.split(","):
-        for dtype in args.dtype.split(","):
-            r = measure(model_dir, isa, dtype, args.rollouts, args.tokens)
+        for r in measure_isa(model_dir, isa, args.dtype.split(","), args.rollouts, args.tokens):
             rows.append(r)
             if "broken" in r:
-                print(f"{isa:>6} {dtype:>8}: no usable answer ({r['broken']})", flush=True)
-                continue
-            print(
-                f"{isa:>6} {dtype:>8}: {r['seconds']:.2f} s, {r['tok_s']:.0f} tok/s (server up in {r['up_s']:.0f} s)"
-                + (" [vLLM failed to load its kernels]" if r["warned_isa"] else ""),
-                flush=True,
-            )
+                print(f"{isa:>6} {r['dtype']:>8}: no usable answer ({r['broken']})", flush=True)
+            else:
+                print(
+                    f"{isa:>6} {r['dtype']:>8}: {r['seconds']:.2f} s, {r['tok_s']:.0f} tok/s "
+                    f"(server up in {r['up_s']:.0f} s)",
+                    flush=True,
+                )
     command = f"python bench/cpu_paths.py --rollouts {args.rollouts} --tokens {args.tokens}"
     RESULTS.write_text(
         "# vLLM CPU paths by instruction set and dtype\n\n"
