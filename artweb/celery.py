@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import celeryd_init, worker_process_init, worker_ready
 from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
@@ -30,3 +30,32 @@ def _start_sweeper(**kwargs) -> None:
     from training.sweeper import Sweeper
 
     Sweeper.start()
+
+
+# The GPU workers serve the OpenAI-compatible endpoint too, from a thread of the process that holds the
+# inference server (the pool child under prefork, the worker itself under solo): training.services.serving.
+_SERVES = "ARTWEB_SERVING_WORKER"
+
+
+@celeryd_init.connect
+def _mark_serving(options=None, **kwargs) -> None:
+    queues = (options or {}).get("queues") or []
+    queues = queues.split(",") if isinstance(queues, str) else queues
+    if "gpu" in queues:
+        os.environ[_SERVES] = (options or {}).get("pool") or "prefork"
+
+
+@worker_process_init.connect
+def _serve_in_child(**kwargs) -> None:
+    if os.environ.get(_SERVES):
+        from training.services.serving import serve_loop_start
+
+        serve_loop_start()
+
+
+@worker_ready.connect
+def _serve_in_worker(**kwargs) -> None:
+    if os.environ.get(_SERVES) in ("solo", "threads"):
+        from training.services.serving import serve_loop_start
+
+        serve_loop_start()

@@ -43,6 +43,7 @@ from training.services.broadcast import final_answer, group_message, run_broadca
 from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
 from training.services.logs import run_log
 from training.services.runs import run_event, run_transition
+from training.services.serving import serving_paused
 from training.signals import truncated
 
 logger = logging.getLogger(__name__)
@@ -443,7 +444,8 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
                     to_status=S.RUNNING,
                     message="Inference server ready; training.",
                 )
-            _execute(run, cfg, next_step, server, hb)
+            with serving_paused():  # requests to the OpenAI endpoint wait for the step's end
+                _execute(run, cfg, next_step, server, hb)
     except StepAborted as exc:
         logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
         # Groups it persisted before stopping were never trained on: kept, marked (only while ours).
