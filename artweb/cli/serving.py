@@ -12,7 +12,7 @@ from artweb.cli.base import cli, client_from, console, print_json
 
 
 @cli.command("chat")
-@click.argument("model")
+@click.argument("model", required=False)
 @click.argument("prompt", required=False)
 @click.option("--system", default="", help="A system message first.")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
@@ -31,6 +31,8 @@ def chat(ctx, model, prompt, system, max_tokens, temperature, no_stream, logprob
             for m in api.served_models():
                 click.echo(m["id"])
             return
+        if not model:
+            raise click.UsageError("Name the MODEL to chat with (artweb chat --list shows the names).")
         messages = [{"role": "system", "content": system}] if system else []
         params = {"max_tokens": max_tokens}
         if temperature is not None:

@@ -49,25 +49,30 @@ def web(transactional_db):
     server.stop()
 
 
-@pytest.fixture
-def served_run(transactional_db, django_user_model, vllm_model_dir, tmp_path):
-    """alice with a token, the default model, and a finished run of hers with a real LoRA checkpoint at
-    step 1 (a random adapter saved by PEFT, as the trainer saves one); bob with a token of his own."""
-    from rest_framework.authtoken.models import Token
-
+def make_served_run(owner, model_dir, adapter_dir: Path):
+    """The default model registered (shared), and a finished run of owner's with a real LoRA checkpoint at
+    step 1 (a random adapter saved by PEFT, as the trainer saves one): (model, run, checkpoint)."""
     from tests.factories import RunFactory
     from tests.rollouts.runtime.adapters import make_adapter
-    from training.models import Checkpoint
+    from training.models import BaseModel, Checkpoint
     from training.services import base_model_register
+
+    model = BaseModel.objects.filter(name="SmolLM2-135M-Instruct").first() or base_model_register(
+        name="SmolLM2-135M-Instruct", source=str(model_dir), local_path=str(model_dir), supports_tools=True
+    )
+    run = RunFactory(owner=owner, base_model=model, status="completed", num_steps=1, steps_done=1)
+    adapter = make_adapter(adapter_dir, seed=7, std=0.05)
+    return model, run, Checkpoint.objects.create(run=run, step=1, path=str(adapter), val_reward=0.5)
+
+
+@pytest.fixture
+def served_run(transactional_db, django_user_model, vllm_model_dir, tmp_path):
+    """alice with a token and a served run (make_served_run); bob with a token of his own."""
+    from rest_framework.authtoken.models import Token
 
     alice = django_user_model.objects.create_user("alice", "alice@example.com", "alice-pass-123")
     bob = django_user_model.objects.create_user("bob", "bob@example.com", "bob-pass-123")
-    model = base_model_register(
-        name="SmolLM2-135M-Instruct", source=str(vllm_model_dir), local_path=str(vllm_model_dir), supports_tools=True
-    )
-    run = RunFactory(owner=alice, base_model=model, status="completed", num_steps=1, steps_done=1)
-    adapter = make_adapter(tmp_path / "step1", seed=7, std=0.05)
-    ckpt = Checkpoint.objects.create(run=run, step=1, path=str(adapter), val_reward=0.5)
+    model, run, ckpt = make_served_run(alice, vllm_model_dir, tmp_path / "step1")
     return {
         "alice": alice,
         "bob": bob,

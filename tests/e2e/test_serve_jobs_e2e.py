@@ -52,7 +52,7 @@ def _direct(vllm_server, name: str, messages, *, n: int, seed: int, max_tokens: 
             "model": name,
             "messages": messages,
             "n": n,
-            "temperature": 1.0,
+            "temperature": 0.0,
             "max_tokens": max_tokens,
             "seed": seed,
             "logprobs": True,
@@ -78,9 +78,12 @@ def test_a_diff_on_a_finished_run_matches_a_direct_evaluation(
         model_b=f"run-{run.id}@latest",
         scenario_set=run.scenario_set,
         reward_version=version,
-        samples=2,
+        samples=1,
         max_tokens=16,
         seed=5,
+        # Greedy: seeded sampling at temperature 1 did not repeat exactly on the CPU build (the same request
+        # sent twice parted after a few tokens), so only greedy answers can be compared token for token.
+        temperature=0.0,
     )
     serve_job_execute(job_id=job.id)
     job.refresh_from_db()
@@ -94,13 +97,13 @@ def test_a_diff_on_a_finished_run_matches_a_direct_evaluation(
     for row in rows:
         messages = scenario_messages(row.scenario.data)
         seed = 5 + row.scenario.index
-        a = _direct(vllm_server, vllm_server.ensure_base(), messages, n=2, seed=seed, max_tokens=16)
+        a = _direct(vllm_server, vllm_server.ensure_base(), messages, n=1, seed=seed, max_tokens=16)
         name = vllm_server.ensure_adapter(f"run-{run.id}@1", ckpt.path)
-        b = _direct(vllm_server, name, messages, n=2, seed=seed, max_tokens=16)
+        b = _direct(vllm_server, name, messages, n=1, seed=seed, max_tokens=16)
         assert [x["content"] for x in row.answers_a] == a
         assert [x["content"] for x in row.answers_b] == b
-        assert row.reward_a == pytest.approx(sum(map(_length_reward, a)) / 2)
-        assert row.reward_b == pytest.approx(sum(map(_length_reward, b)) / 2)
+        assert row.reward_a == pytest.approx(_length_reward(a[0]))
+        assert row.reward_b == pytest.approx(_length_reward(b[0]))
         assert [x["reward"] for x in row.answers_b] == pytest.approx([_length_reward(t) for t in b])
         assert row.delta == pytest.approx(row.reward_b - row.reward_a)
     assert [abs(r.delta) for r in rows] == sorted((abs(r.delta) for r in rows), reverse=True)
@@ -162,7 +165,7 @@ def test_a_playground_session_answers_with_each_model_scores_and_keeps_logprobs_
         models=[served_run["model"].name],
         prompt="What is the weather in Paris?",
         tools=tools,
-        tool_choice="required",
+        tool_choice="get_weather",
         samples=1,
         max_tokens=128,
         temperature=0,

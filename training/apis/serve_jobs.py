@@ -52,7 +52,9 @@ class PlaygroundCreateApi(WriteApi):
         system = serializers.CharField(required=False, allow_blank=True, default="", max_length=20000)
         scenario = serializers.IntegerField(required=False, allow_null=True, default=None, help_text="A scenario id.")
         tools = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True, default=None)
-        tool_choice = serializers.ChoiceField(choices=services.TOOL_CHOICES, required=False, default="auto")
+        tool_choice = serializers.CharField(
+            required=False, default="auto", max_length=200, help_text="auto, required, none, or a tool's name."
+        )
         reward = IdOrNameField(required=False, allow_null=True, default=None, help_text="Reward function id or name.")
         reward_version = serializers.IntegerField(required=False, min_value=1)
         samples = serializers.IntegerField(required=False, default=2)

@@ -78,11 +78,17 @@ def _models_check(user, names) -> list[str]:
 
 
 def _sampling(samples, temperature, max_tokens) -> dict:
-    return {
+    out = {
         "samples": _bounded(samples, "samples", 1, MAX_SAMPLES),
         "temperature": _bounded(temperature, "temperature", 0.0, 2.0, float),
         "max_tokens": _bounded(max_tokens, "max_tokens", 1, MAX_TOKENS),
     }
+    if out["temperature"] == 0 and out["samples"] > 1:
+        raise ApplicationError(
+            "At temperature 0 every sample is the same answer: ask for 1 sample, or raise the temperature.",
+            field_errors={"samples": ["1 at temperature 0"]},
+        )
+    return out
 
 
 def _enqueue(job: ServeJob) -> None:
@@ -116,9 +122,11 @@ def playground_create(
         raise ApplicationError(
             "tools must be a JSON list of OpenAI tool definitions.", field_errors={"tools": ["a list of objects"]}
         )
-    if tool_choice not in TOOL_CHOICES:
+    tool_names = [((t.get("function") or {}).get("name")) for t in tools or []]
+    if tool_choice not in TOOL_CHOICES and tool_choice not in tool_names:
         raise ApplicationError(
-            f"tool_choice must be one of {', '.join(TOOL_CHOICES)}.", field_errors={"tool_choice": ["invalid"]}
+            f"tool_choice must be one of {', '.join(TOOL_CHOICES)}, or the name of one of the tools.",
+            field_errors={"tool_choice": ["auto, required, none or a tool's name"]},
         )
     job = ServeJob.objects.create(
         owner=user,
@@ -239,7 +247,8 @@ def _generate(
     }
     if tools:
         body["tools"] = tools
-        body["tool_choice"] = params.get("tool_choice") or "auto"
+        choice = params.get("tool_choice") or "auto"
+        body["tool_choice"] = choice if choice in TOOL_CHOICES else {"type": "function", "function": {"name": choice}}
     if seed is not None:
         body["seed"] = seed
     answer = serve_generate(target=target, body=body)
@@ -308,10 +317,12 @@ def _mean(answers: list[dict]) -> float | None:
 
 
 def serve_job_execute(*, job_id: int) -> None:
-    """Claim a queued job and do it; a job that is not queued (done, or redelivered) is left alone."""
-    if ServeJob.objects.filter(id=job_id, status=S.QUEUED).update(status=S.RUNNING, started_at=timezone.now()) != 1:
+    """Claim a queued job and do it. A running one is a redelivery (its worker died): a diff goes on from the
+    scenarios it stored, a playground session starts again. A done or failed one is left alone."""
+    ServeJob.objects.filter(id=job_id, status=S.QUEUED).update(status=S.RUNNING, started_at=timezone.now())
+    job = ServeJob.objects.select_related("owner", "reward_version", "scenario_set").filter(id=job_id).first()
+    if job is None or job.status != S.RUNNING:
         return
-    job = ServeJob.objects.select_related("owner", "reward_version", "scenario_set").get(id=job_id)
     try:
         result = _playground(job) if job.kind == ServeJob.Kind.PLAYGROUND else _diff(job)
         ServeJob.objects.filter(id=job_id).update(status=S.DONE, result=result, finished_at=timezone.now())
@@ -352,13 +363,18 @@ def _diff(job: ServeJob) -> dict:
     model_a, model_b = job.model_names
     for start in range(0, len(todo), SCORE_BATCH):
         chunk = todo[start : start + SCORE_BATCH]
+        conversations = [scenario_messages(sc.data, params.get("system", "")) for sc in chunk]
+        # One side after the other: on the CPU build each switch of model reloads the server's weights.
+        # The same seed on both sides of a scenario: a change is the checkpoint's, not the dice's.
+        answers = {
+            model: [
+                _generate(user=job.owner, model=model, messages=m, params=params, seed=params["seed"] + sc.index)
+                for sc, m in zip(chunk, conversations, strict=True)
+            ]
+            for model in (model_a, model_b)
+        }
         rows, items = [], []
-        for sc in chunk:
-            messages = scenario_messages(sc.data, params.get("system", ""))
-            # The same seed on both sides for each scenario: a change is the checkpoint's, not the dice's.
-            seed = params["seed"] + sc.index
-            a = _generate(user=job.owner, model=model_a, messages=messages, params=params, seed=seed)
-            b = _generate(user=job.owner, model=model_b, messages=messages, params=params, seed=seed)
+        for sc, messages, a, b in zip(chunk, conversations, answers[model_a], answers[model_b], strict=True):
             items += [(sc.data, messages, a, None), (sc.data, messages, b, None)]
             rows.append((sc, a, b))
         _score(job, items)

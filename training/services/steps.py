@@ -435,7 +435,8 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
                 run=run, from_statuses=(S.QUEUED,), to_status=S.STARTING, message=f"Worker {me} picked the run up."
             )
         cfg = RunConfig.model_validate(run.config)
-        with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step):
+        # serving_paused: requests to the OpenAI endpoint wait for the step's end (training.services.serving).
+        with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step), serving_paused():
             server = inference.inference_server(run.base_model)
             if run.status == S.STARTING:
                 run_transition(
@@ -444,8 +445,7 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
                     to_status=S.RUNNING,
                     message="Inference server ready; training.",
                 )
-            with serving_paused():  # requests to the OpenAI endpoint wait for the step's end
-                _execute(run, cfg, next_step, server, hb)
+            _execute(run, cfg, next_step, server, hb)
     except StepAborted as exc:
         logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
         # Groups it persisted before stopping were never trained on: kept, marked (only while ours).

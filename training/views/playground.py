@@ -49,10 +49,10 @@ class PlaygroundForm(_SamplingFields):
         required=False,
         help_text="OpenAI tool definitions as a JSON list (optional).",
     )
-    tool_choice = forms.ChoiceField(
-        choices=[(c, c) for c in service.TOOL_CHOICES],
+    tool_choice = forms.CharField(
         initial="auto",
-        help_text="With tools: let the model choose, make it call one, or forbid calls.",
+        max_length=200,
+        help_text="With tools: auto (the model chooses), required, none, or a tool's name (it must call that one).",
     )
 
     def __init__(self, *args, user, **kwargs):
