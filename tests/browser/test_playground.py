@@ -5,6 +5,8 @@ follows the job and shows the answers side by side."""
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 
 import pytest
@@ -127,7 +129,7 @@ def test_an_answer_diff_from_the_page_shows_the_biggest_changes_first(
     assert page.locator("#mean-delta").inner_text() == f"{job.result['mean_delta']:.3f}"
     # Exports: the CSV has a line per scenario, in the page's order.
     csv_text = page.evaluate("url => fetch(url).then(r => r.text())", page.locator("#export-csv").get_attribute("href"))
-    indexes = [int(line.split(",")[0]) for line in csv_text.strip().splitlines()[1:]]
+    indexes = [int(line["index"]) for line in csv.DictReader(io.StringIO(csv_text))]
     assert indexes == [int(rows.nth(i).get_attribute("data-index")) for i in range(rows.count())]
     shot(page, "diff-detail")
     page.goto("/diffs/")

@@ -138,7 +138,9 @@ def playground_create(
             "prompt": (prompt or "").strip(),
             "system": (system or "").strip(),
             "scenario": scenario.id if scenario else None,
-            "tools": tools or None,
+            # As text: PostgreSQL's jsonb reorders an object's keys, and the tools are rendered into the prompt
+            # as written (a small model called the tool or not depending on the order of its schema's keys).
+            "tools": json.dumps(tools) if tools else None,
             "tool_choice": tool_choice,
             **_sampling(samples, temperature, max_tokens),
         },
@@ -332,6 +334,11 @@ def serve_job_execute(*, job_id: int) -> None:
         ServeJob.objects.filter(id=job_id).update(status=S.FAILED, error=message, finished_at=timezone.now())
 
 
+def _tools(params: dict) -> list | None:
+    tools = params.get("tools")
+    return json.loads(tools) if isinstance(tools, str) else tools
+
+
 def _playground(job: ServeJob) -> dict:
     params = job.params
     scenario = Scenario.objects.filter(id=params.get("scenario")).first() if params.get("scenario") else None
@@ -340,12 +347,12 @@ def _playground(job: ServeJob) -> dict:
     columns = []
     for k, name in enumerate(job.model_names):
         try:
-            answers = _generate(user=job.owner, model=name, messages=messages, params=params, tools=params.get("tools"))
+            answers = _generate(user=job.owner, model=name, messages=messages, params=params, tools=_tools(params))
             columns.append({"model": name, "answers": answers, "error": ""})
         except ServeError as exc:
             columns.append({"model": name, "answers": [], "error": exc.message})
         ServeJob.objects.filter(id=job.id).update(progress_done=k + 1)
-    _score(job, [(data, messages, c["answers"], params.get("tools")) for c in columns if c["answers"]])
+    _score(job, [(data, messages, c["answers"], _tools(params)) for c in columns if c["answers"]])
     for c in columns:
         c["mean_reward"] = _mean(c["answers"])
     return {"messages": messages, "scenario": data, "columns": columns}

@@ -365,9 +365,7 @@ def serve_request_handle(request: dict, *, conn) -> None:
         send(b"x" + json.dumps({"status": status, "message": message, "code": code}).encode())
         send(b"e")
 
-    conn.expire(reply, REPLY_TTL_S)
-    send(b"c")
-    conn.expire(reply, REPLY_TTL_S)
+    conn.pipeline(transaction=False).rpush(reply, b"c").expire(reply, REPLY_TTL_S).execute()
     with _gate:
         if conn.exists(cancel):
             return
@@ -378,8 +376,10 @@ def serve_request_handle(request: dict, *, conn) -> None:
             server = inference.inference_server(base_model)
             adapter = request.get("adapter")
             if adapter:
+                before = dict(server.adapters)
                 name = adapter_cache_for(server).ensure(adapter["name"], adapter["path"])
-                inference.adapters_loaded_publish()
+                if server.adapters != before:
+                    inference.adapters_loaded_publish()  # checkpoint deletion refuses adapters that are loaded
             else:
                 name = server.ensure_base()
         except Exception as exc:

@@ -96,7 +96,7 @@ def playground_view(request, job_id: int | None = None):
             "temperature": p.get("temperature"),
             "max_tokens": p.get("max_tokens"),
             "reward": str(job.reward_version_id or ""),
-            "tools": json.dumps(p["tools"]) if p.get("tools") else "",
+            "tools": (p["tools"] if isinstance(p["tools"], str) else json.dumps(p["tools"])) if p.get("tools") else "",
             "tool_choice": p.get("tool_choice", "auto"),
             **{f"model_{k + 1}": name for k, name in enumerate(job.model_names)},
         }
