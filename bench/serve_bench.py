@@ -107,8 +107,8 @@ def main() -> None:
     from training.services import inference, serving
 
     call_command("migrate", verbosity=0)
-    get_user_model().objects.filter(username="serve-bench").delete()
-    user = get_user_model().objects.create_user("serve-bench", "serve-bench@example.com", "serve-bench-pass")
+    # A user of each run's own: the bench database keeps earlier runs' rows.
+    user = get_user_model().objects.create_user(f"serve-bench-{int(time.time())}", "", "serve-bench-pass")
     token = Token.objects.create(user=user).key
     work = Path(tempfile.mkdtemp(prefix="artweb-serve-bench-"))
     model_dir = default_model_dir()
