@@ -42,7 +42,10 @@ def _mark_serving(options=None, **kwargs) -> None:
     queues = (options or {}).get("queues") or []
     queues = queues.split(",") if isinstance(queues, str) else queues
     if "gpu" in queues:
-        os.environ[_SERVES] = (options or {}).get("pool") or "prefork"
+        # --pool arrives as pool_cls: a name ("solo") or a class (celery.concurrency.solo.TaskPool).
+        pool = (options or {}).get("pool_cls") or "prefork"
+        name = pool if isinstance(pool, str) else f"{pool.__module__}.{pool.__name__}"
+        os.environ[_SERVES] = "solo" if "solo" in name else "threads" if "thread" in name else "prefork"
 
 
 @worker_process_init.connect

@@ -255,29 +255,26 @@ def dry_run_execute(*, dry_run_id: int) -> None:
     if DryRun.objects.filter(id=dry_run_id, status=DryRun.Status.QUEUED).update(status=DryRun.Status.RUNNING) != 1:
         return
     obj = DryRun.objects.select_related("script_version", "reward_version", "base_model").get(id=dry_run_id)
-    from training.services.serving import serving_paused
-
     try:
-        with serving_paused():  # requests to the OpenAI endpoint wait until it is done
-            server = inference_server(obj.base_model)
-            # Each scenario is one group of `samples` rollouts, as a training step would roll it out.
-            result = dry_run(
-                script=obj.script_version.content,
-                reward=obj.reward_version.content if obj.reward_version else None,
-                scenarios=obj.scenarios,
-                max_scenarios=len(obj.scenarios),
-                group_size=obj.samples,
-                timeout_s=dry_run_timeout_s(rollouts=len(obj.scenarios) * obj.samples),
-                base_url=server.base_url,
-                model_name=server.ensure_base(),
-                api_key=server.api_key,
-                jail=jail_config(),
-                vocab_size=vocab_size(obj.base_model),
-            )
-            result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
-            DryRun.objects.filter(id=dry_run_id).update(
-                status=DryRun.Status.DONE, result=result, finished_at=timezone.now()
-            )
+        server = inference_server(obj.base_model)
+        # Each scenario is one group of `samples` rollouts, as a training step would roll it out.
+        result = dry_run(
+            script=obj.script_version.content,
+            reward=obj.reward_version.content if obj.reward_version else None,
+            scenarios=obj.scenarios,
+            max_scenarios=len(obj.scenarios),
+            group_size=obj.samples,
+            timeout_s=dry_run_timeout_s(rollouts=len(obj.scenarios) * obj.samples),
+            base_url=server.base_url,
+            model_name=server.ensure_base(),
+            api_key=server.api_key,
+            jail=jail_config(),
+            vocab_size=vocab_size(obj.base_model),
+        )
+        result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
+        DryRun.objects.filter(id=dry_run_id).update(
+            status=DryRun.Status.DONE, result=result, finished_at=timezone.now()
+        )
     except Exception as exc:
         logger.exception("dry run %s failed", dry_run_id)
         DryRun.objects.filter(id=dry_run_id).update(
