@@ -17,12 +17,28 @@ ALIAS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 @transaction.atomic
 def checkpoint_alias_set(*, checkpoint: Checkpoint, name: str, actor) -> CheckpointAlias:
     """Point alias `name` (of the run's owner) at this checkpoint, and promote it. An alias that named
-    another checkpoint of the owner's moves here."""
+    another checkpoint of the owner's moves here. Staff (the admin) may name anyone's checkpoint; the
+    alias is still its owner's."""
     from django.http import Http404
 
     owner = checkpoint.run.owner
-    if actor is not None and actor.id != owner.id:
-        raise Http404  # staff may see others' checkpoints, but aliases are their owner's names
+    if actor is not None and actor.id != owner.id and not actor.is_staff:
+        raise Http404
+    name = checkpoint_alias_check(checkpoint=checkpoint, name=name)
+    checkpoint_promote(checkpoint=checkpoint, actor=actor)
+    alias, _ = CheckpointAlias.objects.update_or_create(owner=owner, name=name, defaults={"checkpoint": checkpoint})
+    run_event(
+        run=checkpoint.run,
+        kind="checkpoint_alias",
+        message=f"Checkpoint at step {checkpoint.step} is served as '{name}'.",
+        data={"checkpoint": checkpoint.id, "alias": name},
+        actor=actor,
+    )
+    return alias
+
+
+def checkpoint_alias_check(*, checkpoint: Checkpoint, name: str) -> str:
+    """The alias as it will be stored; ApplicationError saying what to fix."""
     name = (name or "").strip()
     if not ALIAS.match(name):
         raise ApplicationError(
@@ -35,16 +51,7 @@ def checkpoint_alias_set(*, checkpoint: Checkpoint, name: str, actor) -> Checkpo
         )
     if checkpoint.state != Checkpoint.State.ACTIVE:
         raise ApplicationError("That checkpoint's files were deleted; it cannot be served under an alias.")
-    checkpoint_promote(checkpoint=checkpoint, actor=actor)
-    alias, _ = CheckpointAlias.objects.update_or_create(owner=owner, name=name, defaults={"checkpoint": checkpoint})
-    run_event(
-        run=checkpoint.run,
-        kind="checkpoint_alias",
-        message=f"Checkpoint at step {checkpoint.step} is served as '{name}'.",
-        data={"checkpoint": checkpoint.id, "alias": name},
-        actor=actor,
-    )
-    return alias
+    return name
 
 
 @transaction.atomic

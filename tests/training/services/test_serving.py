@@ -113,3 +113,15 @@ def test_a_request_that_cannot_be_served_says_what_to_fix(body, param):
     with pytest.raises(ServeError) as caught:
         serve_body_check(body)
     assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_staff_give_an_alias_in_the_admin_and_it_is_the_owners(client, staff, alice, run):
+    one = Checkpoint.objects.get(run=run, step=1)
+    client.force_login(staff)
+    response = client.post("/admin/training/checkpointalias/add/", {"name": "from-admin", "checkpoint": one.id})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert _step(alice, "from-admin") == 1
+    one.refresh_from_db()
+    assert one.promoted
+    bad = client.post("/admin/training/checkpointalias/add/", {"name": "has space", "checkpoint": one.id})
+    assert bad.status_code == 200 and "An alias is 1 to 100 letters" in bad.content.decode()
