@@ -31,6 +31,8 @@ def reward(trajectory, scenario) -> float:
     answer = trajectory.messages()[-1]["content"] or ""
     return min(1.0, len(answer) / 40)
 """
+# For the diff: answers of 16 tokens score below 1, so the scenarios' changes differ and their order shows.
+SPREAD_REWARD = LENGTH_REWARD.replace("/ 40", "/ 200")
 TOOLS = '[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]'
 
 
@@ -102,7 +104,7 @@ def test_an_answer_diff_from_the_page_shows_the_biggest_changes_first(
     page, alice = alice_page, alice_page.alice
     model, run, _ = make_served_run(alice, vllm_model_dir, tmp_path / "step1")
     serving_worker(model)
-    version = reward_create(owner=alice, name="length", content=LENGTH_REWARD)
+    version = reward_create(owner=alice, name="length", content=SPREAD_REWARD)
     lines = "\n".join(f'{{"prompt": "Write about {w}."}}' for w in ("rain", "snow", "wind", "sun", "fog", "ice"))
     held = scenario_set_create(owner=alice, name="weather", jsonl=lines, validation_fraction=0.5)
 
@@ -121,7 +123,7 @@ def test_an_answer_diff_from_the_page_shows_the_biggest_changes_first(
     rows = page.locator(".diff-row")
     assert rows.count() == held.validation_count == 3
     deltas = [abs(float(rows.nth(i).get_attribute("data-delta"))) for i in range(rows.count())]
-    assert deltas == sorted(deltas, reverse=True)
+    assert deltas == sorted(deltas, reverse=True) and len(set(deltas)) > 1
     stored = {r.index: r for r in job.diff_scenarios.all()}
     top = stored[int(rows.nth(0).get_attribute("data-index"))]
     assert rows.nth(0).locator(".side-a .answer").count() == 2 and rows.nth(0).locator(".side-b .answer").count() == 2
