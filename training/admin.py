@@ -253,3 +253,6 @@ class ExportTargetAdmin(admin.ModelAdmin):
         for target in queryset.select_related("owner"):
             result = export_target_test(target=target, actor=request.user)
             self.message_user(request, f"{target}: {result.message}", messages.SUCCESS if result.ok else messages.ERROR)
+
+
+from training import admin_serving  # noqa: E402,F401 - aliases and serving jobs

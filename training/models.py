@@ -342,3 +342,6 @@ class RescoreScore(models.Model):
 
     def __str__(self):
         return f"trajectory {self.trajectory_id}: {self.old_reward} → {self.new_reward}"
+
+
+from training.serving_models import CheckpointAlias, DiffScenario, ServeJob  # noqa: E402,F401

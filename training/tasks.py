@@ -29,4 +29,5 @@ def runs_requeue_stale_task() -> None:
     sweep()
 
 
+from training import serving_tasks as _serving_tasks  # noqa: E402,F401 - registers the serving jobs' task
 from training.exports import tasks as _export_tasks  # noqa: E402,F401 - registers the export tasks

@@ -44,6 +44,7 @@ from training.services.broadcast import final_answer, group_message, run_broadca
 from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
 from training.services.logs import run_log
 from training.services.runs import run_event, run_transition
+from training.services.serving import serving_paused
 from training.signals import truncated
 
 logger = logging.getLogger(__name__)
@@ -435,7 +436,8 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
                 run=run, from_statuses=(S.QUEUED,), to_status=S.STARTING, message=f"Worker {me} picked the run up."
             )
         cfg = RunConfig.model_validate(run.config)
-        with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step):
+        # serving_paused: requests to the OpenAI endpoint wait for the step's end (training.services.serving).
+        with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step), serving_paused():
             server = inference.inference_server(run.base_model)
             if run.status == S.STARTING:
                 run_transition(
