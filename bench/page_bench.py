@@ -50,15 +50,8 @@ def build_run():
 
     from django.contrib.auth import get_user_model
 
-    from rollouts.models import (
-        RolloutScript,
-        RolloutScriptVersion,
-        Scenario,
-        ScenarioSet,
-        Trajectory,
-        TrajectoryGroup,
-    )
-    from training.models import BaseModel, Checkpoint, Run, RunEvent, RunLog, Step
+    from rollouts.models import RolloutScript, RolloutScriptVersion, Scenario, ScenarioSet
+    from training.models import BaseModel, Checkpoint, Run, RunEvent, RunLog, Step, Trajectory, TrajectoryGroup
 
     User = get_user_model()
     user, _ = User.objects.get_or_create(username="bench")

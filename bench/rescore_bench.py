@@ -183,10 +183,8 @@ def seed(work, reward: str):
         RolloutScriptVersion,
         Scenario,
         ScenarioSet,
-        Trajectory,
-        TrajectoryGroup,
     )
-    from training.models import BaseModel, Run
+    from training.models import BaseModel, Run, Trajectory, TrajectoryGroup
 
     tag = uuid.uuid4().hex[:8]
     user = get_user_model().objects.create_user(f"bench-{tag}")

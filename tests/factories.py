@@ -12,10 +12,8 @@ from rollouts.models import (
     RolloutScriptVersion,
     Scenario,
     ScenarioSet,
-    Trajectory,
-    TrajectoryGroup,
 )
-from training.models import BaseModel, Checkpoint, Run, Step
+from training.models import BaseModel, Checkpoint, Run, Step, Trajectory, TrajectoryGroup
 
 SCRIPT = """import art
 

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from artweb.errors import ApplicationError
+from training.engine.config import ConfigError, TrainConfig
 
 
 class AlertRules(BaseModel):
@@ -139,8 +140,6 @@ class RunConfig(BaseModel):
     @field_validator("train")
     @classmethod
     def _check_train(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from training.engine import ConfigError, TrainConfig
-
         try:
             return TrainConfig.from_dict(value).to_dict()
         except ConfigError as exc:

@@ -1,4 +1,4 @@
-"""Reads for runs, metrics, checkpoints and events. Every read is scoped to what the user may see."""
+"""Reads for runs, metrics, checkpoints, events, trajectories and dry runs. Every read is scoped to what the user may see."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from django.db.models import Max, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
+from rest_framework.authtoken.models import Token
 from tsdownsample import MinMaxDownsampler
 
-from training.models import BaseModel, Checkpoint, Run, RunEvent, RunLog, Step
+from training.models import BaseModel, Checkpoint, DryRun, Run, RunEvent, RunLog, Step, Trajectory, TrajectoryGroup
 
 # Series a run's charts and the metrics API can ask for. Columns come from Step; the rest from
 # Step.metrics (the engine's per-update figures) and Step.timings.
@@ -34,6 +35,23 @@ DEFAULT_SERIES = (
     "truncation_rate",
     "entropy",
 )
+
+
+# What a runs list may be sorted by (the API takes each one); the page's Sort menu offers the labelled ones.
+RUN_ORDERS = tuple(
+    f"{sign}{name}"
+    for name in ("created_at", "name", "status", "latest_reward", "best_val_reward", "steps_done")
+    for sign in ("", "-")
+)
+RUN_ORDER_LABELS = {
+    "-created_at": "Newest first",
+    "created_at": "Oldest first",
+    "name": "Name",
+    "status": "Status",
+    "-latest_reward": "Latest reward",
+    "-best_val_reward": "Best validation reward",
+    "-steps_done": "Progress",
+}
 
 
 def run_visible(user) -> QuerySet[Run]:
@@ -66,21 +84,7 @@ def run_list(
         qs = qs.filter(tags__contains=[tag])
     if q:
         qs = qs.filter(Q(name__icontains=q) | Q(script_version__asset__name__icontains=q))
-    allowed = {
-        "created_at",
-        "-created_at",
-        "name",
-        "-name",
-        "status",
-        "-status",
-        "latest_reward",
-        "-latest_reward",
-        "best_val_reward",
-        "-best_val_reward",
-        "steps_done",
-        "-steps_done",
-    }
-    return qs.order_by(order if order in allowed else "-created_at", "-id")
+    return qs.order_by(order if order in RUN_ORDERS else "-created_at", "-id")
 
 
 def base_model_visible(user) -> QuerySet[BaseModel]:
@@ -209,8 +213,6 @@ def run_logs_recent(*, run: Run, limit: int = 200) -> list[RunLog]:
 
 def run_trajectory_steps(*, run: Run) -> list[int]:
     """Steps of the run that have trajectory groups (the inspector's slider stops)."""
-    from rollouts.models import TrajectoryGroup
-
     return list(TrajectoryGroup.objects.filter(run=run).order_by("step").values_list("step", flat=True).distinct())
 
 
@@ -237,8 +239,6 @@ def run_metrics_series(
     """The same answer as run_metrics, faster for long runs: only the asked-for numbers leave the
     database (run_metrics decodes every step's whole metrics and timings JSON in Python, ~10x slower
     at 2,000 steps)."""
-    from django.db.models.expressions import RawSQL
-
     names = list(dict.fromkeys(series or DEFAULT_SERIES))
     qs = Step.objects.filter(run=run).order_by("step")
     if since_step is not None:
@@ -255,6 +255,63 @@ def run_metrics_series(
         x, y = _downsample(x, y, max_points or 0)
         out[name] = {"x": x.tolist(), "y": [round(v, 6) for v in y.tolist()]}
     return {"series": out, "last_step": rows[-1][0] if rows else since_step}
+
+
+# --- trajectories, groups and dry runs -----------------------------------------------------------
+
+
+def trajectory_list(
+    *,
+    run,
+    step: int | None = None,
+    split: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    q: str | None = None,
+    has_error: bool | None = None,
+) -> QuerySet[Trajectory]:
+    """Trajectories of a run (the caller has already checked access to the run)."""
+    qs = Trajectory.objects.filter(run=run).select_related("group")
+    if step is not None:
+        qs = qs.filter(step=step)
+    if split:
+        qs = qs.filter(group__split=split)
+    if min_reward is not None:
+        qs = qs.filter(reward__gte=min_reward)
+    if max_reward is not None:
+        qs = qs.filter(reward__lte=max_reward)
+    if q:
+        qs = qs.filter(search_text__icontains=q)
+    if has_error is not None:
+        qs = qs.exclude(error="") if has_error else qs.filter(error="")
+    return qs.order_by("step", "group_id", "index")
+
+
+def group_list(*, run, step: int | None = None, split: str | None = None) -> QuerySet[TrajectoryGroup]:
+    qs = TrajectoryGroup.objects.filter(run=run).select_related("scenario")
+    if step is not None:
+        qs = qs.filter(step=step)
+    if split:
+        qs = qs.filter(split=split)
+    return qs.order_by("step", "id")
+
+
+def trajectory_get(*, run, trajectory_id: int) -> Trajectory:
+    """One trajectory of a run (the caller has already checked access to the run), or 404."""
+    return get_object_or_404(Trajectory.objects.filter(run=run), id=trajectory_id)
+
+
+def group_get(*, run, group_id: int) -> TrajectoryGroup:
+    return get_object_or_404(TrajectoryGroup.objects.filter(run=run).select_related("scenario"), id=group_id)
+
+
+def dry_run_get(*, user, dry_run_id: int) -> DryRun:
+    return get_object_or_404(
+        (DryRun.objects.all() if user.is_staff else DryRun.objects.filter(owner=user)).select_related(
+            "script_version__asset", "reward_version__asset", "base_model"
+        ),
+        id=dry_run_id,
+    )
 
 
 # --- live groups and the live runs list ------------------------------------------------------------
@@ -280,8 +337,6 @@ def run_groups_latest(*, run_id: int, after_id: int = 0, ids=(), limit: int = GR
 
     Three queries however many groups: transcripts are read only for each group's best and worst
     trajectory, the two its message quotes."""
-    from rollouts.models import Trajectory, TrajectoryGroup
-
     ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)][:limit]
     groups = list(
         TrajectoryGroup.objects.filter(Q(id__gt=after_id) | Q(id__in=ids), run_id=run_id).order_by("-id")[
@@ -313,3 +368,8 @@ def run_latest_id(*, user) -> int:
 def runs_by_id(*, user, ids) -> QuerySet[Run]:
     """The user's runs among ids, with what a runs-list row shows."""
     return run_visible(user).filter(id__in=ids).select_related("base_model", "script_version__asset", "owner")
+
+
+def api_token_get(*, user) -> Token | None:
+    """The user's API token, if they have one."""
+    return Token.objects.filter(user=user).first()

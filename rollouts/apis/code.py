@@ -11,9 +11,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from artweb.api_errors import ErrorSerializer
-from rollouts import selectors, services
-from rollouts.apis.base import (
+from artweb.api import (
     PAGE_PARAMETERS,
     Api,
     UploadApi,
@@ -25,6 +23,8 @@ from rollouts.apis.base import (
     query_params,
     upload_bytes,
 )
+from artweb.api_errors import ErrorSerializer
+from rollouts import selectors, services
 from rollouts.models import RewardFunction
 from rollouts.runtime.validation import MAX_SOURCE_BYTES, validate_reward, validate_script
 

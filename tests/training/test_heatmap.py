@@ -7,10 +7,11 @@ import math
 import pytest
 from django.urls import reverse
 
-from rollouts.models import Scenario, TrajectoryGroup
+from rollouts.models import Scenario
 from tests.api.conftest import assert_error, token_client
 from tests.factories import RunFactory, TrajectoryFactory
 from training.heatmap import EMPTY, LEVELS, HeatmapQuery, heatmap_decode, heatmap_query, run_heatmap
+from training.models import TrajectoryGroup
 
 pytestmark = pytest.mark.django_db
 

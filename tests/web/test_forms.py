@@ -6,7 +6,7 @@ import json
 import pytest
 from django.urls import reverse
 
-from rollouts.models import DryRun, RolloutScript, ScenarioSet
+from rollouts.models import RolloutScript, ScenarioSet
 from tests.factories import (
     REWARD,
     SCRIPT,
@@ -16,7 +16,7 @@ from tests.factories import (
     RunFactory,
     ScenarioSetFactory,
 )
-from training.models import BaseModel, Run, RunEvent
+from training.models import BaseModel, DryRun, Run, RunEvent
 
 needs_validation = pytest.mark.skipif(
     importlib.util.find_spec("rollouts.runtime.validation") is None,

@@ -5,7 +5,6 @@ import gzip
 import pytest
 from django.urls import reverse
 
-from rollouts.models import DryRun
 from tests.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
@@ -13,6 +12,7 @@ from tests.factories import (
     RunFactory,
     ScenarioSetFactory,
 )
+from training.models import DryRun
 
 
 def _owned_urls(objs, dry_run=None) -> list[str]:

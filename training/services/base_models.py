@@ -7,6 +7,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from artweb.errors import ApplicationError
+from training.engine.config import ConfigError, TrainConfig
 from training.models import BaseModel
 
 # A Hugging Face repository id: "name" or "org/name", letters, digits, '.', '_' and '-'.
@@ -58,8 +59,6 @@ def _visible(model: BaseModel, owner: AbstractBaseUser | None) -> bool:
 def recommended_train_check(value) -> dict:
     """A model's recommended training settings: a JSON object of TrainConfig keys, each within its bounds.
     Only the keys given are kept; the rest stay artweb's defaults."""
-    from training.engine import ConfigError, TrainConfig
-
     if value in (None, ""):
         return {}
     if not isinstance(value, dict):
@@ -81,6 +80,30 @@ def base_model_recommend(*, model: BaseModel, train: dict) -> BaseModel:
     return model
 
 
+def base_model_check(
+    *, name: str, source: str, local_path: str = "", max_length: int = 2048, actor: AbstractBaseUser | None
+) -> tuple[str, str, str]:
+    """The rules of a base model's name and source, for whoever registers or edits one (the API, the
+    models page, the admin): returns (name, source, local_path) stripped, or raises ApplicationError.
+    actor: the person acting (None: the operator's own commands); a server directory needs staff."""
+    name, source, local_path = (name or "").strip(), (source or "").strip(), (local_path or "").strip()
+    if not name or len(name) > 200:
+        raise ApplicationError(
+            "Give the model a name of 1 to 200 characters.", field_errors={"name": ["required, at most 200 characters"]}
+        )
+    if not source:
+        raise ApplicationError(
+            "Give a Hugging Face model id (org/name) or a local directory.", field_errors={"source": ["required"]}
+        )
+    if not 16 <= max_length <= 1_048_576:
+        raise ApplicationError(
+            "max_length must be between 16 and 1048576 tokens.",
+            field_errors={"max_length": ["out of range [16, 1048576]"]},
+        )
+    _check_source(source=source, owner=actor, local_path=local_path)
+    return name, source, local_path
+
+
 @transaction.atomic
 def base_model_register(
     *,
@@ -99,19 +122,9 @@ def base_model_register(
     owner is the user registering it, who alone sees it; None registers a model shared with everyone, as
     the operator's commands do. Registering the same name again with the same source returns the existing
     row (idempotent); a different source is an error."""
-    name, source, local_path = (name or "").strip(), (source or "").strip(), (local_path or "").strip()
-    if not name:
-        raise ApplicationError("Give the model a name.", field_errors={"name": ["required"]})
-    if not source:
-        raise ApplicationError(
-            "Give a Hugging Face model id (org/name) or a local directory.", field_errors={"source": ["required"]}
-        )
-    if not 16 <= max_length <= 1_048_576:
-        raise ApplicationError(
-            "max_length must be between 16 and 1048576 tokens.",
-            field_errors={"max_length": ["out of range [16, 1048576]"]},
-        )
-    _check_source(source=source, owner=owner, local_path=local_path)
+    name, source, local_path = base_model_check(
+        name=name, source=source, local_path=local_path, max_length=max_length, actor=owner
+    )
     recommended_train = recommended_train_check(recommended_train)
     existing = BaseModel.objects.filter(name=name).first()
     if existing:

@@ -32,14 +32,19 @@ from django.utils import timezone
 from artweb.dispatch import publish
 from artweb.errors import ApplicationError
 from artweb.logging import log_context
-from rollouts.models import Scenario, Trajectory, TrajectoryGroup
+from rollouts.models import Scenario
 from rollouts.runtime import TooManyErrors
-from training import signals
+from rollouts.runtime.proxy import Upstream
+from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
+from training import signals, task_names
 from training.config import RunConfig
-from training.models import BaseModel, Checkpoint, Run, Step
+from training.exports.hooks import step_committed
+from training.exports.weave import export_rollout_env, rollout_egress_hosts
+from training.models import BaseModel, Checkpoint, Run, Step, Trajectory, TrajectoryGroup
 from training.services import inference
 from training.services.alerts import run_alerts_check
 from training.services.broadcast import final_answer, group_message, run_broadcast
+from training.services.checkpoints import checkpoint_apply_retention
 from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
 from training.services.logs import run_log
 from training.services.runs import run_event, run_transition
@@ -186,8 +191,6 @@ def _wants_judge(run: Run, cfg: RunConfig) -> bool:
 
 def _judge_for(run: Run, cfg: RunConfig, server, policy_name: str):
     """(name, Upstream) of the batch's RULER judge, as the run's ruler_judge names it."""
-    from rollouts.runtime.proxy import Upstream
-
     found = judge_resolve(owner=run.owner, value=cfg.ruler_judge)
     if found is None or (isinstance(found, BaseModel) and found.id == run.base_model_id):
         return inference.judge_endpoint(run.base_model, server=server, policy_name=policy_name)
@@ -224,9 +227,6 @@ def _rollouts(
     "judge_server" (getting a judge server ready) and "ruler" (seconds the judge spent on the groups,
     summed over groups, which are judged while other groups' rollouts still run). warm: a step's training
     batch, which takes the sandbox pre-started for it and pre-starts the next step's."""
-    from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
-    from training.exports.weave import export_rollout_env, rollout_egress_hosts
-
     jail = inference.jail_config()
     if not jail.jailed:
         sandbox_unjailed_warn(run=run)
@@ -595,15 +595,13 @@ DATABASE_WAIT_SECONDS = 120
 def _requeue_after_database_loss(run_id: int, step: int, me: str) -> bool:
     """Once the database answers again, give up the lease and queue the step again. If it stays away
     longer than DATABASE_WAIT_SECONDS, the sweep requeues the run once its lease is stale."""
-    from training.tasks import run_step_task
-
     deadline = time.monotonic() + DATABASE_WAIT_SECONDS
     while time.monotonic() < deadline:
         connections.close_all()  # broken ones: the next query connects anew
         try:
             with transaction.atomic():
                 run_release(run_id=run_id, me=me)
-                transaction.on_commit(lambda: publish(run_step_task, args=(run_id,), kwargs={"step": step}))
+                transaction.on_commit(lambda: publish(task_names.RUN_STEP, args=(run_id,), kwargs={"step": step}))
             run_log(
                 run_id=run_id,
                 step=step,
@@ -623,8 +621,6 @@ INFERENCE_RESTARTED_EVENT = "inference_restarted"
 def _retry_after_inference_death(run_id: int, step: int, me: str, exc: Exception) -> bool:
     """The inference server died during the step: queue the step again (the next attempt restarts the
     server with the policy it served) unless this step already had INFERENCE_RETRIES such retries."""
-    from training.tasks import run_step_task
-
     run = Run.objects.get(id=run_id)
     tried = run.events.filter(kind=INFERENCE_RESTARTED_EVENT, data__step=step).count()
     if tried >= INFERENCE_RETRIES or run.status not in Run.ACTIVE_STATUSES:
@@ -641,7 +637,7 @@ def _retry_after_inference_death(run_id: int, step: int, me: str, exc: Exception
             ),
         )
         run_release(run_id=run_id, me=me)
-        transaction.on_commit(lambda: publish(run_step_task, args=(run_id,), kwargs={"step": step}))
+        transaction.on_commit(lambda: publish(task_names.RUN_STEP, args=(run_id,), kwargs={"step": step}))
     return True
 
 
@@ -729,10 +725,8 @@ def _step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir: Path,
             },
             to_list=True,
         )
-        from training.exports.hooks import step_committed
 
         transaction.on_commit(lambda: step_committed(run_id=run.id, step=step))
-    from training.services.checkpoints import checkpoint_apply_retention
 
     run.refresh_from_db()
     checkpoint_apply_retention(run=run)
@@ -780,12 +774,10 @@ def _after_step(run_id: int, me: str) -> None:
     run = Run.objects.get(id=run_id)
     if _finish_if_requested(run, me):
         return
-    from training.tasks import run_step_task
-
     next_step = run.steps_done + 1
     with transaction.atomic():
         run_release(run_id=run_id, me=me)
-        transaction.on_commit(lambda: publish(run_step_task, args=(run_id,), kwargs={"step": next_step}))
+        transaction.on_commit(lambda: publish(task_names.RUN_STEP, args=(run_id,), kwargs={"step": next_step}))
 
 
 def runs_requeue_stale() -> list[int]:
@@ -796,8 +788,6 @@ def runs_requeue_stale() -> list[int]:
     the next step's message waits unacknowledged until the broker's visibility timeout). A duplicate step
     message is harmless: the step task is idempotent.
     """
-    from training.tasks import run_step_task
-
     now = timezone.now()
     cutoff = now - stale_after()
     requeued = []
@@ -818,7 +808,9 @@ def runs_requeue_stale() -> list[int]:
                 run=run, kind="requeued", message=message, data={"worker": run.worker, "steps_done": run.steps_done}
             )
             transaction.on_commit(
-                lambda rid=run.id, nxt=run.steps_done + 1: publish(run_step_task, args=(rid,), kwargs={"step": nxt})
+                lambda rid=run.id, nxt=run.steps_done + 1: publish(
+                    task_names.RUN_STEP, args=(rid,), kwargs={"step": nxt}
+                )
             )
         requeued.append(run.id)
     return requeued

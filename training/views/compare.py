@@ -5,9 +5,9 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
+from artweb.presenters import config_differences
 from training.selectors import DEFAULT_SERIES, run_list, run_metrics, run_visible
 from training.views.assets import plotly_url
-from training.views.presenters import config_differences
 
 MAX_RUNS = 8
 CHART_POINTS = 500

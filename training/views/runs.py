@@ -13,15 +13,10 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from artweb.errors import ApplicationError
+from artweb.pages import apply_service_errors
 from rollouts.selectors import reward_version_list, scenario_set_list, script_version_list
 from training import services
-from training.forms import (
-    AlertRulesForm,
-    RunFilterForm,
-    RunLaunchForm,
-    apply_service_errors,
-    train_config_reference,
-)
+from training.forms import AlertRulesForm, RunFilterForm, RunLaunchForm, train_config_reference
 from training.selectors import (
     GROUPS_SHOWN,
     base_model_visible,

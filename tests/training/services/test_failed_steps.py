@@ -15,10 +15,9 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from artweb.errors import ApplicationError
-from rollouts.models import TrajectoryGroup
 from tests.factories import CheckpointFactory, RolloutScriptVersionFactory, RunFactory
 from training.config import run_config_parse
-from training.models import Checkpoint, Run
+from training.models import Checkpoint, Run, TrajectoryGroup
 from training.services import inference, run_retry, steps
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the heartbeat thread reads the run on its own connection

@@ -15,7 +15,6 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from artweb.errors import ApplicationError
-from rollouts.models import Trajectory
 from tests.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
@@ -27,7 +26,7 @@ from tests.rollouts.runtime.fake_judge import FakeJudge
 from tests.training.services.test_ruler import NO_SERVER, SCORES, SCRIPT, rollouts
 from training.config import run_config_parse
 from training.engine.advantages import compute_advantages
-from training.models import JudgeEndpoint
+from training.models import JudgeEndpoint, Trajectory
 from training.services import inference, run_create, steps
 from training.services.judges import judge_endpoint_create, judge_endpoint_key, judge_endpoint_update
 

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from artweb.errors import ApplicationError
-from rollouts.models import Trajectory
 from tests.factories import RewardFunctionVersionFactory, RolloutScriptVersionFactory, RunFactory
 from tests.rollouts.runtime.fake_judge import FakeJudge
 from training.config import RunConfig, run_config_parse
 from training.engine.advantages import compute_advantages
+from training.models import Trajectory
 from training.services import inference, steps
 
 # Sets no reward: under RULER the judge's score is the only one. Answers differ (identical ones would be
