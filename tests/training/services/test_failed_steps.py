@@ -162,7 +162,7 @@ def test_a_step_whose_inference_server_died_is_retried_a_bounded_number_of_times
     # the check that reads the server's process is replaced; the retry around it is real.
     monkeypatch.setattr(inference, "server_died", lambda: True)
     sent = []
-    monkeypatch.setattr(steps, "publish", lambda task, args, kwargs: sent.append((args, kwargs)))
+    monkeypatch.setattr(steps.recovery, "publish", lambda task, args, kwargs: sent.append((args, kwargs)))
     run = make_run(alice, ALL_FAIL, 1.0)
     for attempt in range(1, steps.INFERENCE_RETRIES + 1):
         with mock.patch("django.db.transaction.on_commit", side_effect=lambda fn: fn()):

@@ -35,7 +35,7 @@ LENGTH_REWARD = """def reward(trajectory, scenario):
 
 
 def answer(text: str) -> list[dict]:
-    """A stored conversation whose last message the policy sampled (as _persist_groups stores it)."""
+    """A stored conversation whose last message the policy sampled (as groups_persist stores it)."""
     return [
         {"role": "user", "content": "Say something."},
         {
