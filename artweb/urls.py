@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from artweb.views import healthz
-from training.metrics import metrics_view
+from training.prometheus import metrics_view
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

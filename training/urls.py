@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from training.views import assets, compare, dry_runs, exports, models, rescores, runs, trajectories
+from training.views import compare, dry_runs, exports, models, plotly, rescores, runs, trajectories
 from training.views.health import run_reward_health_view
 from training.views.heatmap import run_heatmap_view
 
@@ -34,5 +34,5 @@ urlpatterns = [
     path("dry-runs/new/", dry_runs.dry_run_create_view, name="dry-run-new"),
     path("dry-runs/<int:dry_run_id>/", dry_runs.dry_run_detail_view, name="dry-run-detail"),
     path("dry-runs/<int:dry_run_id>/status/", dry_runs.dry_run_status_view, name="dry-run-status"),
-    path("assets/plotly-<str:version>.min.js", assets.plotly_js, name="plotly-js"),
+    path("assets/plotly-<str:version>.min.js", plotly.plotly_js, name="plotly-js"),
 ]

@@ -10,7 +10,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.factories import RunFactory, StepFactory, TrajectoryFactory, TrajectoryGroupFactory
-from training import metrics
+from training import prometheus as metrics
 from training.models import Run, Trajectory
 
 

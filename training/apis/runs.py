@@ -271,7 +271,7 @@ class RunMetricsApi(Api):
     def get(self, request, run_id: int):
         run = _run(request.user, run_id)
         f = query_params(self.FilterSerializer, request)
-        data = selectors.run_metrics_series(
+        data = selectors.run_metrics(
             run=run, series=f.get("series") or None, since_step=f.get("since_step"), max_points=f["max_points"] or None
         )
         return Response(data)
