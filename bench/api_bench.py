@@ -47,14 +47,14 @@ def fill(refill: bool):
     from django.db import transaction
 
     from rollouts.models import RolloutScript, RolloutScriptVersion, Scenario, ScenarioSet
-    from training.models import BaseModel, Run, Step, Trajectory, TrajectoryGroup
+    from training.models import PretrainedModel, Run, Step, Trajectory, TrajectoryGroup
 
     user, _ = get_user_model().objects.get_or_create(username="api-bench")
     run = Run.objects.filter(owner=user, name="api-bench-run").first()
     if run and not refill and Trajectory.objects.filter(run=run).count() == STEPS * GROUPS_PER_STEP * GROUP_SIZE:
         return user, run
     Run.objects.filter(owner=user).delete()
-    model, _ = BaseModel.objects.get_or_create(name="api-bench-model", defaults={"source": "org/api-bench-model"})
+    model, _ = PretrainedModel.objects.get_or_create(name="api-bench-model", defaults={"source": "org/api-bench-model"})
     script, _ = RolloutScript.objects.get_or_create(owner=user, name="api-bench-script")
     version, _ = RolloutScriptVersion.objects.get_or_create(
         asset=script, number=1, defaults={"content": "# bench", "sha256": "0" * 64}

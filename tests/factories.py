@@ -13,7 +13,7 @@ from rollouts.models import (
     Scenario,
     ScenarioSet,
 )
-from training.models import BaseModel, Checkpoint, Run, Step, Trajectory, TrajectoryGroup
+from training.models import Checkpoint, PretrainedModel, Run, Step, Trajectory, TrajectoryGroup
 
 SCRIPT = """import art
 
@@ -50,7 +50,7 @@ class UserFactory(factory.django.DjangoModelFactory):
 
 class BaseModelFactory(factory.django.DjangoModelFactory):
     class Meta:
-        model = BaseModel
+        model = PretrainedModel
         django_get_or_create = ("name",)
 
     name = "SmolLM2-135M-Instruct"

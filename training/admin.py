@@ -11,10 +11,10 @@ from training.exports.schemas import export_settings_parse
 from training.exports.selectors import export_target_public
 from training.exports.services import export_target_create, export_target_test, export_target_update
 from training.models import (
-    BaseModel,
     Checkpoint,
     DryRun,
     ExportTarget,
+    PretrainedModel,
     Run,
     RunEvent,
     RunLog,
@@ -200,7 +200,7 @@ class RunAdmin(admin.ModelAdmin):
 
 class BaseModelAdminForm(forms.ModelForm):
     class Meta:
-        model = BaseModel
+        model = PretrainedModel
         fields = (
             "owner",
             "name",
@@ -241,7 +241,7 @@ class BaseModelAdminForm(forms.ModelForm):
         return data
 
 
-@admin.register(BaseModel)
+@admin.register(PretrainedModel)
 class BaseModelAdmin(admin.ModelAdmin):
     form = BaseModelAdminForm
 

@@ -11,7 +11,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from artweb.errors import ApplicationError
-from training.engine.config import ConfigError, TrainConfig
 
 
 class AlertRules(BaseModel):
@@ -140,6 +139,9 @@ class RunConfig(BaseModel):
     @field_validator("train")
     @classmethod
     def _check_train(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Imported here: importing training.engine loads torch, which the web process should not pay for.
+        from training.engine.config import ConfigError, TrainConfig
+
         try:
             return TrainConfig.from_dict(value).to_dict()
         except ConfigError as exc:

@@ -11,10 +11,12 @@ from training.selectors import GROUPS_SHOWN, run_visible, runs_by_id
 from training.services.broadcast import (
     RUNS_STAFF_GROUP,
     event_message,
+    log_message,
     run_group_messages,
     run_group_name,
     run_row_message,
     runs_user_group,
+    status_message,
     step_message,
 )
 
@@ -74,7 +76,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         out: list[dict] = []
         run = Run.objects.filter(id=self.run_id).values("status", "steps_done", "num_steps", "error").first()
         if run:
-            out.append({"type": "status", "run": self.run_id, **run})
+            out.append(status_message(run_id=self.run_id, **run))
         for s in Step.objects.filter(run_id=self.run_id, step__gt=cursor("after_step")).order_by("step")[
             :CATCH_UP_LIMIT
         ]:
@@ -88,16 +90,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         for line in RunLog.objects.filter(run_id=self.run_id, id__gt=cursor("after_log")).order_by("id")[
             :CATCH_UP_LIMIT
         ]:
-            out.append(
-                {
-                    "type": "log",
-                    "id": line.id,
-                    "level": line.level,
-                    "message": line.message,
-                    "step": line.step,
-                    "created_at": line.created_at.isoformat(),
-                }
-            )
+            out.append(log_message(line))
         # Groups newer than the page's, and again those it shows without advantages (they may have them now).
         out.extend(
             run_group_messages(

@@ -9,8 +9,9 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 
-class BaseModel(models.Model):
-    """A model that runs can fine-tune: a Hugging Face id or a local directory.
+class PretrainedModel(models.Model):
+    """A base model: one that runs can fine-tune, a Hugging Face id or a local directory. (Pages, API and
+    fields call it a base model; the class is not called BaseModel, which reads as pydantic's.)
 
     owner is null for models shared with everyone (the default model).
     """
@@ -34,6 +35,8 @@ class BaseModel(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        db_table = "training_basemodel"  # the table of the model's first name, BaseModel
+        verbose_name = "base model"
         ordering = ["name"]
 
     def __str__(self):
@@ -56,7 +59,7 @@ class Run(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
     name = models.CharField(max_length=200)
     tags = ArrayField(models.CharField(max_length=50), default=list, blank=True)
-    base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="runs")
+    base_model = models.ForeignKey(PretrainedModel, on_delete=models.PROTECT, related_name="runs")
     script_version = models.ForeignKey("rollouts.RolloutScriptVersion", on_delete=models.PROTECT, related_name="runs")
     reward_version = models.ForeignKey(
         "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
@@ -182,7 +185,7 @@ class DryRun(models.Model):
     reward_version = models.ForeignKey(
         "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.CASCADE, related_name="dry_runs"
     )
-    base_model = models.ForeignKey(BaseModel, on_delete=models.CASCADE, related_name="+")
+    base_model = models.ForeignKey(PretrainedModel, on_delete=models.CASCADE, related_name="+")
     scenarios = models.JSONField(help_text="The scenario objects tried.")
     samples = models.PositiveSmallIntegerField(
         default=1,

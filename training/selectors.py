@@ -12,7 +12,17 @@ from rest_framework.authtoken.models import Token
 from tsdownsample import MinMaxDownsampler
 
 from training.charts import DEFAULT_SERIES
-from training.models import BaseModel, Checkpoint, DryRun, Run, RunEvent, RunLog, Step, Trajectory, TrajectoryGroup
+from training.models import (
+    Checkpoint,
+    DryRun,
+    PretrainedModel,
+    Run,
+    RunEvent,
+    RunLog,
+    Step,
+    Trajectory,
+    TrajectoryGroup,
+)
 
 # Series a run's charts and the metrics API can ask for (the charts' list: training.charts). Columns come
 # from Step; the rest from Step.metrics (the engine's per-update figures) and Step.timings.
@@ -69,11 +79,11 @@ def run_list(
     return qs.order_by(order if order in RUN_ORDERS else "-created_at", "-id")
 
 
-def base_model_visible(user) -> QuerySet[BaseModel]:
+def base_model_visible(user) -> QuerySet[PretrainedModel]:
     return (
-        BaseModel.objects.filter(Q(owner__isnull=True) | Q(owner=user))
+        PretrainedModel.objects.filter(Q(owner__isnull=True) | Q(owner=user))
         if not user.is_staff
-        else BaseModel.objects.all()
+        else PretrainedModel.objects.all()
     )
 
 

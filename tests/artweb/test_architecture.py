@@ -233,3 +233,21 @@ def test_the_checks_see_the_imports_they_forbid(tmp_path):
     (pkg / "bad.py").write_text("def f():\n    from django.db import models\n\nfrom ..views import x\n")
     found = sorted(imported_modules(pkg / "bad.py", "rollouts.runtime.bad"))
     assert found == [(2, "django.db"), (4, "rollouts.views")]
+
+
+def test_the_web_process_and_the_task_modules_load_without_torch():
+    """The engine loads torch; only the code that trains imports it, inside the function that trains,
+    so a web process (and a default-queue worker) starts without it."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'artweb.settings'); django.setup(); "
+        "import artweb.urls, artweb.routing, training.tasks; print('torch' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False"

@@ -5,7 +5,7 @@ as they do on the API and the models page."""
 from django.urls import reverse
 
 from tests.factories import RunFactory
-from training.models import BaseModel, Run, RunEvent
+from training.models import PretrainedModel, Run, RunEvent
 
 
 def test_it_shows_a_runs_status_read_only_and_records_an_edit_of_its_name(client, staff, alice):
@@ -45,10 +45,10 @@ def test_its_cancel_action_is_the_cancel_service_with_the_staff_member_as_actor(
 def test_it_applies_the_base_model_source_rules_in_the_admin(client, staff, tmp_path):
     client.force_login(staff)
     form = {"name": "local", "source": str(tmp_path), "revision": "", "max_length": 2048, "recommended_train": "{}"}
-    response = client.post(reverse("admin:training_basemodel_add"), form)
+    response = client.post(reverse("admin:training_pretrainedmodel_add"), form)
     assert response.status_code == 200 and "not a model directory" in response.content.decode()
-    assert not BaseModel.objects.filter(name="local").exists()
+    assert not PretrainedModel.objects.filter(name="local").exists()
     (tmp_path / "config.json").write_text("{}")
-    response = client.post(reverse("admin:training_basemodel_add"), form)
+    response = client.post(reverse("admin:training_pretrainedmodel_add"), form)
     assert response.status_code == 302, response.content.decode()[-2000:]
-    assert BaseModel.objects.get(name="local").source == str(tmp_path)
+    assert PretrainedModel.objects.get(name="local").source == str(tmp_path)

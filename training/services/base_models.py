@@ -7,8 +7,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from artweb.errors import ApplicationError
-from training.engine.config import ConfigError, TrainConfig
-from training.models import BaseModel
+from training.models import PretrainedModel
 
 # A Hugging Face repository id: "name" or "org/name", letters, digits, '.', '_' and '-'.
 HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
@@ -52,13 +51,16 @@ def _check_source(*, source: str, owner: AbstractBaseUser | None, local_path: st
         )
 
 
-def _visible(model: BaseModel, owner: AbstractBaseUser | None) -> bool:
+def _visible(model: PretrainedModel, owner: AbstractBaseUser | None) -> bool:
     return owner is None or owner.is_staff or model.owner_id in (None, owner.pk)
 
 
 def recommended_train_check(value) -> dict:
     """A model's recommended training settings: a JSON object of TrainConfig keys, each within its bounds.
     Only the keys given are kept; the rest stay artweb's defaults."""
+    # Imported here: importing training.engine loads torch, which the web process should not pay for.
+    from training.engine.config import ConfigError, TrainConfig
+
     if value in (None, ""):
         return {}
     if not isinstance(value, dict):
@@ -73,7 +75,7 @@ def recommended_train_check(value) -> dict:
     return dict(value)
 
 
-def base_model_recommend(*, model: BaseModel, train: dict) -> BaseModel:
+def base_model_recommend(*, model: PretrainedModel, train: dict) -> PretrainedModel:
     """Replace the model's recommended training settings (runs already created keep theirs)."""
     model.recommended_train = recommended_train_check(train)
     model.save(update_fields=["recommended_train"])
@@ -116,7 +118,7 @@ def base_model_register(
     chat_template_override: str = "",
     supports_tools: bool = False,
     recommended_train: dict | None = None,
-) -> BaseModel:
+) -> PretrainedModel:
     """Register a base model by Hugging Face id, or (staff only) a directory on the server.
 
     owner is the user registering it, who alone sees it; None registers a model shared with everyone, as
@@ -126,7 +128,7 @@ def base_model_register(
         name=name, source=source, local_path=local_path, max_length=max_length, actor=owner
     )
     recommended_train = recommended_train_check(recommended_train)
-    existing = BaseModel.objects.filter(name=name).first()
+    existing = PretrainedModel.objects.filter(name=name).first()
     if existing:
         if not _visible(existing, owner):
             # Names are unique across users: say it is taken without showing the other user's model.
@@ -141,7 +143,7 @@ def base_model_register(
         return existing
     if is_server_path(source) and not local_path:
         local_path = str(Path(source).expanduser().resolve())
-    return BaseModel.objects.create(
+    return PretrainedModel.objects.create(
         owner=owner,
         name=name,
         source=source,

@@ -125,6 +125,30 @@ def run_row_message(run) -> dict:
     }
 
 
+def status_message(*, run_id: int, status: str, steps_done: int, num_steps: int, error: str) -> dict:
+    """The run's status and progress, for its page and the runs list (live, and first on catch-up)."""
+    return {
+        "type": "status",
+        "run": run_id,
+        "status": status,
+        "steps_done": steps_done,
+        "num_steps": num_steps,
+        "error": error,
+    }
+
+
+def log_message(line) -> dict:
+    """A RunLog line for the run page's log view."""
+    return {
+        "type": "log",
+        "id": line.id,
+        "level": line.level,
+        "message": line.message,
+        "step": line.step,
+        "created_at": line.created_at.isoformat(),
+    }
+
+
 def step_message(step, *, steps_done: int | None, num_steps: int | None) -> dict:
     """A committed step for the run page and the runs list, live and on catch-up alike: the Step row's
     metrics with its reward columns and duration, and the run's progress."""

@@ -18,7 +18,6 @@ from artweb.errors import ApplicationError
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
 from rollouts.runtime.sandbox import dry_run
 from training import task_names
-from training.engine.advantages import group_advantages
 from training.models import DryRun
 from training.services import inference
 
@@ -110,6 +109,9 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
     rollouts whose rewards are not all equal. Returns {"scenarios": [{"index", "rewards", "errors",
     "std", "min", "max", "signal"}], "with_spread", "scenario_count", "samples", "message"}.
     """
+    # Imported here: importing training.engine loads torch, which the web process should not pay for.
+    from training.engine.advantages import group_advantages
+
     rows = []
     for index in range(scenario_count):
         group = [t for t in trajectories if t.get("scenario_index") == index]

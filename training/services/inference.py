@@ -190,6 +190,7 @@ def adapters_loaded_publish() -> None:
 def trainer_for(run, *, checkpoint_dir: str | None):
     """The trainer for this run at run.steps_done, loading or resuming as needed."""
     global _trainer, _trainer_key
+    # Here, not at the top: the engine loads torch, which only a process that trains needs.
     from training.engine import TrainConfig, make_trainer
 
     key = (run.id, run.steps_done)

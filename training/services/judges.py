@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 
 from artweb.errors import ApplicationError
 from training.exports.crypto import secret_decrypt, secret_encrypt
-from training.models import BaseModel, JudgeEndpoint
+from training.models import JudgeEndpoint, PretrainedModel
 from training.selectors import base_model_visible
 
 BASE = ""
@@ -38,8 +38,8 @@ def judge_choices(*, owner) -> list[str]:
     ]
 
 
-def judge_resolve(*, owner, value: str) -> BaseModel | JudgeEndpoint | None:
-    """The judge a ruler_judge value names for this owner: None for the run's base model, a BaseModel,
+def judge_resolve(*, owner, value: str) -> PretrainedModel | JudgeEndpoint | None:
+    """The judge a ruler_judge value names for this owner: None for the run's base model, a PretrainedModel,
     or a JudgeEndpoint. Raises ApplicationError naming the choices when it names nothing they may use."""
     value = (value or "").strip()
     if value == BASE:

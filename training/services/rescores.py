@@ -41,7 +41,7 @@ from rollouts.models import RewardFunctionVersion
 from rollouts.runtime.proxy import Upstream
 from rollouts.runtime.sandbox import SandboxLimits, ScoreGroup, ScoreRequest, run_scores
 from training import task_names
-from training.models import BaseModel, Rescore, RescoreScore, Run, Trajectory, TrajectoryGroup
+from training.models import PretrainedModel, Rescore, RescoreScore, Run, Trajectory, TrajectoryGroup
 from training.services import inference
 from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
 from training.services.runs import run_event
@@ -106,7 +106,7 @@ def rescorable(*, run: Run, split: str, steps_done: int | None = None) -> QueryS
 def _judge(*, owner, value: str):
     """The JudgeEndpoint a RULER re-score uses; refuses judges served by artweb itself."""
     found = judge_resolve(owner=owner, value=value)
-    if found is None or isinstance(found, BaseModel):
+    if found is None or isinstance(found, PretrainedModel):
         raise ApplicationError(
             "RULER re-scoring needs a judge endpoint: a judge served by artweb (the run's base model or "
             "model:<name>) needs a GPU worker's inference server, which re-scoring does not use. Add an "

@@ -13,8 +13,14 @@ from rollouts.runtime.validation import script_sets_reward
 from training import task_names
 from training.config import run_config_parse
 from training.exports.hooks import run_finished
-from training.models import BaseModel, Checkpoint, Run, RunEvent
-from training.services.broadcast import event_message, run_broadcast, run_row_message, runs_list_broadcast
+from training.models import Checkpoint, PretrainedModel, Run, RunEvent
+from training.services.broadcast import (
+    event_message,
+    run_broadcast,
+    run_row_message,
+    runs_list_broadcast,
+    status_message,
+)
 from training.services.judges import judge_resolve
 
 S = Run.Status
@@ -52,14 +58,9 @@ def run_transition(*, run: Run, from_statuses, to_status: str, message: str = ""
         transaction.on_commit(lambda: run_finished(run_id=run.id))
     run_broadcast(
         run.id,
-        {
-            "type": "status",
-            "run": run.id,
-            "status": to_status,
-            "steps_done": run.steps_done,
-            "num_steps": run.num_steps,
-            "error": run.error,
-        },
+        status_message(
+            run_id=run.id, status=to_status, steps_done=run.steps_done, num_steps=run.num_steps, error=run.error
+        ),
         to_list=True,
     )
     return True
@@ -82,7 +83,7 @@ def _owned(obj, owner, what: str, field: str):
         raise ApplicationError(f"That {what} is not yours.", field_errors={field: ["not found"]})
 
 
-def config_with_recommended(config: dict | None, base_model: BaseModel) -> dict:
+def config_with_recommended(config: dict | None, base_model: PretrainedModel) -> dict:
     """The run config with the base model's recommended training settings under the ones given: a train
     key the caller leaves out takes the model's recommendation, then artweb's default."""
     config = dict(config or {})
@@ -109,7 +110,7 @@ def run_create(
     *,
     owner,
     name: str,
-    base_model: BaseModel,
+    base_model: PretrainedModel,
     script_version: RolloutScriptVersion,
     scenario_set: ScenarioSet,
     reward_version: RewardFunctionVersion | None = None,

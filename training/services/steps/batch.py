@@ -13,7 +13,7 @@ from rollouts.runtime.proxy import Upstream
 from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
 from training.config import RunConfig
 from training.exports.weave import export_rollout_env, rollout_egress_hosts
-from training.models import BaseModel, Run
+from training.models import PretrainedModel, Run
 from training.services import inference
 from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
 from training.services.runs import run_event
@@ -64,9 +64,9 @@ def _wants_judge(run: Run, cfg: RunConfig) -> bool:
 def _judge_for(run: Run, cfg: RunConfig, server, policy_name: str):
     """(name, Upstream) of the batch's RULER judge, as the run's ruler_judge names it."""
     found = judge_resolve(owner=run.owner, value=cfg.ruler_judge)
-    if found is None or (isinstance(found, BaseModel) and found.id == run.base_model_id):
+    if found is None or (isinstance(found, PretrainedModel) and found.id == run.base_model_id):
         return inference.judge_endpoint(run.base_model, server=server, policy_name=policy_name)
-    if isinstance(found, BaseModel):
+    if isinstance(found, PretrainedModel):
         judge = inference.judge_server(found)
         return judge.base_model_name, Upstream(judge.base_url, judge.api_key)
     if found.model == policy_name:
