@@ -91,6 +91,17 @@ def _smi(query: str) -> list[list[str]]:
     return [[field.strip() for field in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
+def wait_for_gpu_free(timeout: float = 90, below_mib: int = 2048) -> int:
+    """Wait until the GPU's used memory is under below_mib (the last run's processes gone); MiB in use then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        used = _smi("--query-gpu=memory.used")
+        mib = int(used[0][0]) if used else 0
+        if mib < below_mib or time.monotonic() > deadline:
+            return mib
+        time.sleep(1)
+
+
 def versions() -> dict[str, str]:
     from importlib import metadata
 
@@ -157,8 +168,16 @@ def run_example(
     val_every: int,
     timeout: float,
     logs_dir: Path,
+    base_model=None,
+    config_extra: dict | None = None,
+    env_extra: dict | None = None,
+    reward_path: Path | None = None,
 ) -> dict:
-    """One run of the example task on a fresh prefork GPU worker; its steps, phase timings and peak memory."""
+    """One run of the example task on a fresh prefork GPU worker; its steps, phase timings and peak memory.
+
+    base_model: a registered base model (default: the default model, converted where it is not yet);
+    config_extra: more run settings (e.g. concurrency); env_extra: more worker environment; reward_path: a
+    reward file instead of the example's."""
     from django.conf import settings
     from django.contrib.auth import get_user_model
 
@@ -169,10 +188,12 @@ def run_example(
     from training.models import Run
     from training.services import run_create
 
-    t0 = time.perf_counter()
-    fetched = ensure_default_model(Path(settings.DATA_DIR))
-    model_dir = fetched.path.resolve()
-    convert_s = time.perf_counter() - t0 if fetched.created else None  # None: converted by an earlier run
+    convert_s = None  # None: converted by an earlier run, or another base model
+    if base_model is None:
+        t0 = time.perf_counter()
+        fetched = ensure_default_model(Path(settings.DATA_DIR))
+        base_model = _register_model(fetched.path.resolve())
+        convert_s = time.perf_counter() - t0 if fetched.created else None
     user, _ = get_user_model().objects.get_or_create(username="bench")
     tag = time.strftime("%Y%m%d-%H%M%S")
     config = {
@@ -184,13 +205,16 @@ def run_example(
         "val_scenarios": 8,
         "seed": 0,
         "train": {"learning_rate": learning_rate},
+        **(config_extra or {}),
     }
     run = run_create(
         owner=user,
         name=f"gpu-{tag}",
-        base_model=_register_model(model_dir),
+        base_model=base_model,
         script_version=script_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "rollout.py").read_text()),
-        reward_version=reward_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "reward.py").read_text()),
+        reward_version=reward_create(
+            owner=user, name=f"example-{tag}", content=(reward_path or EXAMPLES / "reward.py").read_text()
+        ),
         scenario_set=scenario_set_create(
             owner=user, name=f"example-{tag}", jsonl=(EXAMPLES / "scenarios.jsonl").read_text()
         ),
@@ -198,15 +222,15 @@ def run_example(
     )
     # The worker inherits this process's environment (device, backend, adapter mode, sandbox); the database
     # URL is passed whole, password included, where stack_env would rebuild it without one.
-    env = stack.stack_env(
-        db_name=settings.DATABASES["default"]["NAME"],
-        data_dir=Path(settings.DATA_DIR),
-        DATABASE_URL=os.environ["DATABASE_URL"],
-        ARTWEB_VLLM_PORT=str(stack.free_port()),
-        ARTWEB_VLLM_ENFORCE_EAGER=os.environ["ARTWEB_VLLM_ENFORCE_EAGER"],
-        ARTWEB_VLLM_KV_CACHE_GB=os.environ.get("ARTWEB_VLLM_KV_CACHE_GB", "4"),
-        ARTWEB_HEARTBEAT_SECONDS="15",
-    )
+    worker_env = {
+        "DATABASE_URL": os.environ["DATABASE_URL"],
+        "ARTWEB_VLLM_PORT": str(stack.free_port()),
+        "ARTWEB_VLLM_ENFORCE_EAGER": os.environ["ARTWEB_VLLM_ENFORCE_EAGER"],
+        "ARTWEB_VLLM_KV_CACHE_GB": os.environ.get("ARTWEB_VLLM_KV_CACHE_GB", "4"),
+        "ARTWEB_HEARTBEAT_SECONDS": "15",
+        **(env_extra or {}),
+    }
+    env = stack.stack_env(db_name=settings.DATABASES["default"]["NAME"], data_dir=Path(settings.DATA_DIR), **worker_env)
     started = time.time()
     worker = stack.start_gpu_worker(env, logs_dir, pool="prefork")
     try:
@@ -222,8 +246,11 @@ def run_example(
         worker.kill()
     run.refresh_from_db()
     rows = step_rows(run)
+    last = run.checkpoints.order_by("-step").first()
     return {
         "run_id": run.id,
+        "base_model_path": base_model.local_path,
+        "adapter": last.path if last else None,
         "status": run.status,
         "error": run.error,
         "config": config,

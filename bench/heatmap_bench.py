@@ -134,8 +134,14 @@ def build_run(groups_per_step: int):
                 p = min(1.0, skill[i] * step / STEPS * 2)
                 reward = round(sum(rng.random() < p for _ in range(8)) / 8, 4)
                 copy.write_row((run.id, step, "train", scenario_ids[i], reward, 0.3, 0, False, False, now))
+    # As the run's step commits would have: each step's heatmap column, from its groups.
+    from training.heatmap import heatmap_columns_record
+
+    for step in range(1, STEPS + 1):
+        heatmap_columns_record(run_id=run.id, step=step)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE rollouts_trajectorygroup")
+        cursor.execute("ANALYZE training_heatmapcolumn")
     return user, run
 
 
@@ -250,7 +256,7 @@ def main() -> None:
             f"({'dense' if per_step >= SCENARIOS else f'{per_step} per step'}); "
             f"drawn {m['rows']} rows × {m['cols']} columns"
         ),
-        f"CPU: {cpu_model()}",
+        f"CPU: {cpu_model()}; load average over the last minute {os.getloadavg()[0]:.1f} at the end (other work slows it)",
         (
             f"first paint, navigation start → every cell on screen ({args.loads} loads, assets cached): "
             f"p50 {pct(paints, 0.5):.0f} ms, p95 {pct(paints, 0.95):.0f} ms, max {max(paints):.0f} ms (target < 1000 ms); "

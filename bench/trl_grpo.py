@@ -5,6 +5,11 @@ Runs in a process of its own, so its peak memory is its own. Two modes:
     python -m bench.trl_grpo train --steps 10 --out DIR      # GRPO steps with TRL's own generation
     python -m bench.trl_grpo update --batch FILE --out DIR   # TRL's loss + optimizer step on a given batch
 
+On a GPU (`--device cuda`) it trains in bf16 and can generate with TRL's vLLM colocate mode
+(`--generation vllm-colocate`: vLLM in the trainer's process, on the same GPU, the weights pushed to it
+after every step); `--vllm-eager` starts that engine without CUDA graphs, as artweb's worker does with
+ARTWEB_VLLM_ENFORCE_EAGER=1.
+
 Settings follow artweb's defaults one for one (see `grpo_config`): CISPO with its ratio capped at 5 (artweb's
 ε_high = 4 around 1), rewards scaled by the group's standard deviation, no KL term, AdamW with
 β2 = 0.99 and weight decay 0.1, gradient norm clipped at 0.1, a constant learning rate, LoRA on all
@@ -37,14 +42,19 @@ def grpo_config(args, out_dir: Path):
 
     from training.engine.backends import resolve_dtype
 
-    half = resolve_dtype("auto", "cpu") != torch.float32
+    dtype = resolve_dtype("auto", args.device)
+    extra = {}
+    if args.gradient_checkpointing != "trl-default":  # TRL's default is on; artweb's engine's is off
+        extra["gradient_checkpointing"] = args.gradient_checkpointing == "on"
+    if args.generation == "vllm-colocate":
+        extra["vllm_gpu_memory_utilization"] = args.vllm_memory
     return GRPOConfig(
         output_dir=str(out_dir),
         max_steps=args.steps,
         seed=args.seed,
-        use_cpu=True,
-        bf16=half,
-        model_init_kwargs={"dtype": resolve_dtype("auto", "cpu")},
+        use_cpu=args.device == "cpu",
+        bf16=dtype == torch.bfloat16,
+        model_init_kwargs={"dtype": dtype},
         per_device_train_batch_size=args.group_size * args.scenarios_per_step,
         gradient_accumulation_steps=1,
         num_generations=args.group_size,
@@ -74,7 +84,17 @@ def grpo_config(args, out_dir: Path):
         disable_tqdm=True,
         log_completions=False,
         dataloader_num_workers=0,
+        **extra,
     )
+
+
+def vllm_without_cuda_graphs() -> None:
+    """Make TRL's colocated vLLM engine start eagerly (no torch.compile, no CUDA graph capture)."""
+    import functools
+
+    from trl.generation import vllm_generation
+
+    vllm_generation.LLM = functools.partial(vllm_generation.LLM, enforce_eager=True)
 
 
 def lora_config(rank: int):
@@ -124,6 +144,8 @@ def train(args) -> dict:
     from trl import GRPOTrainer
 
     torch.manual_seed(args.seed)
+    if args.generation == "vllm-colocate" and args.vllm_eager:
+        vllm_without_cuda_graphs()
     steps: list[dict] = []
 
     class Timed(GRPOTrainer):
@@ -149,6 +171,7 @@ def train(args) -> dict:
             if logs and "reward" in logs and steps:
                 steps[-1]["reward_mean"] = logs["reward"]
 
+    started = time.perf_counter()
     trainer = Timed(
         model=str(args.model_dir),
         reward_funcs=[make_reward_func()],
@@ -165,10 +188,25 @@ def train(args) -> dict:
     return {
         "steps": steps,
         "wall_seconds": wall,
+        "setup_seconds": t0 - started,
         "peak_rss_gb": peak_rss_gb(),
+        **gpu_peaks(),
         "adapter": str(adapter),
         "generation": args.generation,
+        "gradient_checkpointing": bool(trainer.args.gradient_checkpointing),
         "torch_threads": torch.get_num_threads(),
+    }
+
+
+def gpu_peaks() -> dict:
+    """The peak GPU memory PyTorch's allocator held in this process (GiB), where there is a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {
+        "gpu_peak_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+        "gpu_peak_reserved_gb": torch.cuda.max_memory_reserved() / 2**30,
     }
 
 
@@ -189,10 +227,13 @@ def update(args) -> dict:
     trainer.current_gradient_accumulation_steps = 1
     model = trainer.model
     model.train()
-    inputs = _tensors(batch, trainer.processing_class.pad_token_id)
+    device = trainer.accelerator.device
+    inputs = {k: v.to(device) for k, v in _tensors(batch, trainer.processing_class.pad_token_id).items()}
     params = [p for p in model.parameters() if p.requires_grad]
     times = []
     for _ in range(args.repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         t = time.perf_counter()
         with trainer.compute_loss_context_manager():
             loss = trainer.compute_loss(model, inputs)
@@ -200,6 +241,8 @@ def update(args) -> dict:
         torch.nn.utils.clip_grad_norm_(params, 0.1)
         trainer.optimizer.step()
         trainer.optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     trained = int(inputs["completion_mask"].sum())
     median = statistics.median(times[1:])
@@ -245,6 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation", choices=GENERATION_MODES, default="transformers")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--gradient-checkpointing",
+        choices=["trl-default", "on", "off"],
+        default="trl-default",
+        help="off matches artweb's engine; TRL's GRPOConfig turns it on by default",
+    )
+    p.add_argument("--vllm-eager", action="store_true", help="vllm-colocate: no CUDA graphs (faster start)")
+    p.add_argument("--vllm-memory", type=float, default=0.3, help="vllm-colocate: share of the GPU's memory for vLLM")
     p.add_argument("--batch", type=Path, help="update mode: JSON with prompt_ids, completion_ids, advantages")
     p.add_argument("--repeats", type=int, default=3, help="update mode: timed updates after one warm-up")
     args = p.parse_args(argv)

@@ -1,7 +1,8 @@
 """The scenario × step heatmap of a run: one row per scenario, one column per step (or bin of steps),
 each cell the mean reward of that scenario's groups there.
 
-PostgreSQL does the aggregation; Python only packs the result. The matrix travels as base64 of one
+Each committed step stores its cells once (HeatmapColumn, written in the step's commit); a view reads
+those columns and only averages the groups of steps not committed yet, then bins columns with numpy. The matrix travels as base64 of one
 byte per cell, row-major, which keeps 1,000 scenarios × 400 columns near 530 kB before gzip and a
 fraction of it after (empty cells repeat one byte).
 
@@ -19,7 +20,7 @@ import numpy as np
 from django.db import connection
 
 from artweb.errors import ApplicationError
-from training.models import Run
+from training.models import HeatmapColumn, Run
 
 # Columns a view shows at most; more steps than this are binned, consecutive steps per column.
 MAX_COLUMNS = 400
@@ -35,12 +36,12 @@ COLUMNS_LIMIT = 2000
 
 # Failed attempts were never trained on (the README's "Failed steps keep what they produced"), and a
 # group without a finite mean (every rollout errored) has no reward to show: neither makes a cell.
-_GROUPS = """
-    FROM rollouts_trajectorygroup g
-    WHERE g.run_id = %(run)s AND g.split = %(split)s AND NOT g.failed_attempt
-      AND g.step BETWEEN %(lo)s AND %(hi)s
-      AND g.reward_mean IS NOT NULL AND g.reward_mean NOT IN ('NaN', 'Infinity', '-Infinity')
+_FINITE = """
+    NOT g.failed_attempt AND g.reward_mean IS NOT NULL AND g.reward_mean NOT IN ('NaN', 'Infinity', '-Infinity')
 """
+
+# One scenario's cell of one step, as HeatmapColumn.cells packs it (little-endian, 16 bytes).
+CELL = np.dtype([("scenario", "<i4"), ("n", "<i4"), ("sum", "<f8")])
 
 # What the cells of every view of a run depend on, besides the rows' values: the newest group (new groups)
 # and the failed attempts (a failed step marks its groups). Groups are otherwise never edited.
@@ -49,21 +50,37 @@ _VERSION = """
     FROM rollouts_trajectorygroup WHERE run_id = %(run)s
 """
 
-# One statement, hence one snapshot: the cells and the cursor (the run's newest group id, whatever
-# its split) agree, so a live page counts every group exactly once: those up to the cursor are in
-# the cells, the socket brings the rest. The aggregates of one query read its rows in one order, so
-# the arrays line up; numpy sorts them (cheaper than an ORDER BY per array here).
+# One statement, hence one snapshot: the committed steps' columns, the groups of steps after the last
+# committed one (the step in progress, or a run from before columns were kept), and the cursor (the
+# run's newest group id, whatever its split) all agree, so a live page counts every group exactly
+# once: those up to the cursor are in the cells, the socket brings the rest.
 _CELLS = f"""
-    WITH cells AS (
-        SELECT g.scenario_id, width_bucket(g.step, %(starts)s::int[]) - 1 AS col,
-               avg(g.reward_mean) AS mean, count(*) AS n
-        {_GROUPS}
+    WITH settled AS (
+        SELECT step, cells FROM training_heatmapcolumn
+        WHERE run_id = %(run)s AND split = %(split)s AND step BETWEEN %(lo)s AND %(hi)s
+    ), tail AS (
+        SELECT g.scenario_id, g.step, count(*) AS n, sum(g.reward_mean) AS total
+        FROM rollouts_trajectorygroup g
+        WHERE g.run_id = %(run)s AND g.split = %(split)s AND g.step BETWEEN %(lo)s AND %(hi)s AND {_FINITE}
+          AND g.step > (SELECT coalesce(max(step), -1) FROM training_heatmapcolumn
+                        WHERE run_id = %(run)s AND split = %(split)s)
         GROUP BY 1, 2
     )
-    SELECT coalesce(array_agg(s.index), '{{}}'), coalesce(array_agg(c.scenario_id), '{{}}'),
-           coalesce(array_agg(c.col), '{{}}'), coalesce(array_agg(c.mean), '{{}}'), coalesce(array_agg(c.n), '{{}}'),
+    SELECT (SELECT coalesce(array_agg(step ORDER BY step), '{{}}') FROM settled),
+           (SELECT coalesce(array_agg(length(cells) / {CELL.itemsize} ORDER BY step), '{{}}') FROM settled),
+           (SELECT coalesce(string_agg(cells, ''::bytea ORDER BY step), ''::bytea) FROM settled),
+           coalesce(array_agg(t.scenario_id), '{{}}'), coalesce(array_agg(t.step), '{{}}'),
+           coalesce(array_agg(t.n), '{{}}'), coalesce(array_agg(t.total), '{{}}'),
            ({_VERSION})
-    FROM cells c JOIN rollouts_scenario s ON s.id = c.scenario_id
+    FROM tail t
+"""
+
+# A step's cells, both splits, from its groups: what its HeatmapColumn rows hold.
+_STEP_CELLS = f"""
+    SELECT g.split, g.scenario_id, count(*), sum(g.reward_mean)
+    FROM rollouts_trajectorygroup g
+    WHERE g.run_id = %(run)s AND g.step = %(step)s AND {_FINITE}
+    GROUP BY 1, 2 ORDER BY 1, 2
 """
 
 
@@ -128,6 +145,26 @@ def _column_bins(steps: list[int], max_columns: int) -> tuple[np.ndarray, np.nda
     return s[first], s[last], int((last - first).max()) + 1
 
 
+def heatmap_columns_record(*, run_id: int, step: int) -> None:
+    """Store a step's heatmap columns (train and validation) from its groups. Called inside the step's
+    commit, once its groups are final; writing them again (a repeated commit) replaces them."""
+    with connection.cursor() as cursor:
+        cursor.execute(_STEP_CELLS, {"run": run_id, "step": step})
+        rows = cursor.fetchall()
+    by_split: dict[str, list[tuple]] = {}
+    for split, scenario_id, n, total in rows:
+        by_split.setdefault(split, []).append((scenario_id, n, total))
+    HeatmapColumn.objects.bulk_create(
+        [
+            HeatmapColumn(run_id=run_id, split=split, step=step, cells=np.array(cells, dtype=CELL).tobytes())
+            for split, cells in by_split.items()
+        ],
+        update_conflicts=True,
+        unique_fields=["run", "split", "step"],
+        update_fields=["cells"],
+    )
+
+
 def run_heatmap(*, run: Run, query: HeatmapQuery) -> dict:
     """The matrix of a run's split, as the page, its socket updates and the API use it.
 
@@ -135,35 +172,53 @@ def run_heatmap(*, run: Run, query: HeatmapQuery) -> dict:
     have one (a validation view has a column per validation step). Empty cells are empty, not zero.
     """
     lo = query.step_from if query.step_from is not None else 0
-    hi = query.step_to if query.step_to is not None else 2**31 - 1
+    hi = query.step_to if query.step_to is not None else MAX_STEP
     params = {"run": run.id, "split": query.split, "lo": lo, "hi": hi}
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT DISTINCT g.step {_GROUPS} ORDER BY 1", params)
-        steps = [r[0] for r in cursor.fetchall()]
-        starts, ends, per_column = _column_bins(steps, query.max_columns)
-        cursor.execute(_CELLS, {**params, "starts": starts.tolist()})
-        indexes, scenario_ids, cols, means, counts, (last_group, failed) = cursor.fetchone()
+        cursor.execute(_CELLS, params)
+        settled_steps, settled_sizes, packed, t_scenarios, t_steps, t_counts, t_totals, (last_group, failed) = (
+            cursor.fetchone()
+        )
 
-    # Cells by scenario index, then column (row-major); rows are the distinct scenarios, by index.
-    col_arr = np.asarray(cols, dtype=np.int64)
-    index_arr = np.asarray(indexes, dtype=np.int64)
-    by_cell = np.lexsort((col_arr, index_arr))
-    col_arr, index_arr = col_arr[by_cell], index_arr[by_cell]
-    new_row = np.ones(len(index_arr), dtype=bool)
-    new_row[1:] = index_arr[1:] != index_arr[:-1]
-    row_of_cell = np.cumsum(new_row) - 1
-    row_ids = np.asarray(scenario_ids, dtype=np.int64)[by_cell][new_row].tolist()
-    texts = _scenario_texts(row_ids)
+    # Every (scenario, step) cell of the view: the committed steps' columns, then the tail's groups.
+    # Up to 2,000,000 of them (every scenario at every step): nothing below sorts them.
+    settled = np.frombuffer(bytes(packed), dtype=CELL)
+    settled_steps = np.asarray(settled_steps, dtype=np.int64)
+    settled_sizes = np.asarray(settled_sizes, dtype=np.int64)
+    t_steps = np.asarray(t_steps, dtype=np.int64)
+    steps = np.union1d(settled_steps[settled_sizes > 0], t_steps)
+    starts, ends, per_column = _column_bins(steps.tolist(), query.max_columns)
+
+    def column(of_steps: np.ndarray) -> np.ndarray:
+        return np.searchsorted(starts, of_steps, side="right") - 1
+
+    col = np.concatenate([np.repeat(column(settled_steps), settled_sizes), column(t_steps)])
+    scenario = np.concatenate([settled["scenario"].astype(np.int64), np.asarray(t_scenarios, dtype=np.int64)])
+    count = np.concatenate([settled["n"].astype(np.int64), np.asarray(t_counts, dtype=np.int64)])
+    total = np.concatenate([settled["sum"], np.asarray(t_totals, dtype=np.float64)])
+
+    # Rows: the distinct scenarios, by scenario index.
+    ids, of_cell = _distinct(scenario)
+    info = _scenario_rows(ids.tolist())
+    by_index = sorted(range(len(ids)), key=lambda k: info[int(ids[k])][0])
+    row_ids = [int(ids[k]) for k in by_index]
+    rank = np.empty(len(ids), dtype=np.int64)
+    rank[by_index] = np.arange(len(ids))
+    row = rank[of_cell]
 
     n_rows, n_cols = len(row_ids), len(starts)
-    mean_arr = np.asarray(means, dtype=np.float64)[by_cell]
-    vmin = float(mean_arr.min()) if len(mean_arr) else 0.0
-    vmax = float(mean_arr.max()) if len(mean_arr) else 0.0
+    flat = row * n_cols + col
+    sums = np.bincount(flat, weights=total, minlength=n_rows * n_cols)
+    groups = np.bincount(flat, weights=count, minlength=n_rows * n_cols).astype(np.int64)
+    filled = groups > 0
+    means = sums[filled] / groups[filled]  # row-major: cells by scenario index, then column
+    vmin = float(means.min()) if len(means) else 0.0
+    vmax = float(means.max()) if len(means) else 0.0
     scale = LEVELS / (vmax - vmin) if vmax > vmin else 0.0
-    values = np.full((n_rows, n_cols), EMPTY, dtype=np.uint8)
-    values[row_of_cell, col_arr] = np.rint((mean_arr - vmin) * scale).astype(np.uint8)
+    values = np.full(n_rows * n_cols, EMPTY, dtype=np.uint8)
+    values[filled] = np.rint((means - vmin) * scale).astype(np.uint8)
     # Counts only of the non-empty cells, in the same row-major order: most cells are empty.
-    group_counts = np.minimum(np.asarray(counts, dtype=np.int64)[by_cell], 255)
+    group_counts = np.minimum(groups[filled], 255)
 
     return {
         "run": run.id,
@@ -176,14 +231,28 @@ def run_heatmap(*, run: Run, query: HeatmapQuery) -> dict:
         "steps_per_column": per_column,
         "rows": {
             "scenario": row_ids,
-            "index": index_arr[new_row].tolist(),
-            "text": [texts.get(i, "") for i in row_ids],
+            "index": [info[i][0] for i in row_ids],
+            "text": [info[i][1] for i in row_ids],
         },
         "values": {"min": vmin, "max": vmax, "levels": LEVELS, "empty": EMPTY, "data": _b64(values)},
         "counts": {"data": _b64(group_counts)},
         "last_group": last_group,
         "version": f"{last_group}.{failed}",
     }
+
+
+def _distinct(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct ids, ascending; the position of each id among them). A scenario set's ids are
+    almost always one dense range (its scenarios are created together): a table over the range then
+    does it without sorting millions of cells; a scattered set falls back to numpy's sort."""
+    if not len(ids):
+        return ids, ids
+    first, span = int(ids.min()), int(ids.max()) - int(ids.min()) + 1
+    if span > 4 * len(ids) + 4096:
+        return np.unique(ids, return_inverse=True)
+    present = np.zeros(span, dtype=bool)
+    present[ids - first] = True
+    return np.flatnonzero(present) + first, (np.cumsum(present) - 1)[ids - first]
 
 
 def run_heatmap_version(*, run: Run) -> str:
@@ -194,16 +263,16 @@ def run_heatmap_version(*, run: Run) -> str:
     return f"{last_group}.{failed}"
 
 
-def _scenario_texts(scenario_ids: list[int]) -> dict[int, str]:
-    """The beginning of each scenario's JSON, cut in PostgreSQL (a scenario may be large)."""
+def _scenario_rows(scenario_ids: list[int]) -> dict[int, tuple[int, str]]:
+    """Each scenario's (index, beginning of its JSON), the text cut in PostgreSQL (a scenario may be large)."""
     if not scenario_ids:
         return {}
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT id, left(data::text, %s) FROM rollouts_scenario WHERE id = ANY(%s)",
+            "SELECT id, index, left(data::text, %s) FROM rollouts_scenario WHERE id = ANY(%s)",
             [SCENARIO_TEXT_CHARS, scenario_ids],
         )
-        return dict(cursor.fetchall())
+        return {scenario_id: (index, text) for scenario_id, index, text in cursor.fetchall()}
 
 
 def heatmap_decode(payload: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -229,6 +229,26 @@ class Step(models.Model):
         return f"{self.run_id}@{self.step}"
 
 
+class HeatmapColumn(models.Model):
+    """A committed step's heatmap cells for one split, written in the step's commit (training.heatmap).
+
+    The heatmap reads these instead of averaging every group again: a 2,000-step run's page then reads
+    2,000 small rows. `cells` packs, per scenario with a finite group mean, its id, its number of groups
+    and the sum of their means (training.heatmap.CELL). A step's groups never change after its commit.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="heatmap_columns")
+    split = models.CharField(max_length=12)
+    step = models.PositiveIntegerField()
+    cells = models.BinaryField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "split", "step"], name="uniq_heatmap_column")]
+
+    def __str__(self):
+        return f"heatmap column {self.run_id}@{self.step} ({self.split})"
+
+
 class Checkpoint(models.Model):
     class State(models.TextChoices):
         ACTIVE = "active"

@@ -229,8 +229,14 @@ class VLLMServer:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        if self.cpu_build and not float(self.kv_cache_gb).is_integer():
+            raise VLLMError(
+                f"The CPU build of vLLM sizes its KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE); "
+                f"kv_cache_gb={self.kv_cache_gb} is not one: give {max(1, round(self.kv_cache_gb))} instead."
+            )
         env.update(
-            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gb),
+            # A whole number: the CPU build reads it with int() and refuses "1.0".
+            VLLM_CPU_KVCACHE_SPACE=str(int(self.kv_cache_gb)),
             VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             # /collective_rpc (in-place weight reload) is a development endpoint of vLLM's server.
             VLLM_SERVER_DEV_MODE="1" if self.merged else "0",

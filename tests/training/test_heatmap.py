@@ -10,8 +10,16 @@ from django.urls import reverse
 from rollouts.models import Scenario
 from tests.api.conftest import assert_error, token_client
 from tests.factories import RunFactory, TrajectoryFactory
-from training.heatmap import EMPTY, LEVELS, HeatmapQuery, heatmap_decode, heatmap_query, run_heatmap
-from training.models import TrajectoryGroup
+from training.heatmap import (
+    EMPTY,
+    LEVELS,
+    HeatmapQuery,
+    heatmap_columns_record,
+    heatmap_decode,
+    heatmap_query,
+    run_heatmap,
+)
+from training.models import HeatmapColumn, TrajectoryGroup
 
 pytestmark = pytest.mark.django_db
 
@@ -130,7 +138,7 @@ def test_it_gives_every_cell_the_one_value_when_all_rewards_are_equal(alice):
     assert matrix(run_heatmap(run=run, query=HeatmapQuery()))[0] == [[0.5, None], [None, 0.5]]
 
 
-def test_it_reads_the_matrix_in_three_queries_however_many_groups(alice, django_assert_num_queries):
+def test_it_reads_the_matrix_in_two_queries_however_many_groups(alice, django_assert_num_queries):
     run = RunFactory(owner=alice)
     TrajectoryGroup.objects.bulk_create(
         [
@@ -139,10 +147,66 @@ def test_it_reads_the_matrix_in_three_queries_however_many_groups(alice, django_
             for sc in run.scenario_set.scenarios.filter(split="train")
         ]
     )
-    with django_assert_num_queries(3):  # the steps, the cells with their cursor, the scenarios' text
+    with django_assert_num_queries(2):  # the cells with their cursor, the scenarios' index and text
         payload = run_heatmap(run=run, query=HeatmapQuery(max_columns=100))
     assert payload["binned"] and len(payload["columns"]["first_step"]) == 100
     assert heatmap_decode(payload)[1].sum() == 1200
+
+
+def comparable(payload):
+    """A payload without its cursor fields, which do not depend on how the cells were read."""
+    return {k: v for k, v in payload.items() if k not in ("last_group", "version")}
+
+
+@pytest.mark.parametrize("query", [HeatmapQuery(), HeatmapQuery(split="validation"), HeatmapQuery(max_columns=2)])
+def test_committed_steps_columns_give_the_same_cells_as_their_groups(run, query):
+    from_groups = run_heatmap(run=run, query=query)
+    for step in (1, 2, 3):
+        heatmap_columns_record(run_id=run.id, step=step)
+    assert HeatmapColumn.objects.filter(run=run).count() == 4  # train at steps 1-3, validation at step 2
+    assert comparable(run_heatmap(run=run, query=query)) == comparable(from_groups)
+    assert matrix(run_heatmap(run=run, query=query)) == matrix(from_groups)
+
+
+def test_the_step_in_progress_is_read_from_its_groups_beside_the_committed_columns(run):
+    heatmap_columns_record(run_id=run.id, step=1)
+    heatmap_columns_record(run_id=run.id, step=2)
+    # Step 3 is not committed: its groups (and a new one arriving) count from the groups table.
+    group(run, 3, 0, 0.75)
+    values, counts = matrix(run_heatmap(run=run, query=HeatmapQuery()))
+    assert values == [[0.0, 0.75, 0.75], [0.5, None, 0.25], [None, None, 1.0]]
+    assert counts == [[1, 2, 1], [1, 0, 1], [0, 0, 1]]
+    # A committed column is what is read for its step: groups of that step are no longer averaged.
+    assert HeatmapColumn.objects.filter(run=run, step__lte=2, split="train").count() == 2
+
+
+def test_recording_a_step_again_replaces_its_columns(run):
+    heatmap_columns_record(run_id=run.id, step=2)
+    group(run, 2, 1, 0.0)
+    heatmap_columns_record(run_id=run.id, step=2)
+    (column,) = HeatmapColumn.objects.filter(run=run, step=2, split="train")
+    assert len(bytes(column.cells)) == 2 * 16  # scenarios 0 and 1
+
+
+def test_the_migration_fills_in_the_columns_of_steps_committed_before_it(run):
+    import importlib
+
+    from django.apps import apps
+    from django.db import connection
+
+    from training.models import Step
+
+    for step in (1, 2):  # committed; step 3 is still in progress
+        Step.objects.create(run=run, step=step)
+    expected = run_heatmap(run=run, query=HeatmapQuery())
+    migration = importlib.import_module("training.migrations.0010_heatmap_column")
+    migration.backfill(apps, type("SchemaEditor", (), {"connection": connection})())
+    assert sorted(HeatmapColumn.objects.filter(run=run).values_list("split", "step")) == [
+        ("train", 1),
+        ("train", 2),
+        ("validation", 2),
+    ]
+    assert comparable(run_heatmap(run=run, query=HeatmapQuery())) == comparable(expected)
 
 
 @pytest.mark.parametrize(
@@ -252,3 +316,16 @@ def test_the_inspector_shows_only_the_scenario_asked_for(client, alice, run):
     assert client.get(url + "?step=1").content.decode().count('class="group"') == 2
     everywhere = client.get(url + "?all_steps=on&scenario=0").content.decode()
     assert "first 1)" in everywhere
+
+
+def test_it_finds_each_cells_row_whether_scenario_ids_are_dense_or_scattered():
+    import numpy as np
+
+    from training.heatmap import _distinct
+
+    ids = np.array([7, 3, 7, 10**9, 3], dtype=np.int64)  # a range far wider than the cells: numpy's sort
+    distinct, position = _distinct(ids)
+    assert distinct.tolist() == [3, 7, 10**9] and distinct[position].tolist() == ids.tolist()
+    dense = np.array([12, 10, 12, 11], dtype=np.int64)
+    distinct, position = _distinct(dense)
+    assert distinct.tolist() == [10, 11, 12] and distinct[position].tolist() == dense.tolist()

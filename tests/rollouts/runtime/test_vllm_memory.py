@@ -7,7 +7,9 @@ this environment's packages stands in for a GPU host's.
 
 import sys
 
-from rollouts.runtime.vllm_server import VLLMServer
+import pytest
+
+from rollouts.runtime.vllm_server import VLLMError, VLLMServer
 
 
 def _gpu_host_python(tmp_path):
@@ -44,6 +46,12 @@ def test_the_cpu_build_sizes_its_kv_cache_through_its_environment(tmp_path):
     assert server.cpu_build
     assert "--kv-cache-memory-bytes" not in server.command()
     assert server.environment()["VLLM_CPU_KVCACHE_SPACE"] == "3"
+
+
+def test_the_cpu_build_gets_whole_gib_and_a_fraction_is_refused_with_what_to_give(tmp_path):
+    assert VLLMServer(str(tmp_path), kv_cache_gb=2.0).environment()["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    with pytest.raises(VLLMError, match="whole GiB.*give 2 instead"):
+        VLLMServer(str(tmp_path), kv_cache_gb=1.5).environment()
 
 
 def test_auto_serves_adapters_at_runtime_on_a_gpu_host_and_merged_on_the_cpu_build(tmp_path):

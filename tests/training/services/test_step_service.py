@@ -19,6 +19,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -29,7 +30,8 @@ from training.config import run_config_parse
 from training.engine import Cancelled
 from training.engine.advantages import compute_advantages
 from training.exports.tasks import run_exports_task
-from training.models import Checkpoint, Run, Step, Trajectory, TrajectoryGroup
+from training.heatmap import CELL
+from training.models import Checkpoint, HeatmapColumn, Run, Step, Trajectory, TrajectoryGroup
 from training.services import inference, run_cancel, run_pause
 from training.services.broadcast import run_group_name
 from training.services.steps import run_step_execute
@@ -233,6 +235,12 @@ def test_it_records_a_completed_step_once_with_its_metrics_checkpoint_and_advant
     assert advantages["w0"] == [0.0, 0.0]
     assert advantages["w2"] == [pytest.approx(-1.0, abs=1e-4), pytest.approx(1.0, abs=1e-4)]
     assert Trajectory.objects.get(group=groups["w1"], index=0).truncated
+    # The commit stores the step's heatmap column: one cell per scenario, the group's mean.
+    (column,) = HeatmapColumn.objects.filter(run=run, step=1)
+    cells = np.frombuffer(bytes(column.cells), dtype=CELL)
+    assert column.split == "train" and sorted(cells["scenario"]) == sorted(g.scenario_id for g in groups.values())
+    by_scenario = {int(c["scenario"]): float(c["sum"]) for c in cells}
+    assert by_scenario == {g.scenario_id: pytest.approx(g.reward_mean) for g in groups.values()}
 
     assert world.next_steps == [((run.id,), {"step": 2})]  # queued after the commit
     assert world.exports == [{"reason": "step", "step": 1}]

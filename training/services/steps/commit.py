@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from training.exports.hooks import step_committed
+from training.heatmap import heatmap_columns_record
 from training.models import Checkpoint, Run, Step
 from training.services.broadcast import run_broadcast, step_message
 from training.services.checkpoints import checkpoint_apply_retention
@@ -46,6 +47,8 @@ def step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir: Path, 
                 "state": Checkpoint.State.ACTIVE,
             },
         )
+        # The step's groups (train and validation) are final now: the heatmap reads them from here on.
+        heatmap_columns_record(run_id=run.id, step=step)
         if val_reward is not None:
             Run.objects.filter(Q(best_val_reward__isnull=True) | Q(best_val_reward__lt=val_reward), id=run.id).update(
                 best_val_reward=val_reward

@@ -29,7 +29,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("contenttypes", "0002_remove_content_type_name"),
         ("rollouts", "0007_reward_timing_truncated_dry_run_samples"),
-        ("training", "0008_rescore_score_rank_gap"),
+        ("training", "0009_heatmap_column"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

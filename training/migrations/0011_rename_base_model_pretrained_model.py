@@ -6,7 +6,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("training", "0009_trajectories_dry_runs_from_rollouts"),
+        ("training", "0010_trajectories_dry_runs_from_rollouts"),
     ]
 
     operations = [
