@@ -199,7 +199,7 @@ def test_the_migration_fills_in_the_columns_of_steps_committed_before_it(run):
     for step in (1, 2):  # committed; step 3 is still in progress
         Step.objects.create(run=run, step=step)
     expected = run_heatmap(run=run, query=HeatmapQuery())
-    migration = importlib.import_module("training.migrations.0010_heatmap_column")
+    migration = importlib.import_module("training.migrations.0009_heatmap_column")
     migration.backfill(apps, type("SchemaEditor", (), {"connection": connection})())
     assert sorted(HeatmapColumn.objects.filter(run=run).values_list("split", "step")) == [
         ("train", 1),
