@@ -6,6 +6,8 @@ from celery import Celery
 from celery.signals import celeryd_init, worker_process_init, worker_ready
 from kombu import Exchange, Queue
 
+from training import task_names
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
 
 app = Celery("artweb")
@@ -17,8 +19,8 @@ app.conf.task_queues = (
 )
 # Work that needs the inference server or the trainer goes to the GPU workers.
 app.conf.task_routes = {
-    "training.tasks.run_step_task": {"queue": "gpu"},
-    "rollouts.tasks.dry_run_task": {"queue": "gpu"},
+    task_names.RUN_STEP: {"queue": "gpu"},
+    task_names.DRY_RUN: {"queue": "gpu"},
 }
 app.autodiscover_tasks()
 

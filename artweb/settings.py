@@ -204,7 +204,7 @@ SPECTACULAR_SETTINGS = {
     # names (and `check --deploy` no warning).
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "training.models.Run.Status",
-        "DryRunStatusEnum": "rollouts.models.DryRun.Status",
+        "DryRunStatusEnum": "training.models.DryRun.Status",
         "RewardKindEnum": "rollouts.models.RewardFunction.Kind",
         "ExportKindEnum": "training.models.ExportTarget.Kind",
     },

@@ -1,8 +1,8 @@
 """Web pages (the REST API lives under api/v1/, see api_urls.py)."""
 
-from django.urls import include, path
+from django.urls import path
 
-from training.views import assets, compare, exports, models, rescores, runs, trajectories
+from training.views import compare, dry_runs, exports, models, plotly, rescores, runs, trajectories
 from training.views.health import run_reward_health_view
 from training.views.heatmap import run_heatmap_view
 from training.views.playground import diff_detail_view, diff_list_view, playground_view
@@ -36,6 +36,8 @@ urlpatterns = [
     path("exports/<int:target_id>/", exports.export_detail_view, name="export-detail"),
     path("exports/<int:target_id>/test/", exports.export_test_view, name="export-test"),
     path("exports/<int:target_id>/delete/", exports.export_delete_view, name="export-delete"),
-    path("assets/plotly-<str:version>.min.js", assets.plotly_js, name="plotly-js"),
-    path("", include("rollouts.urls")),
+    path("dry-runs/new/", dry_runs.dry_run_create_view, name="dry-run-new"),
+    path("dry-runs/<int:dry_run_id>/", dry_runs.dry_run_detail_view, name="dry-run-detail"),
+    path("dry-runs/<int:dry_run_id>/status/", dry_runs.dry_run_status_view, name="dry-run-status"),
+    path("assets/plotly-<str:version>.min.js", plotly.plotly_js, name="plotly-js"),
 ]

@@ -20,7 +20,7 @@ import sys
 
 import httpx
 
-from artweb.cli import assets, exports, runs, serving  # noqa: F401  (importing them registers their commands)
+from artweb.cli import exports, resources, runs, serving  # noqa: F401  (importing them registers their commands)
 from artweb.cli.base import cli, err_console
 from artweb.client import ApiError
 

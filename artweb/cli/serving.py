@@ -7,8 +7,8 @@ import sys
 import click
 from rich.table import Table
 
-from artweb.cli.assets import checkpoints
 from artweb.cli.base import cli, client_from, console, print_json
+from artweb.cli.resources import checkpoints
 
 
 @cli.command("chat")

@@ -54,10 +54,10 @@ def make_served_run(owner, model_dir, adapter_dir: Path):
     step 1 (a random adapter saved by PEFT, as the trainer saves one): (model, run, checkpoint)."""
     from tests.factories import RunFactory
     from tests.rollouts.runtime.adapters import make_adapter
-    from training.models import BaseModel, Checkpoint
+    from training.models import Checkpoint, PretrainedModel
     from training.services import base_model_register
 
-    model = BaseModel.objects.filter(name="SmolLM2-135M-Instruct").first() or base_model_register(
+    model = PretrainedModel.objects.filter(name="SmolLM2-135M-Instruct").first() or base_model_register(
         name="SmolLM2-135M-Instruct", source=str(model_dir), local_path=str(model_dir), supports_tools=True
     )
     run = RunFactory(owner=owner, base_model=model, status="completed", num_steps=1, steps_done=1)

@@ -36,7 +36,7 @@ def _length_reward(text: str) -> float:
 
 def _queued(django_capture_on_commit_callbacks, create, **kwargs) -> ServeJob:
     with (
-        mock.patch("training.serving_tasks.serve_job_execute_task.apply_async") as send,
+        mock.patch("training.tasks.serve_job_execute_task.apply_async") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
         job = create(**kwargs)

@@ -10,8 +10,8 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from artweb.api import PAGE_PARAMETERS, Api, WriteApi, body, paginated_response, paginated_schema
 from artweb.api_errors import ErrorSerializer
-from rollouts.apis.base import PAGE_PARAMETERS, Api, WriteApi, body, paginated_response, paginated_schema
 from rollouts.models import Scenario
 from training.apis.common import IdOrNameField, resolve_reward_version, resolve_scenario_set
 from training.models import ServeJob

@@ -24,8 +24,8 @@ from rest_framework import serializers
 from rest_framework.authtoken.models import Token
 from rest_framework.response import Response
 
+from artweb.api import WriteApi
 from artweb.api_errors import ErrorSerializer
-from rollouts.apis.base import WriteApi
 from training import selectors
 from training.services import serving
 from training.services.serving import ServeError

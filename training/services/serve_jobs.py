@@ -26,7 +26,10 @@ from django.utils import timezone
 from artweb.dispatch import publish_on_commit
 from artweb.errors import ApplicationError
 from rollouts.models import RewardFunctionVersion, Scenario, ScenarioSet
+from rollouts.runtime.sandbox import SandboxLimits, ScoreGroup, ScoreRequest, run_scores
+from training import task_names
 from training.models import DiffScenario, ServeJob
+from training.services import inference
 from training.services.serving import ServeError, serve_generate, serve_model_resolve
 
 logger = logging.getLogger(__name__)
@@ -92,9 +95,7 @@ def _sampling(samples, temperature, max_tokens) -> dict:
 
 
 def _enqueue(job: ServeJob) -> None:
-    from training.serving_tasks import serve_job_execute_task
-
-    publish_on_commit(serve_job_execute_task, args=(job.id,))
+    publish_on_commit(task_names.SERVE_JOB_EXECUTE, args=(job.id,))
 
 
 @transaction.atomic
@@ -288,9 +289,6 @@ def _score(job: ServeJob, items: list[tuple[dict, list[dict], list[dict], list |
     one group each, all in one jailed batch. Nothing is scored without a reward function."""
     if job.reward_version is None or not items:
         return
-    from rollouts.runtime.sandbox import SandboxLimits, ScoreGroup, ScoreRequest, run_scores
-    from training.services import inference
-
     request = ScoreRequest(
         groups=[
             ScoreGroup(

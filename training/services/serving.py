@@ -20,7 +20,6 @@ streamed chunk's JSON, b"b" + a whole JSON answer, b"x" + {"status", "body"} (an
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -34,7 +33,11 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.db.models import Q
 
-from training.models import BaseModel, Checkpoint, CheckpointAlias, Run
+from rollouts.runtime.adapter_cache import AdapterCache
+from training.models import Checkpoint, CheckpointAlias, PretrainedModel, Run
+from training.services import inference
+from training.services.serving_gate import gate
+from training.services.steps import adapter_name
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +94,7 @@ def _not_found(name: str) -> ServeError:
 
 
 def _servable_base_models(user):
-    return BaseModel.objects.filter(Q(owner__isnull=True) | Q(owner=user))
+    return PretrainedModel.objects.filter(Q(owner__isnull=True) | Q(owner=user))
 
 
 def _run_for(user, ref: str) -> Run | None:
@@ -106,8 +109,6 @@ def _run_for(user, ref: str) -> Run | None:
 
 
 def _target(requested: str, ckpt: Checkpoint) -> ServeTarget:
-    from training.services.steps import adapter_name
-
     return ServeTarget(
         requested=requested,
         base_model_id=ckpt.run.base_model_id,
@@ -257,22 +258,12 @@ def serve_generate(*, target: ServeTarget, body: dict, timeout_s: float | None =
 
 # --- the worker side ----------------------------------------------------------------------------------
 
-_gate = threading.Lock()
 _caches: dict[int, object] = {}  # id(VLLMServer) -> AdapterCache
 _thread: threading.Thread | None = None
 _stop = threading.Event()
 
 
-@contextlib.contextmanager
-def serving_paused():
-    """Held by a run step (and a dry run) from start to end: serving requests wait until it is done."""
-    with _gate:
-        yield
-
-
 def adapter_cache_for(server):
-    from rollouts.runtime.adapter_cache import AdapterCache
-
     cache = _caches.get(id(server))
     if cache is None or cache.server is not server:
         cache = _caches[id(server)] = AdapterCache(server, capacity=int(settings.ARTWEB["SERVE_ADAPTERS"]))
@@ -297,9 +288,7 @@ def serve_loop_stop(timeout: float = 10.0) -> None:
 
 
 def _queues(conn) -> list[str]:
-    from training.services import inference
-
-    models = list(BaseModel.objects.all())
+    models = list(PretrainedModel.objects.all())
     server = inference._server
     if server is not None and server.is_alive():
         mine = [m for m in models if inference._served_as(m) == inference._server_model]
@@ -352,8 +341,6 @@ def _client():
 
 def serve_request_handle(request: dict, *, conn) -> None:
     """Serve one queued request: the gate, the policy, vLLM, the answer back chunk by chunk."""
-    from training.services import inference
-
     request_id = request["id"]
     reply = REPLY_KEY.format(request_id=request_id)
     cancel = CANCEL_KEY.format(request_id=request_id)
@@ -366,10 +353,10 @@ def serve_request_handle(request: dict, *, conn) -> None:
         send(b"e")
 
     conn.pipeline(transaction=False).rpush(reply, b"c").expire(reply, REPLY_TTL_S).execute()
-    with _gate:
+    with gate:
         if conn.exists(cancel):
             return
-        base_model = BaseModel.objects.filter(id=request["base_model"]).first()
+        base_model = PretrainedModel.objects.filter(id=request["base_model"]).first()
         if base_model is None:
             return fail(404, "That base model was deleted.", "model_not_found")
         try:

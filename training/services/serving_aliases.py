@@ -7,7 +7,7 @@ import re
 from django.db import transaction
 
 from artweb.errors import ApplicationError
-from training.models import BaseModel, Checkpoint, CheckpointAlias
+from training.models import Checkpoint, CheckpointAlias, PretrainedModel
 from training.services.checkpoints import checkpoint_promote
 from training.services.runs import run_event
 
@@ -45,7 +45,7 @@ def checkpoint_alias_check(*, checkpoint: Checkpoint, name: str) -> str:
             "An alias is 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or digit (no '@').",
             field_errors={"alias": ["Use letters, digits, '.', '_' and '-' only."]},
         )
-    if BaseModel.objects.filter(name=name).exists():
+    if PretrainedModel.objects.filter(name=name).exists():
         raise ApplicationError(
             f"'{name}' is a base model's name; pick another alias.", field_errors={"alias": ["Taken by a base model."]}
         )

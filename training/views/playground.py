@@ -11,8 +11,8 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
 from artweb.errors import ApplicationError
+from artweb.pages import apply_service_errors
 from rollouts.models import RewardFunctionVersion, Scenario, ScenarioSet
-from training.forms import apply_service_errors
 from training.models import ServeJob
 from training.services import serve_jobs as service
 from training.services.serving import serve_model_list

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("rollouts", "0007_reward_timing_truncated_dry_run_samples"),
-        ("training", "0009_heatmap_column"),
+        ("training", "0011_rename_base_model_pretrained_model"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
