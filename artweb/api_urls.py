@@ -6,4 +6,5 @@ urlpatterns = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("rollouts.api_urls")),
     path("", include("training.api_urls")),
+    path("openai/", include("training.openai_urls")),
 ]

@@ -3,8 +3,10 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import celeryd_init, worker_process_init, worker_ready
 from kombu import Exchange, Queue
+
+from training import task_names
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
 
@@ -17,8 +19,8 @@ app.conf.task_queues = (
 )
 # Work that needs the inference server or the trainer goes to the GPU workers.
 app.conf.task_routes = {
-    "training.tasks.run_step_task": {"queue": "gpu"},
-    "rollouts.tasks.dry_run_task": {"queue": "gpu"},
+    task_names.RUN_STEP: {"queue": "gpu"},
+    task_names.DRY_RUN: {"queue": "gpu"},
 }
 app.autodiscover_tasks()
 
@@ -30,3 +32,35 @@ def _start_sweeper(**kwargs) -> None:
     from training.sweeper import Sweeper
 
     Sweeper.start()
+
+
+# The GPU workers serve the OpenAI-compatible endpoint too, from a thread of the process that holds the
+# inference server (the pool child under prefork, the worker itself under solo): training.services.serving.
+_SERVES = "ARTWEB_SERVING_WORKER"
+
+
+@celeryd_init.connect
+def _mark_serving(options=None, **kwargs) -> None:
+    queues = (options or {}).get("queues") or []
+    queues = queues.split(",") if isinstance(queues, str) else queues
+    if "gpu" in queues:
+        # --pool arrives as pool_cls: a name ("solo") or a class (celery.concurrency.solo.TaskPool).
+        pool = (options or {}).get("pool_cls") or "prefork"
+        name = pool if isinstance(pool, str) else f"{pool.__module__}.{pool.__name__}"
+        os.environ[_SERVES] = "solo" if "solo" in name else "threads" if "thread" in name else "prefork"
+
+
+@worker_process_init.connect
+def _serve_in_child(**kwargs) -> None:
+    if os.environ.get(_SERVES):
+        from training.services.serving import serve_loop_start
+
+        serve_loop_start()
+
+
+@worker_ready.connect
+def _serve_in_worker(**kwargs) -> None:
+    if os.environ.get(_SERVES) in ("solo", "threads"):
+        from training.services.serving import serve_loop_start
+
+        serve_loop_start()

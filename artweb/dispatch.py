@@ -4,6 +4,10 @@ A row that needs a worker (a queued run, a dry run) is saved first; its message 
 commit. When the broker cannot be reached, the request still succeeds (the row is saved, queued) and the
 row stays marked as not dispatched: the sweep that every worker runs (training.sweeper) publishes it
 again once the broker is back.
+
+Tasks are named, not imported: a service that queues work does not import the tasks module that calls
+it back, so tasks import services and never the other way round. Where the task is registered in this
+process (every web and worker process), its own apply_async sends the message.
 """
 
 from __future__ import annotations
@@ -11,19 +15,30 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from celery import current_app
 from django.db import transaction
 
 logger = logging.getLogger(__name__)
 
 
-def publish(task, *, args: tuple = (), kwargs: dict | None = None, **options) -> bool:
-    """Send one task message; False (logged) when the broker cannot take it."""
-    try:
+def send(task_name: str, *, args: tuple = (), kwargs: dict | None = None, **options) -> None:
+    """Send one message to the task registered as task_name (routed by that name); raises when the broker
+    cannot take it. A process that does not register the task sends the message by name all the same."""
+    task = current_app.tasks.get(task_name)
+    if task is not None:
         task.apply_async(args=args, kwargs=kwargs or {}, **options)
+    else:
+        current_app.send_task(task_name, args=args, kwargs=kwargs or {}, **options)
+
+
+def publish(task_name: str, *, args: tuple = (), kwargs: dict | None = None, **options) -> bool:
+    """Send one message to the task registered as task_name; False (logged) when the broker cannot take it."""
+    try:
+        send(task_name, args=args, kwargs=kwargs or {}, **options)
     except Exception:
         logger.warning(
             "could not send %s%s: the broker is unreachable; the sweep will send it again",
-            task.name,
+            task_name,
             tuple(args),
             exc_info=True,
         )
@@ -32,12 +47,12 @@ def publish(task, *, args: tuple = (), kwargs: dict | None = None, **options) ->
 
 
 def publish_on_commit(
-    task, *, args: tuple = (), kwargs: dict | None = None, sent: Callable[[], None] | None = None, **options
+    task_name: str, *, args: tuple = (), kwargs: dict | None = None, sent: Callable[[], None] | None = None, **options
 ) -> None:
     """Publish after the current transaction commits; `sent` runs once the broker took the message."""
 
-    def send() -> None:
-        if publish(task, args=args, kwargs=kwargs, **options) and sent is not None:
+    def send_now() -> None:
+        if publish(task_name, args=args, kwargs=kwargs, **options) and sent is not None:
             sent()
 
-    transaction.on_commit(send)
+    transaction.on_commit(send_now)

@@ -204,7 +204,7 @@ SPECTACULAR_SETTINGS = {
     # names (and `check --deploy` no warning).
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "training.models.Run.Status",
-        "DryRunStatusEnum": "rollouts.models.DryRun.Status",
+        "DryRunStatusEnum": "training.models.DryRun.Status",
         "RewardKindEnum": "rollouts.models.RewardFunction.Kind",
         "ExportKindEnum": "training.models.ExportTarget.Kind",
     },
@@ -237,6 +237,10 @@ ARTWEB = {
     # Hosts of private addresses (loopback, private networks) that users' RULER judge endpoints may name;
     # every other judge endpoint must be public, so no user can aim the worker at its own network.
     "JUDGE_PRIVATE_HOSTS": env.list("ARTWEB_JUDGE_PRIVATE_HOSTS", default=[]),
+    # The OpenAI-compatible endpoint (training.services.serving): how long a request may wait for a worker
+    # and its answer, and how many adapters each worker keeps ready (LRU).
+    "SERVE_TIMEOUT_SECONDS": env.float("ARTWEB_SERVE_TIMEOUT_SECONDS", default=600.0),
+    "SERVE_ADAPTERS": env.int("ARTWEB_SERVE_ADAPTERS", default=4),
 }
 
 if not DEBUG:

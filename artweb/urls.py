@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from artweb.views import healthz
-from training.metrics import metrics_view
+from training.prometheus import metrics_view
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
@@ -11,4 +11,5 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("artweb.api_urls")),
     path("", include("training.urls")),
+    path("", include("rollouts.urls")),
 ]

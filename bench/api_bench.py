@@ -46,22 +46,15 @@ def fill(refill: bool):
     from django.contrib.auth import get_user_model
     from django.db import transaction
 
-    from rollouts.models import (
-        RolloutScript,
-        RolloutScriptVersion,
-        Scenario,
-        ScenarioSet,
-        Trajectory,
-        TrajectoryGroup,
-    )
-    from training.models import BaseModel, Run, Step
+    from rollouts.models import RolloutScript, RolloutScriptVersion, Scenario, ScenarioSet
+    from training.models import PretrainedModel, Run, Step, Trajectory, TrajectoryGroup
 
     user, _ = get_user_model().objects.get_or_create(username="api-bench")
     run = Run.objects.filter(owner=user, name="api-bench-run").first()
     if run and not refill and Trajectory.objects.filter(run=run).count() == STEPS * GROUPS_PER_STEP * GROUP_SIZE:
         return user, run
     Run.objects.filter(owner=user).delete()
-    model, _ = BaseModel.objects.get_or_create(name="api-bench-model", defaults={"source": "org/api-bench-model"})
+    model, _ = PretrainedModel.objects.get_or_create(name="api-bench-model", defaults={"source": "org/api-bench-model"})
     script, _ = RolloutScript.objects.get_or_create(owner=user, name="api-bench-script")
     version, _ = RolloutScriptVersion.objects.get_or_create(
         asset=script, number=1, defaults={"content": "# bench", "sha256": "0" * 64}
@@ -198,7 +191,7 @@ def main() -> None:
     from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
-    from rollouts.apis.base import cursor_encode
+    from artweb.api import cursor_encode
 
     token, _ = Token.objects.get_or_create(user=user)
     client = APIClient()
@@ -217,8 +210,7 @@ def main() -> None:
         ("metrics, reward_mean+loss, max_points=200", f"{base}/metrics/?series=reward_mean,loss&max_points=200", True),
         ("metrics, since step 1990 (poll)", f"{base}/metrics/?since_step=1990", False),
     ]
-    from rollouts.models import Trajectory
-    from training.models import Step
+    from training.models import Step, Trajectory
 
     print(
         f"run {run.id}: {Step.objects.filter(run=run).count():,} steps, "

@@ -175,7 +175,7 @@ def run_example(
 ) -> dict:
     """One run of the example task on a fresh prefork GPU worker; its steps, phase timings and peak memory.
 
-    base_model: a registered BaseModel (default: the default model, converted where it is not yet);
+    base_model: a registered base model (default: the default model, converted where it is not yet);
     config_extra: more run settings (e.g. concurrency); env_extra: more worker environment; reward_path: a
     reward file instead of the example's."""
     from django.conf import settings

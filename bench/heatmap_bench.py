@@ -76,12 +76,12 @@ def build_run(groups_per_step: int):
     from django.db import connection
 
     from rollouts.models import RolloutScript, RolloutScriptVersion, Scenario, ScenarioSet
-    from training.models import BaseModel, Run
+    from training.models import PretrainedModel, Run
 
     User = get_user_model()
     user, _ = User.objects.get_or_create(username="bench")
     Run.objects.filter(owner=user).delete()
-    model, _ = BaseModel.objects.get_or_create(name="bench-model", defaults={"source": "org/bench-model"})
+    model, _ = PretrainedModel.objects.get_or_create(name="bench-model", defaults={"source": "org/bench-model"})
     script, _ = RolloutScript.objects.get_or_create(owner=user, name="bench-script")
     version, _ = RolloutScriptVersion.objects.get_or_create(
         asset=script, number=1, defaults={"content": "# bench", "sha256": "0" * 64}

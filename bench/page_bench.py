@@ -50,20 +50,13 @@ def build_run():
 
     from django.contrib.auth import get_user_model
 
-    from rollouts.models import (
-        RolloutScript,
-        RolloutScriptVersion,
-        Scenario,
-        ScenarioSet,
-        Trajectory,
-        TrajectoryGroup,
-    )
-    from training.models import BaseModel, Checkpoint, Run, RunEvent, RunLog, Step
+    from rollouts.models import RolloutScript, RolloutScriptVersion, Scenario, ScenarioSet
+    from training.models import Checkpoint, PretrainedModel, Run, RunEvent, RunLog, Step, Trajectory, TrajectoryGroup
 
     User = get_user_model()
     user, _ = User.objects.get_or_create(username="bench")
     Run.objects.filter(owner=user).delete()
-    model, _ = BaseModel.objects.get_or_create(name="bench-model", defaults={"source": "org/bench-model"})
+    model, _ = PretrainedModel.objects.get_or_create(name="bench-model", defaults={"source": "org/bench-model"})
     script, _ = RolloutScript.objects.get_or_create(owner=user, name="bench-script")
     version, _ = RolloutScriptVersion.objects.get_or_create(
         asset=script, number=1, defaults={"content": "# bench", "sha256": "0" * 64}

@@ -183,14 +183,12 @@ def seed(work, reward: str):
         RolloutScriptVersion,
         Scenario,
         ScenarioSet,
-        Trajectory,
-        TrajectoryGroup,
     )
-    from training.models import BaseModel, Run
+    from training.models import PretrainedModel, Run, Trajectory, TrajectoryGroup
 
     tag = uuid.uuid4().hex[:8]
     user = get_user_model().objects.create_user(f"bench-{tag}")
-    model, _ = BaseModel.objects.get_or_create(name="bench-rescore-model", defaults={"source": "bench/none"})
+    model, _ = PretrainedModel.objects.get_or_create(name="bench-rescore-model", defaults={"source": "bench/none"})
     script = RolloutScript.objects.create(owner=user, name=f"replay-{tag}")
     script_v = RolloutScriptVersion.objects.create(
         asset=script, number=1, content=REPLAY, sha256=hashlib.sha256(REPLAY.encode()).hexdigest()

@@ -30,11 +30,10 @@ from django.contrib.auth import get_user_model
 from django.db.models import Sum
 
 from artweb.launcher.worker import gpu_worker_command, gpu_worker_env
-from rollouts.models import Trajectory
 from rollouts.services import reward_create, scenario_set_create, script_create
 from tests.e2e import stack
 from training.engine.default_model import ensure_default_model
-from training.models import Run, Step
+from training.models import Run, Step, Trajectory
 from training.services import base_model_register, run_create
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "rollouts" / "examples"
@@ -81,10 +80,10 @@ class PeakMemory:
 def _register_model(model_dir: Path):
     """The default model as a base model; another checkout's copy registered under the plain name gets a
     name of its own here (names are unique and tied to one source)."""
-    from training.models import BaseModel
+    from training.models import PretrainedModel
 
     name = "SmolLM2-135M-Instruct"
-    taken = BaseModel.objects.filter(name=name).exclude(source=str(model_dir)).exists()
+    taken = PretrainedModel.objects.filter(name=name).exclude(source=str(model_dir)).exists()
     if taken:
         name = f"{name} ({hashlib.sha256(str(model_dir).encode()).hexdigest()[:8]})"
     return base_model_register(name=name, source=str(model_dir), local_path=str(model_dir), supports_tools=True)

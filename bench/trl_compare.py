@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.run_curve import print_curve, run_artweb
-from rollouts.models import Trajectory
+from training.models import Trajectory
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -33,7 +33,7 @@ from django.core.management import call_command
 from bench.defaults_learn import _cpu
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
 from tests.e2e import stack
-from training.models import BaseModel, Run
+from training.models import PretrainedModel, Run
 from training.services import run_create
 
 
@@ -63,7 +63,7 @@ def main() -> int:
     run = run_create(
         owner=user,
         name=f"memory {time.strftime('%H%M%S')}",
-        base_model=BaseModel.objects.get(name="SmolLM2-135M-Instruct"),
+        base_model=PretrainedModel.objects.get(name="SmolLM2-135M-Instruct"),
         script_version=RolloutScriptVersion.objects.filter(asset__owner=user).latest("id"),
         reward_version=RewardFunctionVersion.objects.filter(asset__owner=user).latest("id"),
         scenario_set=ScenarioSet.objects.filter(owner=user).latest("id"),

@@ -6,23 +6,8 @@
 
 const Plotly = window.Plotly;
 
-export const RUN_CHARTS = [
-  { id: "reward", title: "Reward (mean ± std)", series: "reward_mean", band: true },
-  { id: "val", title: "Validation reward", series: "val_reward", markers: true },
-  { id: "loss", title: "Loss", series: "loss" },
-  { id: "kl", title: "KL divergence", series: "kl" },
-  { id: "grad", title: "Gradient norm", series: "grad_norm" },
-  { id: "len", title: "Completion length (tokens)", series: "completion_tokens_mean" },
-  { id: "tps", title: "Tokens per second", series: "tokens_per_second" },
-  { id: "time", title: "Step time (s)", series: "duration_s" },
-  // The learning-signal monitor: is there anything to learn from, and is the policy still exploring?
-  { id: "dead", title: "Dead groups (share with all rewards equal)", series: "dead_group_share", signal: true },
-  { id: "effective", title: "Effective batch (trajectories with an advantage)", series: "effective_batch", signal: true },
-  { id: "adv", title: "Advantage spread (std)", series: "advantage_std", signal: true },
-  { id: "mismatch", title: "Sampler/trainer log-prob mismatch (KL)", series: "sampler_kl", signal: true },
-  { id: "trunc", title: "Truncated at max_tokens (share)", series: "truncation_rate", signal: true },
-  { id: "entropy", title: "Token entropy", series: "entropy", signal: true },
-];
+// The chart list (id, title, series, band, markers, signal) comes with each page's data, from
+// training/charts.py: the one place it is written.
 
 const PALETTE = ["#2f6fde", "#e4572e", "#29a36a", "#a05bd8", "#d4a017", "#17a2b8", "#d63384", "#6c757d"];
 
@@ -67,7 +52,7 @@ export class Ema {
 }
 
 export class MetricChart {
-  // spec: a RUN_CHARTS entry; data: {x, y} and, for band charts, std: [...] aligned with x.
+  // spec: an entry of the chart list (training/charts.py); data: {x, y} and, for band charts, std: [...] aligned with x.
   constructor(el, spec, data, smoothing = 0) {
     this.el = el;
     this.spec = spec;

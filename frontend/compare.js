@@ -1,5 +1,5 @@
 // Compare page: one chart per metric, one line per run, shared smoothing.
-import { Ema, PLOT_CONFIG, RUN_CHARTS, baseLayout, color } from "./charts.js";
+import { Ema, PLOT_CONFIG, baseLayout, color } from "./charts.js";
 
 const data = JSON.parse(document.getElementById("compare-data").textContent);
 const root = document.getElementById("compare-charts");
@@ -12,7 +12,7 @@ document.querySelectorAll("#legend [data-run]").forEach((li, i) => {
 
 const charts = [];
 if (root && data.runs.length) {
-  for (const spec of RUN_CHARTS) {
+  for (const spec of data.charts) {
     const el = document.createElement("div");
     el.className = "chart";
     el.id = `compare-${spec.id}`;

@@ -2,7 +2,7 @@
 //
 // window.__artwebLive.received[step] / .points[step] record when each live step arrived and when it
 // was drawn (epoch ms); the page benchmark reads them to measure commit-to-screen latency.
-import { MetricChart, RUN_CHARTS, restyleOnThemeChange } from "./charts.js";
+import { MetricChart, restyleOnThemeChange } from "./charts.js";
 import { LiveSocket, showConnState } from "./ws.js";
 
 const data = JSON.parse(document.getElementById("run-data").textContent);
@@ -21,7 +21,7 @@ const live = (window.__artwebLive = { points: {}, received: {}, messages: 0 });
 const slider = document.getElementById("smoothing");
 const smoothing = () => Number(slider?.value || 0);
 const charts = [];
-for (const spec of RUN_CHARTS) {
+for (const spec of data.charts) {
   const el = document.getElementById(`chart-${spec.id}`);
   if (!el) continue;
   const s = data.series[spec.series] || { x: [], y: [] };

@@ -1,14 +1,11 @@
 from django.contrib import admin
 
 from rollouts.models import (
-    DryRun,
     RewardFunction,
     RewardFunctionVersion,
     RolloutScript,
     RolloutScriptVersion,
     ScenarioSet,
-    Trajectory,
-    TrajectoryGroup,
 )
 
 
@@ -46,26 +43,3 @@ class RewardFunctionAdmin(admin.ModelAdmin):
 class ScenarioSetAdmin(admin.ModelAdmin):
     list_display = ("name", "owner", "train_count", "validation_count", "created_at")
     search_fields = ("name",)
-
-
-@admin.register(TrajectoryGroup)
-class TrajectoryGroupAdmin(admin.ModelAdmin):
-    list_display = ("run", "step", "split", "reward_mean", "reward_std", "error_count", "skipped")
-    list_filter = ("split", "skipped")
-    list_select_related = ("run",)
-    raw_id_fields = ("run", "scenario")
-
-
-@admin.register(Trajectory)
-class TrajectoryAdmin(admin.ModelAdmin):
-    list_display = ("run", "step", "group", "index", "reward", "advantage", "completion_tokens")
-    list_select_related = ("run",)
-    raw_id_fields = ("run", "group")
-    search_fields = ("search_text",)
-    show_full_result_count = False  # a COUNT over millions of rows would make the page slow
-
-
-@admin.register(DryRun)
-class DryRunAdmin(admin.ModelAdmin):
-    list_display = ("id", "owner", "script_version", "status", "created_at", "finished_at")
-    list_filter = ("status",)

@@ -1,4 +1,4 @@
-"""Upload forms for scripts, reward functions and scenario sets, and the dry-run form.
+"""Upload forms for scripts, reward functions and scenario sets.
 
 They only gather the upload (a file or pasted text); the services validate it and their errors are
 shown inline under the field they name.
@@ -6,15 +6,7 @@ shown inline under the field they name.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from django import forms
-
-from rollouts.services import (
-    DEFAULT_DRY_RUN_SCENARIOS,
-    MAX_DRY_RUN_SAMPLES,
-    MAX_DRY_RUN_SCENARIOS,
-)
 
 MAX_CODE_BYTES = 1024 * 1024
 
@@ -96,60 +88,3 @@ class ScenarioSetForm(forms.Form):
         else:
             self.add_error("file", "Choose a JSONL file or paste the scenarios.")
         return data
-
-
-class DryRunForm(forms.Form):
-    script_version = forms.ModelChoiceField(queryset=None, label="Script version", empty_label=None)
-    reward_version = forms.ModelChoiceField(queryset=None, required=False, label="Reward version", empty_label="none")
-    base_model = forms.ModelChoiceField(queryset=None, label="Base model", empty_label=None)
-    scenario_set = forms.ModelChoiceField(
-        queryset=None, label="Scenario set", empty_label=None, help_text="The first scenarios of the set are tried."
-    )
-    scenario_count = forms.IntegerField(
-        required=False,
-        min_value=1,
-        max_value=MAX_DRY_RUN_SCENARIOS,
-        initial=DEFAULT_DRY_RUN_SCENARIOS,
-        label="Scenarios",
-        help_text=f"How many of the set's scenarios to try, 1 to {MAX_DRY_RUN_SCENARIOS}.",
-        error_messages={
-            "min_value": f"Give 1 to {MAX_DRY_RUN_SCENARIOS} scenarios.",
-            "max_value": f"Give 1 to {MAX_DRY_RUN_SCENARIOS} scenarios.",
-            "invalid": f"Give a whole number of scenarios, 1 to {MAX_DRY_RUN_SCENARIOS}.",
-        },
-    )
-    samples = forms.IntegerField(
-        required=False,
-        min_value=1,
-        max_value=MAX_DRY_RUN_SAMPLES,
-        initial=1,
-        label="Samples per scenario",
-        help_text=f"Rollouts per scenario, 1 to {MAX_DRY_RUN_SAMPLES}. With 2 or more the result shows whether "
-        "the reward gives different rewards to different answers: the signal GRPO learns from.",
-        error_messages={
-            "min_value": f"Give 1 to {MAX_DRY_RUN_SAMPLES} samples per scenario.",
-            "max_value": f"Give 1 to {MAX_DRY_RUN_SAMPLES} samples per scenario.",
-            "invalid": f"Give a whole number of samples, 1 to {MAX_DRY_RUN_SAMPLES}.",
-        },
-    )
-
-    ERROR_ALIASES: ClassVar[dict[str, str]] = {"scenarios": "scenario_set"}
-    # Fields a link may prefill (the launch page's "Score the base model's answers").
-    PREFILL = ("script_version", "reward_version", "base_model", "scenario_set", "scenario_count", "samples")
-
-    def __init__(self, *args, script_versions, reward_versions, base_models, scenario_sets, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["script_version"].queryset = script_versions
-        self.fields["script_version"].label_from_instance = lambda v: f"{v.asset.name} v{v.number}"
-        self.fields["reward_version"].queryset = reward_versions
-        self.fields["reward_version"].label_from_instance = lambda v: f"{v.asset.name} v{v.number}"
-        self.fields["base_model"].queryset = base_models
-        self.fields["scenario_set"].queryset = scenario_sets
-
-    def clean_samples(self):
-        return self.cleaned_data.get("samples") or 1  # left empty: one rollout per scenario
-
-    @classmethod
-    def prefill(cls, query) -> dict:
-        """Initial values from a link's query string: the fields it names, as whole numbers."""
-        return {name: int(query[name]) for name in cls.PREFILL if query.get(name, "").isdigit()}

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
-import statistics
 
 from django.db import IntegrityError, transaction
 
 from artweb.errors import ApplicationError
 from rollouts.models import (
-    DryRun,
     RewardFunction,
     RewardFunctionVersion,
     RolloutScript,
@@ -24,6 +21,7 @@ from rollouts.models import (
     Scenario,
     ScenarioSet,
 )
+from rollouts.runtime.validation import validate_reward, validate_script
 
 MAX_SCENARIO_BYTES = 20 * 1024 * 1024
 MAX_SCENARIOS = 200_000
@@ -63,8 +61,6 @@ def _check_name(name: str) -> str:
 
 
 def script_validate(*, content: str | bytes) -> str:
-    from rollouts.runtime.validation import validate_script
-
     text = _decode(content, what="rollout script")
     issues = validate_script(text)
     if issues:
@@ -117,8 +113,6 @@ def script_companion_set(*, script: RolloutScript, reward: RewardFunction | None
 
 def reward_validate(*, content: str | bytes) -> tuple[str, str]:
     """Return (text, kind) where kind is "trajectory" or "group"."""
-    from rollouts.runtime.validation import validate_reward
-
     text = _decode(content, what="reward function")
     kind, issues = validate_reward(text)
     if issues:
@@ -253,160 +247,3 @@ def scenario_set_create(
         batch_size=2000,
     )
     return scenario_set
-
-
-# --- dry runs ----------------------------------------------------------------------------------
-
-MAX_DRY_RUN_SCENARIOS = 8
-DEFAULT_DRY_RUN_SCENARIOS = 4  # taken from a scenario set when no count is given
-MAX_DRY_RUN_SAMPLES = 16  # rollouts per scenario
-MAX_DRY_RUN_ROLLOUTS = 64  # scenarios x samples: a dry run must finish within its task's time limit
-DRY_RUN_WAVE = 16  # rollouts the sandbox runs at once; each wave gets the single-wave time budget
-DRY_RUN_WAVE_S = 90.0
-
-
-def _bounded_int(value, *, name: str, low: int, high: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        message = f"{name} must be a whole number from {low} to {high} ({what}); got {value!r}."
-        raise ApplicationError(message, field_errors={name: [message]})
-    return value
-
-
-@transaction.atomic
-def dry_run_create(
-    *,
-    owner,
-    script_version: RolloutScriptVersion,
-    base_model,
-    reward_version: RewardFunctionVersion | None = None,
-    scenario_set: ScenarioSet | None = None,
-    scenarios: list[dict] | None = None,
-    scenario_count: int | None = None,
-    samples: int = 1,
-) -> DryRun:
-    """Queue a dry run of a script on a few scenarios: those given, or the first scenario_count of a set.
-
-    With samples > 1 each scenario is rolled out that many times as one group, and the result says
-    whether the reward spreads within each group: GRPO learns only from groups whose rewards differ.
-    """
-    samples = _bounded_int(samples, name="samples", low=1, high=MAX_DRY_RUN_SAMPLES, what="rollouts per scenario")
-    if scenarios is None:
-        if scenario_set is None:
-            raise ApplicationError(
-                "Pick a scenario set or give scenarios to try the script on.",
-                field_errors={"scenario_set": ["required"]},
-            )
-        count = _bounded_int(
-            DEFAULT_DRY_RUN_SCENARIOS if scenario_count is None else scenario_count,
-            name="scenario_count",
-            low=1,
-            high=MAX_DRY_RUN_SCENARIOS,
-            what="scenarios to try",
-        )
-        scenarios = list(scenario_set.scenarios.order_by("index").values_list("data", flat=True)[:count])
-    if not scenarios or not all(isinstance(s, dict) for s in scenarios):
-        raise ApplicationError(
-            "Scenarios must be a non-empty list of JSON objects.",
-            field_errors={"scenarios": ["list of objects required"]},
-        )
-    if len(scenarios) > MAX_DRY_RUN_SCENARIOS:
-        message = f"A dry run tries at most {MAX_DRY_RUN_SCENARIOS} scenarios; {len(scenarios)} were given. Give fewer."
-        raise ApplicationError(message, field_errors={"scenarios": [message]})
-    if len(scenarios) * samples > MAX_DRY_RUN_ROLLOUTS:
-        message = (
-            f"{len(scenarios)} scenarios x {samples} samples is {len(scenarios) * samples} rollouts; a dry "
-            f"run does at most {MAX_DRY_RUN_ROLLOUTS}. Try fewer scenarios or fewer samples."
-        )
-        raise ApplicationError(message, field_errors={"samples": [message]})
-    dry_run = DryRun.objects.create(
-        owner=owner,
-        script_version=script_version,
-        reward_version=reward_version,
-        base_model=base_model,
-        scenarios=scenarios,
-        samples=samples,
-    )
-    dry_run_enqueue(dry_run)
-    return dry_run
-
-
-def dry_run_timeout_s(*, rollouts: int) -> float:
-    """The wall-clock budget of a dry run's sandbox batch: one wave's budget per DRY_RUN_WAVE rollouts."""
-    return DRY_RUN_WAVE_S * max(1, math.ceil(rollouts / DRY_RUN_WAVE))
-
-
-def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
-    """Whether the reward spreads within each scenario's rollouts: the signal GRPO trains on.
-
-    `trajectories`: the sandbox's records, each with its "scenario_index" and "reward" (None: failed).
-    A scenario has signal by the trainer's own rule (training.engine.advantages): at least two scored
-    rollouts whose rewards are not all equal. Returns {"scenarios": [{"index", "rewards", "errors",
-    "std", "min", "max", "signal"}], "with_spread", "scenario_count", "samples", "message"}.
-    """
-    from training.engine.advantages import group_advantages
-
-    rows = []
-    for index in range(scenario_count):
-        group = [t for t in trajectories if t.get("scenario_index") == index]
-        rewards = [t.get("reward") for t in group]
-        scored = [r for r in rewards if r is not None]
-        rows.append(
-            {
-                "index": index,
-                "rewards": rewards,
-                "errors": sum(1 for t in group if t.get("error")),
-                "std": statistics.pstdev(scored) if scored else None,
-                "min": min(scored) if scored else None,
-                "max": max(scored) if scored else None,
-                "signal": group_advantages(rewards, scale_rewards=False) is not None,
-            }
-        )
-    samples = max((len(r["rewards"]) for r in rows), default=0)
-    with_spread = sum(r["signal"] for r in rows)
-    return {
-        "scenarios": rows,
-        "with_spread": with_spread,
-        "scenario_count": scenario_count,
-        "samples": samples,
-        "message": _spread_message(rows, with_spread, samples),
-    }
-
-
-def _spread_message(rows: list[dict], with_spread: int, samples: int) -> str:
-    n = len(rows)
-    if samples < 2:
-        return (
-            "One rollout per scenario shows no spread: dry run with 2 or more samples to see whether "
-            "this reward tells answers apart."
-        )
-    if with_spread == n:
-        return f"This reward gives spread on all {n} scenarios: every group has something to learn from."
-    if with_spread:
-        return (
-            f"This reward gives spread on {with_spread} of {n} scenarios; the others got equal rewards "
-            "for every answer and teach nothing."
-        )
-    if not any(r["min"] is not None for r in rows):
-        return (
-            "No rollout was scored: each one failed (see its error). Fix that before launching: GRPO "
-            "would have nothing to learn from."
-        )
-    return (
-        "No scenario got different rewards: GRPO would have nothing to learn from. Make the reward "
-        "finer-grained (partial credit), use harder or more varied scenarios, or sample at a higher "
-        "temperature."
-    )
-
-
-def dry_run_enqueue(dry_run: DryRun) -> None:
-    """Send the dry run's message after commit; when the broker cannot take it, the sweep sends it later."""
-    from django.utils import timezone
-
-    from artweb.dispatch import publish_on_commit
-    from rollouts.tasks import dry_run_task
-
-    publish_on_commit(
-        dry_run_task,
-        args=(dry_run.id,),
-        sent=lambda: DryRun.objects.filter(id=dry_run.id).update(dispatched_at=timezone.now()),
-    )

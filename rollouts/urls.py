@@ -1,4 +1,4 @@
-"""Pages for uploads and dry runs (included from training/urls.py)."""
+"""Pages for uploads (included from artweb/urls.py)."""
 
 from django.urls import path
 
@@ -15,7 +15,4 @@ urlpatterns = [
     path("scenarios/", views.scenario_set_list_view, name="scenario-set-list"),
     path("scenarios/new/", views.scenario_set_create_view, name="scenario-set-new"),
     path("scenarios/<int:scenario_set_id>/", views.scenario_set_detail_view, name="scenario-set-detail"),
-    path("dry-runs/new/", views.dry_run_create_view, name="dry-run-new"),
-    path("dry-runs/<int:dry_run_id>/", views.dry_run_detail_view, name="dry-run-detail"),
-    path("dry-runs/<int:dry_run_id>/status/", views.dry_run_status_view, name="dry-run-status"),
 ]

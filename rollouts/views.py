@@ -1,4 +1,4 @@
-"""Pages for rollout scripts, reward functions, scenario sets and dry runs.
+"""Pages for rollout scripts, reward functions and scenario sets.
 
 Scripts and reward functions are the same kind of thing to a person (named code with versions), so
 one set of views serves both, told apart by the ASSETS entry the URL names.
@@ -11,16 +11,15 @@ from dataclasses import dataclass
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, JsonResponse
+from django.http import Http404
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_POST
 
 from artweb.errors import ApplicationError
+from artweb.pages import apply_service_errors, panels_render
+from artweb.presenters import code_diff_table, code_with_errors
 from rollouts import selectors, services
-from rollouts.forms import CodeAssetForm, CodeVersionForm, DryRunForm, ScenarioSetForm
-from training.forms import apply_service_errors
-from training.selectors import base_model_visible
-from training.views.presenters import code_diff_table, code_with_errors, transcript
+from rollouts.forms import CodeAssetForm, CodeVersionForm, ScenarioSetForm
 
 
 @dataclass(frozen=True)
@@ -69,18 +68,6 @@ def _code_errors(form, exc: ApplicationError) -> list[dict]:
     """Show the service's errors under the code and return the offending lines, numbered."""
     apply_service_errors(form, exc, {"file": "content"} if "content" in form.fields else {})
     return code_with_errors(form.code_text(), exc.field_errors.get("content", []))
-
-
-def _dry_run_form(request, data=None, initial=None) -> DryRunForm:
-    user = request.user
-    return DryRunForm(
-        data,
-        initial=initial,
-        script_versions=selectors.script_version_list(user=user),
-        reward_versions=selectors.reward_version_list(user=user),
-        base_models=base_model_visible(user),
-        scenario_sets=selectors.scenario_set_list(user=user).order_by("name"),
-    )
 
 
 @login_required
@@ -141,7 +128,8 @@ def asset_detail_view(request, kind: str, asset_id: int):
             "new": new,
             "table": code_diff_table(old.content, new.content, f"version {old.number}", f"version {new.number}"),
         }
-    dry_initial = {f"{k.slug}_version": versions[0].id} if versions else None
+    # Panels other apps add under the asset (training's dry-run form), prefilled with its newest version.
+    panels = panels_render("asset-detail", request, initial={f"{k.slug}_version": versions[0].id} if versions else None)
     rewards = (
         selectors.reward_list(user=request.user).filter(owner=asset.owner).order_by("name")
         if k.slug == "script"
@@ -160,7 +148,7 @@ def asset_detail_view(request, kind: str, asset_id: int):
             "companion_choices": rewards,
             "form": form,
             "error_lines": error_lines,
-            "dry_run_form": _dry_run_form(request, initial=dry_initial),
+            "panels": panels,
         },
     )
 
@@ -234,71 +222,6 @@ def scenario_set_detail_view(request, scenario_set_id: int):
             "scenario_set": scenario_set,
             "scenarios": scenario_set.scenarios.order_by("index")[:SCENARIO_PREVIEW],
             "preview": SCENARIO_PREVIEW,
-            "dry_run_form": _dry_run_form(request, initial={"scenario_set": scenario_set.id}),
+            "panels": panels_render("scenario-set-detail", request, initial={"scenario_set": scenario_set.id}),
         },
     )
-
-
-# --- dry runs ---------------------------------------------------------------------------------------
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def dry_run_create_view(request):
-    if request.method == "GET":  # the form alone, prefilled from the link's query (the launch page's)
-        form = _dry_run_form(request, initial=DryRunForm.prefill(request.GET))
-        return render(request, "rollouts/dry_run_form.html", {"nav": "scripts", "dry_run_form": form})
-    form = _dry_run_form(request, request.POST)
-    if form.is_valid():
-        try:
-            dry_run = services.dry_run_create(owner=request.user, **form.cleaned_data)
-        except ApplicationError as exc:
-            apply_service_errors(form, exc, DryRunForm.ERROR_ALIASES)
-        else:
-            return redirect("dry-run-detail", dry_run_id=dry_run.id)
-    return render(request, "rollouts/dry_run_form.html", {"nav": "scripts", "dry_run_form": form}, status=400)
-
-
-def _dry_run_trajectories(result) -> list[dict]:
-    """The result's trajectories with their transcripts (a list, or {"trajectories": [...]})."""
-    items = result.get("trajectories", []) if isinstance(result, dict) else (result or [])
-    out = []
-    for i, t in enumerate(items):
-        t = t if isinstance(t, dict) else {"messages": [], "error": str(t)}
-        out.append(
-            {
-                "index": i,
-                "reward": t.get("reward"),
-                "error": t.get("error") or "",
-                "scenario_index": t.get("scenario_index"),
-                "logs": t.get("logs") or [],
-                "metrics": t.get("metrics") or {},
-                "scenario": t.get("scenario"),
-                "turns": transcript(t.get("messages")),
-            }
-        )
-    return out
-
-
-@login_required
-def dry_run_detail_view(request, dry_run_id: int):
-    dry_run = selectors.dry_run_get(user=request.user, dry_run_id=dry_run_id)
-    spread = dry_run.result.get("spread") if isinstance(dry_run.result, dict) else None
-    return render(
-        request,
-        "rollouts/dry_run_detail.html",
-        {
-            "nav": "scripts",
-            "dry_run": dry_run,
-            "trajectories": _dry_run_trajectories(dry_run.result),
-            "spread": spread if isinstance(spread, dict) else None,
-            "finished": dry_run.status in ("done", "failed"),
-        },
-    )
-
-
-@login_required
-@require_GET
-def dry_run_status_view(request, dry_run_id: int):
-    dry_run = selectors.dry_run_get(user=request.user, dry_run_id=dry_run_id)
-    return JsonResponse({"id": dry_run.id, "status": dry_run.status, "finished": dry_run.status in ("done", "failed")})

@@ -12,10 +12,8 @@ from rollouts.models import (
     RolloutScriptVersion,
     Scenario,
     ScenarioSet,
-    Trajectory,
-    TrajectoryGroup,
 )
-from training.models import BaseModel, Checkpoint, Run, Step
+from training.models import Checkpoint, PretrainedModel, Run, Step, Trajectory, TrajectoryGroup
 
 SCRIPT = """import art
 
@@ -52,7 +50,7 @@ class UserFactory(factory.django.DjangoModelFactory):
 
 class BaseModelFactory(factory.django.DjangoModelFactory):
     class Meta:
-        model = BaseModel
+        model = PretrainedModel
         django_get_or_create = ("name",)
 
     name = "SmolLM2-135M-Instruct"

@@ -10,8 +10,19 @@ from artweb.errors import ApplicationError
 from training.exports.schemas import export_settings_parse
 from training.exports.selectors import export_target_public
 from training.exports.services import export_target_create, export_target_test, export_target_update
-from training.models import BaseModel, Checkpoint, ExportTarget, Run, RunEvent, RunLog, Step
-from training.services.base_models import recommended_train_check
+from training.models import (
+    Checkpoint,
+    DryRun,
+    ExportTarget,
+    PretrainedModel,
+    Run,
+    RunEvent,
+    RunLog,
+    Step,
+    Trajectory,
+    TrajectoryGroup,
+)
+from training.services.base_models import base_model_check, recommended_train_check
 from training.services.checkpoints import (
     checkpoint_apply_retention,
     checkpoint_archive,
@@ -19,6 +30,7 @@ from training.services.checkpoints import (
     checkpoint_disk_usage,
     checkpoint_promote,
 )
+from training.services.runs import run_cancel, run_details_update, run_pause, run_resume, run_retry
 
 
 @admin.register(Checkpoint)
@@ -105,6 +117,10 @@ class StepInline(admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
+    """Runs change state only through their services (a conditional transition with a RunEvent naming
+    the staff member): status and the worker's bookkeeping are read-only here, the actions below cancel,
+    pause, resume or retry, and an edit of the name or tags is recorded as an event too."""
+
     list_display = (
         "id",
         "name",
@@ -119,13 +135,72 @@ class RunAdmin(admin.ModelAdmin):
     )
     list_filter = ("status", "base_model")
     search_fields = ("name", "owner__username", "tags")
-    readonly_fields = ("steps_done", "worker", "heartbeat_at", "started_at", "finished_at", "config", "error")
+    fields = (
+        "name",
+        "tags",
+        "owner",
+        "status",
+        "base_model",
+        "script_version",
+        "reward_version",
+        "scenario_set",
+        "steps_done",
+        "num_steps",
+        "latest_reward",
+        "best_val_reward",
+        "error",
+        "cancel_requested",
+        "pause_requested",
+        "worker",
+        "heartbeat_at",
+        "dispatched_at",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "config",
+    )
+    readonly_fields = tuple(f for f in fields if f not in ("name", "tags"))
     list_select_related = ("owner",)
+    actions = ("cancel_runs", "pause_runs", "resume_runs", "retry_runs")
+
+    def has_add_permission(self, request):
+        return False  # a run is launched from its page or the API, which validate it (run_create)
+
+    def save_model(self, request, obj, form, change):
+        run_details_update(run=obj, name=obj.name, tags=obj.tags, actor=request.user)
+
+    def _each(self, request, queryset, service, done: str) -> None:
+        count = 0
+        for run in queryset:
+            try:
+                service(run=run, actor=request.user)
+            except ApplicationError as exc:
+                self.message_user(request, f"{run}: {exc.message}", messages.WARNING)
+            else:
+                count += 1
+        if count:
+            self.message_user(request, f"{count} run(s) {done}.", messages.SUCCESS)
+
+    @admin.action(description="Cancel the selected runs")
+    def cancel_runs(self, request, queryset):
+        self._each(request, queryset, run_cancel, "cancelled or asked to stop")
+
+    @admin.action(description="Pause the selected runs")
+    def pause_runs(self, request, queryset):
+        self._each(request, queryset, run_pause, "paused or asked to pause")
+
+    @admin.action(description="Resume the selected paused runs")
+    def resume_runs(self, request, queryset):
+        self._each(request, queryset, run_resume, "resumed")
+
+    @admin.action(description="Retry the selected failed or cancelled runs")
+    def retry_runs(self, request, queryset):
+        self._each(request, queryset, run_retry, "queued again")
 
 
 class BaseModelAdminForm(forms.ModelForm):
     class Meta:
-        model = BaseModel
+        model = PretrainedModel
         fields = (
             "owner",
             "name",
@@ -144,10 +219,37 @@ class BaseModelAdminForm(forms.ModelForm):
         except ApplicationError as exc:
             raise forms.ValidationError(exc.message) from exc
 
+    def clean(self):
+        """The service's name and source rules, with the staff member as the one acting."""
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            data["name"], data["source"], data["local_path"] = base_model_check(
+                name=data.get("name", ""),
+                source=data.get("source", ""),
+                local_path=data.get("local_path", ""),
+                max_length=data.get("max_length") or 0,
+                actor=self.actor,
+            )
+        except ApplicationError as exc:
+            for field, errors in exc.field_errors.items():
+                if field in self.fields:
+                    self.add_error(field, errors)
+            if not any(field in self.fields for field in exc.field_errors):
+                raise forms.ValidationError(exc.message) from exc
+        return data
 
-@admin.register(BaseModel)
+
+@admin.register(PretrainedModel)
 class BaseModelAdmin(admin.ModelAdmin):
     form = BaseModelAdminForm
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.actor = request.user  # the rules (a server directory needs staff) depend on who acts
+        return form
+
     list_display = ("name", "source", "owner", "max_length", "supports_tools", "created_at")
     search_fields = ("name", "source")
 
@@ -253,3 +355,26 @@ class ExportTargetAdmin(admin.ModelAdmin):
         for target in queryset.select_related("owner"):
             result = export_target_test(target=target, actor=request.user)
             self.message_user(request, f"{target}: {result.message}", messages.SUCCESS if result.ok else messages.ERROR)
+
+
+@admin.register(TrajectoryGroup)
+class TrajectoryGroupAdmin(admin.ModelAdmin):
+    list_display = ("run", "step", "split", "reward_mean", "reward_std", "error_count", "skipped")
+    list_filter = ("split", "skipped")
+    list_select_related = ("run",)
+    raw_id_fields = ("run", "scenario")
+
+
+@admin.register(Trajectory)
+class TrajectoryAdmin(admin.ModelAdmin):
+    list_display = ("run", "step", "group", "index", "reward", "advantage", "completion_tokens")
+    list_select_related = ("run",)
+    raw_id_fields = ("run", "group")
+    search_fields = ("search_text",)
+    show_full_result_count = False  # a COUNT over millions of rows would make the page slow
+
+
+@admin.register(DryRun)
+class DryRunAdmin(admin.ModelAdmin):
+    list_display = ("id", "owner", "script_version", "status", "created_at", "finished_at")
+    list_filter = ("status",)

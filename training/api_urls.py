@@ -16,10 +16,27 @@ from training.apis import (
     tokens,
     trajectories,
 )
+from training.apis import serve_jobs as serve_jobs_api
+from training.apis import serving as serving_api
 from training.apis.health import RunRewardHealthApi
 from training.apis.heatmap import RunHeatmapApi
 
 urlpatterns = [
+    path(
+        "checkpoints/<int:checkpoint_id>/alias/", serving_api.CheckpointAliasApi.as_view(), name="api-checkpoint-alias"
+    ),
+    path("playground/create/", serve_jobs_api.PlaygroundCreateApi.as_view(), name="api-playground-create"),
+    path("playground/<int:job_id>/", serve_jobs_api.PlaygroundDetailApi.as_view(), name="api-playground"),
+    path("diffs/", serve_jobs_api.DiffListApi.as_view(), name="api-diffs"),
+    path("diffs/create/", serve_jobs_api.DiffCreateApi.as_view(), name="api-diff-create"),
+    path("diffs/<int:job_id>/", serve_jobs_api.DiffDetailApi.as_view(), name="api-diff"),
+    path("diffs/<int:job_id>/scenarios/", serve_jobs_api.DiffScenarioListApi.as_view(), name="api-diff-scenarios"),
+    path("diffs/<int:job_id>/export/", serve_jobs_api.DiffExportApi.as_view(), name="api-diff-export"),
+    path(
+        "checkpoints/<int:checkpoint_id>/alias/delete/",
+        serving_api.CheckpointAliasDeleteApi.as_view(),
+        name="api-checkpoint-alias-delete",
+    ),
     path("tokens/", tokens.TokenCreateApi.as_view(), name="api-token-create"),
     path("tokens/current/", tokens.TokenDetailApi.as_view(), name="api-token"),
     path("tokens/revoke/", tokens.TokenRevokeApi.as_view(), name="api-token-revoke"),

@@ -139,7 +139,8 @@ class RunConfig(BaseModel):
     @field_validator("train")
     @classmethod
     def _check_train(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from training.engine import ConfigError, TrainConfig
+        # Imported here: importing training.engine loads torch, which the web process should not pay for.
+        from training.engine.config import ConfigError, TrainConfig
 
         try:
             return TrainConfig.from_dict(value).to_dict()

@@ -6,7 +6,19 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from training.services.broadcast import RUNS_STAFF_GROUP, event_message, run_group_name, runs_user_group
+from training.models import Run, RunEvent, RunLog, Step
+from training.selectors import GROUPS_SHOWN, run_visible, runs_by_id
+from training.services.broadcast import (
+    RUNS_STAFF_GROUP,
+    event_message,
+    log_message,
+    run_group_messages,
+    run_group_name,
+    run_row_message,
+    runs_user_group,
+    status_message,
+    step_message,
+)
 
 CATCH_UP_LIMIT = 2000
 # Runs a runs-list page asks about at most: its largest page.
@@ -54,40 +66,22 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _can_see(self, user, run_id: int) -> bool:
-        from training.selectors import run_visible
-
         return run_visible(user).filter(id=run_id).exists()
 
     @database_sync_to_async
     def _catch_up(self, content: dict) -> list[dict]:
-        from training.models import Run, RunEvent, RunLog, Step
-        from training.selectors import GROUPS_SHOWN
-        from training.services.broadcast import run_group_messages
-
         def cursor(name):
             return _cursor(content, name)
 
         out: list[dict] = []
         run = Run.objects.filter(id=self.run_id).values("status", "steps_done", "num_steps", "error").first()
         if run:
-            out.append({"type": "status", "run": self.run_id, **run})
+            out.append(status_message(run_id=self.run_id, **run))
         for s in Step.objects.filter(run_id=self.run_id, step__gt=cursor("after_step")).order_by("step")[
             :CATCH_UP_LIMIT
         ]:
             out.append(
-                {
-                    "type": "step",
-                    "step": s.step,
-                    "steps_done": run["steps_done"] if run else None,
-                    "metrics": {
-                        **s.metrics,
-                        "reward_mean": s.reward_mean,
-                        "reward_std": s.reward_std,
-                        "val_reward": s.val_reward,
-                        "duration_s": s.duration_s,
-                    },
-                    "timings": s.timings,
-                }
+                step_message(s, steps_done=(run or {}).get("steps_done"), num_steps=(run or {}).get("num_steps"))
             )
         for e in RunEvent.objects.filter(run_id=self.run_id, id__gt=cursor("after_event")).order_by("id")[
             :CATCH_UP_LIMIT
@@ -96,16 +90,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         for line in RunLog.objects.filter(run_id=self.run_id, id__gt=cursor("after_log")).order_by("id")[
             :CATCH_UP_LIMIT
         ]:
-            out.append(
-                {
-                    "type": "log",
-                    "id": line.id,
-                    "level": line.level,
-                    "message": line.message,
-                    "step": line.step,
-                    "created_at": line.created_at.isoformat(),
-                }
-            )
+            out.append(log_message(line))
         # Groups newer than the page's, and again those it shows without advantages (they may have them now).
         out.extend(
             run_group_messages(
@@ -148,9 +133,6 @@ class RunsConsumer(AsyncJsonWebsocketConsumer):
     def _catch_up(self, content: dict) -> list[dict]:
         """Rows of the runs the page shows (`runs`: their ids) and of runs created after its newest
         (`after_run`), newest last."""
-        from training.selectors import run_visible, runs_by_id
-        from training.services.broadcast import run_row_message
-
         newer = list(
             run_visible(self.user)
             .filter(id__gt=_cursor(content, "after_run"))

@@ -14,36 +14,12 @@ from typing import ClassVar, get_origin
 from django import forms
 from pydantic import BaseModel as PydanticModel
 
-from artweb.errors import ApplicationError
 from training.config import AlertRules, RunConfig
 from training.models import Run
+from training.selectors import RUN_ORDER_LABELS
+from training.services.dry_runs import DEFAULT_DRY_RUN_SCENARIOS, MAX_DRY_RUN_SAMPLES, MAX_DRY_RUN_SCENARIOS
 
-SORTS = [
-    ("-created_at", "Newest first"),
-    ("created_at", "Oldest first"),
-    ("name", "Name"),
-    ("status", "Status"),
-    ("-latest_reward", "Latest reward"),
-    ("-best_val_reward", "Best validation reward"),
-    ("-steps_done", "Progress"),
-]
-
-
-def apply_service_errors(form: forms.Form, exc: ApplicationError, aliases: dict[str, str] | None = None) -> None:
-    """Show an ApplicationError on the form: field errors under their fields, the rest on top."""
-    aliases = aliases or {}
-    placed = False
-    for key, messages in exc.field_errors.items():
-        name = aliases.get(key, key)
-        if "." in name and name not in form.fields:
-            name = aliases.get(name.split(".", 1)[0], name.split(".", 1)[0])
-        if name in form.fields:
-            detail = key.split(".", 1)[1] + ": " if "." in key and name != key else ""
-            for message in messages:
-                form.add_error(name, f"{detail}{message}")
-            placed = True
-    if not placed or not exc.field_errors:
-        form.add_error(None, exc.message)
+SORTS = list(RUN_ORDER_LABELS.items())
 
 
 class RunFilterForm(forms.Form):
@@ -199,6 +175,7 @@ def config_form_field(name: str, info) -> forms.Field:
 
 def train_config_reference() -> list[dict]:
     """Rows (name, default, allowed) describing the engine's TrainConfig, for the launch page."""
+    # Imported here: importing training.engine loads torch, which the web process should not pay for.
     from training.engine.config import TrainConfig
 
     rows = []
@@ -246,13 +223,7 @@ class RunLaunchForm(forms.Form):
     scenario_set = forms.ModelChoiceField(queryset=None, label="Scenario set", empty_label=None)
 
     # Service error keys → form field names.
-    ERROR_ALIASES: ClassVar[dict[str, str]] = {
-        "script": "script_version",
-        "reward function": "reward_version",
-        "base model": "base_model",
-        "scenario set": "scenario_set",
-        "config": "train",
-    }
+    ERROR_ALIASES: ClassVar[dict[str, str]] = {"config": "train"}
 
     def __init__(self, *args, base_models, script_versions, reward_versions, scenario_sets, **kwargs):
         super().__init__(*args, **kwargs)
@@ -372,3 +343,60 @@ class AlertRulesForm(forms.Form):
             elif value not in (None, ""):
                 out[name] = value
         return out
+
+
+class DryRunForm(forms.Form):
+    script_version = forms.ModelChoiceField(queryset=None, label="Script version", empty_label=None)
+    reward_version = forms.ModelChoiceField(queryset=None, required=False, label="Reward version", empty_label="none")
+    base_model = forms.ModelChoiceField(queryset=None, label="Base model", empty_label=None)
+    scenario_set = forms.ModelChoiceField(
+        queryset=None, label="Scenario set", empty_label=None, help_text="The first scenarios of the set are tried."
+    )
+    scenario_count = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_DRY_RUN_SCENARIOS,
+        initial=DEFAULT_DRY_RUN_SCENARIOS,
+        label="Scenarios",
+        help_text=f"How many of the set's scenarios to try, 1 to {MAX_DRY_RUN_SCENARIOS}.",
+        error_messages={
+            "min_value": f"Give 1 to {MAX_DRY_RUN_SCENARIOS} scenarios.",
+            "max_value": f"Give 1 to {MAX_DRY_RUN_SCENARIOS} scenarios.",
+            "invalid": f"Give a whole number of scenarios, 1 to {MAX_DRY_RUN_SCENARIOS}.",
+        },
+    )
+    samples = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_DRY_RUN_SAMPLES,
+        initial=1,
+        label="Samples per scenario",
+        help_text=f"Rollouts per scenario, 1 to {MAX_DRY_RUN_SAMPLES}. With 2 or more the result shows whether "
+        "the reward gives different rewards to different answers: the signal GRPO learns from.",
+        error_messages={
+            "min_value": f"Give 1 to {MAX_DRY_RUN_SAMPLES} samples per scenario.",
+            "max_value": f"Give 1 to {MAX_DRY_RUN_SAMPLES} samples per scenario.",
+            "invalid": f"Give a whole number of samples, 1 to {MAX_DRY_RUN_SAMPLES}.",
+        },
+    )
+
+    ERROR_ALIASES: ClassVar[dict[str, str]] = {"scenarios": "scenario_set"}
+    # Fields a link may prefill (the launch page's "Score the base model's answers").
+    PREFILL = ("script_version", "reward_version", "base_model", "scenario_set", "scenario_count", "samples")
+
+    def __init__(self, *args, script_versions, reward_versions, base_models, scenario_sets, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["script_version"].queryset = script_versions
+        self.fields["script_version"].label_from_instance = lambda v: f"{v.asset.name} v{v.number}"
+        self.fields["reward_version"].queryset = reward_versions
+        self.fields["reward_version"].label_from_instance = lambda v: f"{v.asset.name} v{v.number}"
+        self.fields["base_model"].queryset = base_models
+        self.fields["scenario_set"].queryset = scenario_sets
+
+    def clean_samples(self):
+        return self.cleaned_data.get("samples") or 1  # left empty: one rollout per scenario
+
+    @classmethod
+    def prefill(cls, query) -> dict:
+        """Initial values from a link's query string: the fields it names, as whole numbers."""
+        return {name: int(query[name]) for name in cls.PREFILL if query.get(name, "").isdigit()}

@@ -18,8 +18,7 @@ from __future__ import annotations
 from django.db import connection
 from django.urls import reverse
 
-from rollouts.models import Trajectory
-from training.models import Run
+from training.models import Run, Trajectory
 
 SLOWEST_SHOWN = 10
 REWARD_PREFIX = "The reward function failed: "

@@ -1,12 +1,17 @@
-"""Base models, runs, per-step metrics, checkpoints and the run timeline."""
+"""Base models, runs and what they produce: trajectory groups, trajectories, per-step metrics,
+checkpoints, the run timeline; dry runs of a script against a base model; exports and re-scores.
+
+TrajectoryGroup, Trajectory and DryRun were rollouts models once: their tables keep the rollouts_ names.
+"""
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 
-class BaseModel(models.Model):
-    """A model that runs can fine-tune: a Hugging Face id or a local directory.
+class PretrainedModel(models.Model):
+    """A base model: one that runs can fine-tune, a Hugging Face id or a local directory. (Pages, API and
+    fields call it a base model; the class is not called BaseModel, which reads as pydantic's.)
 
     owner is null for models shared with everyone (the default model).
     """
@@ -30,6 +35,8 @@ class BaseModel(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        db_table = "training_basemodel"  # the table of the model's first name, BaseModel
+        verbose_name = "base model"
         ordering = ["name"]
 
     def __str__(self):
@@ -52,7 +59,7 @@ class Run(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
     name = models.CharField(max_length=200)
     tags = ArrayField(models.CharField(max_length=50), default=list, blank=True)
-    base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="runs")
+    base_model = models.ForeignKey(PretrainedModel, on_delete=models.PROTECT, related_name="runs")
     script_version = models.ForeignKey("rollouts.RolloutScriptVersion", on_delete=models.PROTECT, related_name="runs")
     reward_version = models.ForeignKey(
         "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
@@ -89,6 +96,116 @@ class Run(models.Model):
     @property
     def progress(self) -> float:
         return self.steps_done / self.num_steps if self.num_steps else 0.0
+
+
+class TrajectoryGroup(models.Model):
+    """The group_size rollouts of one scenario in one step, compared against each other by GRPO."""
+
+    class Split(models.TextChoices):
+        TRAIN = "train"
+        VALIDATION = "validation"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="groups")
+    step = models.PositiveIntegerField()
+    split = models.CharField(max_length=12, choices=Split.choices, default=Split.TRAIN)
+    scenario = models.ForeignKey("rollouts.Scenario", on_delete=models.PROTECT, related_name="+")
+    reward_mean = models.FloatField(null=True)
+    reward_std = models.FloatField(null=True)
+    error_count = models.PositiveIntegerField(default=0)
+    skipped = models.BooleanField(default=False, help_text="All rewards equal: no training signal.")
+    failed_attempt = models.BooleanField(
+        default=False, help_text="Produced by an attempt at the step that failed: kept to inspect, never trained on."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "rollouts_trajectorygroup"  # the table predates the model's move from rollouts
+        ordering = ["step", "id"]
+        indexes = [models.Index(fields=["run", "split", "step"])]
+
+    def __str__(self):
+        return f"group {self.pk} of run {self.run_id}, step {self.step} ({self.split})"
+
+
+class Trajectory(models.Model):
+    group = models.ForeignKey(TrajectoryGroup, on_delete=models.CASCADE, related_name="trajectories")
+    # Denormalised from the group so the inspector's filters need no join.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trajectories")
+    step = models.PositiveIntegerField()
+    index = models.PositiveSmallIntegerField(help_text="Position within the group.")
+    messages = models.JSONField(default=list)
+    tools = models.JSONField(null=True, blank=True)
+    reward = models.FloatField(null=True)
+    advantage = models.FloatField(null=True)
+    metrics = models.JSONField(default=dict, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    logs = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(default=0)
+    reward_ms = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Time the reward function took for this trajectory (a group reward's "
+        "time shared among its trajectories); null when none ran.",
+    )
+    truncated = models.BooleanField(default=False, help_text="The last completion stopped at max_tokens.")
+    # Concatenated message text for the inspector's text search.
+    search_text = models.TextField(blank=True)
+
+    class Meta:
+        db_table = "rollouts_trajectory"
+        ordering = ["step", "group_id", "index"]
+        indexes = [
+            models.Index(fields=["run", "step", "group"]),
+            models.Index(fields=["run", "reward"]),
+        ]
+
+    def __str__(self):
+        return f"trajectory {self.pk} of run {self.run_id}, step {self.step}"
+
+
+class DryRun(models.Model):
+    """A rollout script tried on a few scenarios against the live base model, before any run.
+
+    Executed by a GPU worker (it owns the inference server); the page or API polls for the result.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    script_version = models.ForeignKey(
+        "rollouts.RolloutScriptVersion", on_delete=models.CASCADE, related_name="dry_runs"
+    )
+    reward_version = models.ForeignKey(
+        "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.CASCADE, related_name="dry_runs"
+    )
+    base_model = models.ForeignKey(PretrainedModel, on_delete=models.CASCADE, related_name="+")
+    scenarios = models.JSONField(help_text="The scenario objects tried.")
+    samples = models.PositiveSmallIntegerField(
+        default=1,
+        help_text="Rollouts per scenario: with more than one, the result shows the reward's spread "
+        "within each scenario, the signal GRPO trains on.",
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    result = models.JSONField(null=True, blank=True, help_text="Trajectories with rewards, logs and errors.")
+    error = models.TextField(blank=True)
+    # When the broker took this dry run's message; null while one is owed (the sweep sends it).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "rollouts_dryrun"
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"Dry run #{self.pk} ({self.status})"
 
 
 class Step(models.Model):
@@ -318,7 +435,7 @@ class RescoreScore(models.Model):
     """One trajectory's reward under the run and under the re-score."""
 
     rescore = models.ForeignKey(Rescore, on_delete=models.CASCADE, related_name="scores")
-    trajectory = models.ForeignKey("rollouts.Trajectory", on_delete=models.CASCADE, related_name="+")
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="+")
     step = models.PositiveIntegerField()
     old_reward = models.FloatField(null=True)
     new_reward = models.FloatField(null=True)
@@ -342,3 +459,6 @@ class RescoreScore(models.Model):
 
     def __str__(self):
         return f"trajectory {self.trajectory_id}: {self.old_reward} → {self.new_reward}"
+
+
+from training.serving_models import CheckpointAlias, DiffScenario, ServeJob  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""Reads for runs, metrics, checkpoints and events. Every read is scoped to what the user may see."""
+"""Reads for runs, metrics, checkpoints, events, trajectories and dry runs. Every read is scoped to what the user may see."""
 
 from __future__ import annotations
 
@@ -7,33 +7,43 @@ import math
 import numpy as np
 from django.db.models import Max, Q, QuerySet
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
+from rest_framework.authtoken.models import Token
 from tsdownsample import MinMaxDownsampler
 
-from training.models import BaseModel, Checkpoint, Run, RunEvent, RunLog, Step
-
-# Series a run's charts and the metrics API can ask for. Columns come from Step; the rest from
-# Step.metrics (the engine's per-update figures) and Step.timings.
-COLUMN_SERIES = ("reward_mean", "reward_std", "val_reward", "duration_s")
-DEFAULT_SERIES = (
-    "reward_mean",
-    "reward_std",
-    "val_reward",
-    "loss",
-    "kl",
-    "grad_norm",
-    "completion_tokens_mean",
-    "tokens_per_second",
-    "duration_s",
-    # The learning-signal monitor (training/signals.py computes them at each step).
-    "dead_group_share",
-    "effective_batch",
-    "advantage_std",
-    "sampler_kl",
-    "truncation_rate",
-    "entropy",
+from training.charts import DEFAULT_SERIES
+from training.models import (
+    Checkpoint,
+    DryRun,
+    PretrainedModel,
+    Run,
+    RunEvent,
+    RunLog,
+    Step,
+    Trajectory,
+    TrajectoryGroup,
 )
+
+# Series a run's charts and the metrics API can ask for (the charts' list: training.charts). Columns come
+# from Step; the rest from Step.metrics (the engine's per-update figures) and Step.timings.
+COLUMN_SERIES = ("reward_mean", "reward_std", "val_reward", "duration_s")
+
+
+# What a runs list may be sorted by (the API takes each one); the page's Sort menu offers the labelled ones.
+RUN_ORDERS = tuple(
+    f"{sign}{name}"
+    for name in ("created_at", "name", "status", "latest_reward", "best_val_reward", "steps_done")
+    for sign in ("", "-")
+)
+RUN_ORDER_LABELS = {
+    "-created_at": "Newest first",
+    "created_at": "Oldest first",
+    "name": "Name",
+    "status": "Status",
+    "-latest_reward": "Latest reward",
+    "-best_val_reward": "Best validation reward",
+    "-steps_done": "Progress",
+}
 
 
 def run_visible(user) -> QuerySet[Run]:
@@ -66,38 +76,15 @@ def run_list(
         qs = qs.filter(tags__contains=[tag])
     if q:
         qs = qs.filter(Q(name__icontains=q) | Q(script_version__asset__name__icontains=q))
-    allowed = {
-        "created_at",
-        "-created_at",
-        "name",
-        "-name",
-        "status",
-        "-status",
-        "latest_reward",
-        "-latest_reward",
-        "best_val_reward",
-        "-best_val_reward",
-        "steps_done",
-        "-steps_done",
-    }
-    return qs.order_by(order if order in allowed else "-created_at", "-id")
+    return qs.order_by(order if order in RUN_ORDERS else "-created_at", "-id")
 
 
-def base_model_visible(user) -> QuerySet[BaseModel]:
+def base_model_visible(user) -> QuerySet[PretrainedModel]:
     return (
-        BaseModel.objects.filter(Q(owner__isnull=True) | Q(owner=user))
+        PretrainedModel.objects.filter(Q(owner__isnull=True) | Q(owner=user))
         if not user.is_staff
-        else BaseModel.objects.all()
+        else PretrainedModel.objects.all()
     )
-
-
-def _series_value(row: dict, name: str):
-    if name in COLUMN_SERIES:
-        return row[name]
-    value = row["metrics"].get(name)
-    if value is None:
-        value = row["timings"].get(name)
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _downsample(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -109,26 +96,67 @@ def _downsample(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarr
     return x[idx], y[idx]
 
 
-def run_metrics(
-    *, run: Run, series: list[str] | None = None, since_step: int | None = None, max_points: int | None = None
-) -> dict:
-    """{"series": {name: {"x": [...steps], "y": [...]}}, "last_step": int|None}.
+# A series value picked out of a Step by PostgreSQL: a column as it is; otherwise the metrics key if present
+# and not null (kept only when it is a number), else the timings key (when it is a number).
+_SERIES_SQL = (
+    "CASE coalesce(jsonb_typeof(metrics -> %s), 'null')"
+    " WHEN 'number' THEN (metrics ->> %s)::float8"
+    " WHEN 'null' THEN (CASE jsonb_typeof(timings -> %s) WHEN 'number' THEN (timings ->> %s)::float8 END)"
+    " END"
+)
 
-    Steps without a value for a series are left out of that series (e.g. validation steps).
-    """
-    names = list(series or DEFAULT_SERIES)
+
+def _series_full(*, run: Run, names: list[str], since_step: int | None = None) -> tuple[dict, int | None]:
+    """({name: (steps, values)} at full resolution, the last step read): one query, in which only the
+    asked-for numbers leave the database (decoding every step's metrics and timings JSON in Python was
+    ~10x slower at 2,000 steps). Steps without a value for a series are left out of that series."""
     qs = Step.objects.filter(run=run).order_by("step")
     if since_step is not None:
         qs = qs.filter(step__gt=since_step)
-    rows = list(qs.values("step", "reward_mean", "reward_std", "val_reward", "duration_s", "metrics", "timings"))
-    out: dict[str, dict] = {}
-    for name in names:
-        pairs = [(r["step"], v) for r in rows if (v := _series_value(r, name)) is not None]
+    # Columns come as they are; a JSON-held series is an annotation named s<i>.
+    exprs = {f"s{i}": RawSQL(_SERIES_SQL, (name,) * 4) for i, name in enumerate(names) if name not in COLUMN_SERIES}
+    fields = [name if name in COLUMN_SERIES else f"s{i}" for i, name in enumerate(names)]
+    rows = list(qs.annotate(**exprs).values_list("step", *fields))
+    full = {}
+    for col, name in enumerate(names, start=1):
+        pairs = [(r[0], r[col]) for r in rows if r[col] is not None]
         x = np.fromiter((p[0] for p in pairs), dtype=np.int64, count=len(pairs))
         y = np.fromiter((p[1] for p in pairs), dtype=np.float64, count=len(pairs))
+        full[name] = (x, y)
+    return full, rows[-1][0] if rows else since_step
+
+
+def run_metrics(
+    *, run: Run, series: list[str] | None = None, since_step: int | None = None, max_points: int | None = None
+) -> dict:
+    """{"series": {name: {"x": [...steps], "y": [...]}}, "last_step": int|None}: the metrics API's answer
+    and the compare page's, each series min/max-downsampled to max_points (None: every step)."""
+    names = list(dict.fromkeys(series or DEFAULT_SERIES))
+    full, last_step = _series_full(run=run, names=names, since_step=since_step)
+    out: dict[str, dict] = {}
+    for name, (x, y) in full.items():
         x, y = _downsample(x, y, max_points or 0)
         out[name] = {"x": x.tolist(), "y": [round(v, 6) for v in y.tolist()]}
-    return {"series": out, "last_step": rows[-1]["step"] if rows else since_step}
+    return {"series": out, "last_step": last_step}
+
+
+def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
+    """The run page's first paint: run_metrics of DEFAULT_SERIES plus the reward spread band, from the same
+    query. The band takes reward_std at the very steps the downsampled reward_mean kept, so it is cut from
+    the full-resolution series."""
+    names = list(dict.fromkeys([*DEFAULT_SERIES, "reward_std"]))
+    full, last_step = _series_full(run=run, names=names)
+    series = {}
+    for name in DEFAULT_SERIES:
+        x, y = _downsample(*full[name], max_points)
+        series[name] = {"x": x.tolist(), "y": [round(v, 6) for v in y.tolist()]}
+    std_x, std_y = full["reward_std"]
+    std_by_step = dict(zip(std_x.tolist(), [round(v, 6) for v in std_y.tolist()], strict=False))
+    series["reward_band"] = {
+        "x": series["reward_mean"]["x"],
+        "std": [std_by_step.get(x) for x in series["reward_mean"]["x"]],
+    }
+    return {"series": series, "last_step": last_step}
 
 
 def run_events_since(*, run: Run, after_id: int = 0, limit: int = 500) -> list[RunEvent]:
@@ -147,52 +175,6 @@ def checkpoint_list(*, run: Run) -> QuerySet[Checkpoint]:
 # --- added for the dashboard ---------------------------------------------------------------------
 
 
-def _json_number(column: str, name: str) -> RawSQL:
-    """A numeric key of a JSON column as float8, NULL when absent or not a number (no JSON decoding in Python)."""
-    return RawSQL(f"CASE WHEN jsonb_typeof({column} -> %s) = 'number' THEN ({column} ->> %s)::float8 END", (name, name))
-
-
-def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
-    """The run page's first paint: DEFAULT_SERIES, each min/max-downsampled, plus the reward spread band.
-
-    Same values as run_metrics, but PostgreSQL pulls the numbers out of Step.metrics/timings, which keeps
-    a 2,000-step page well under the time budget. The band takes reward_std at the very steps the
-    downsampled reward_mean kept, so it is cut from the full-resolution series.
-    """
-    extra = [n for n in DEFAULT_SERIES if n not in COLUMN_SERIES]
-    annotations = {
-        f"s_{n}": Coalesce(_json_number('"training_step"."metrics"', n), _json_number('"training_step"."timings"', n))
-        for n in extra
-    }
-    rows = list(
-        Step.objects.filter(run=run)
-        .order_by("step")
-        .annotate(**annotations)
-        .values_list("step", *COLUMN_SERIES, *annotations)
-    )
-    names = list(COLUMN_SERIES) + extra
-    table = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64).reshape(
-        len(rows), 1 + len(names)
-    )
-    steps = table[:, 0].astype(np.int64)
-    series, full = {}, {}
-    for i, name in enumerate(names, start=1):
-        y = table[:, i]
-        keep = ~np.isnan(y)
-        full[name] = (steps[keep], y[keep])
-        x, yd = _downsample(steps[keep], y[keep], max_points)
-        series[name] = {"x": x.tolist(), "y": np.round(yd, 6).tolist()}
-    std_by_step = dict(zip(full["reward_std"][0].tolist(), np.round(full["reward_std"][1], 6).tolist(), strict=False))
-    series["reward_band"] = {
-        "x": series["reward_mean"]["x"],
-        "std": [std_by_step.get(x) for x in series["reward_mean"]["x"]],
-    }
-    return {
-        "series": {k: series[k] for k in [*DEFAULT_SERIES, "reward_band"]},
-        "last_step": rows[-1][0] if rows else None,
-    }
-
-
 def run_warnings(*, run: Run, limit: int = 5) -> list[RunEvent]:
     """The run's newest warnings (events whose data says level "warning"), newest first: the page's banners."""
     return list(RunEvent.objects.filter(run=run, data__level="warning").order_by("-id")[:limit])
@@ -209,8 +191,6 @@ def run_logs_recent(*, run: Run, limit: int = 200) -> list[RunLog]:
 
 def run_trajectory_steps(*, run: Run) -> list[int]:
     """Steps of the run that have trajectory groups (the inspector's slider stops)."""
-    from rollouts.models import TrajectoryGroup
-
     return list(TrajectoryGroup.objects.filter(run=run).order_by("step").values_list("step", flat=True).distinct())
 
 
@@ -221,40 +201,61 @@ def checkpoint_get(*, user, checkpoint_id: int) -> Checkpoint:
     )
 
 
-# A series value picked out of a Step by PostgreSQL, with run_metrics' rule: the metrics key if present
-# and not null (kept only when it is a number), else the timings key (when it is a number).
-_SERIES_SQL = (
-    "CASE coalesce(jsonb_typeof(metrics -> %s), 'null')"
-    " WHEN 'number' THEN (metrics ->> %s)::float8"
-    " WHEN 'null' THEN (CASE jsonb_typeof(timings -> %s) WHEN 'number' THEN (timings ->> %s)::float8 END)"
-    " END"
-)
+# --- trajectories, groups and dry runs -----------------------------------------------------------
 
 
-def run_metrics_series(
-    *, run: Run, series: list[str] | None = None, since_step: int | None = None, max_points: int | None = None
-) -> dict:
-    """The same answer as run_metrics, faster for long runs: only the asked-for numbers leave the
-    database (run_metrics decodes every step's whole metrics and timings JSON in Python, ~10x slower
-    at 2,000 steps)."""
-    from django.db.models.expressions import RawSQL
+def trajectory_list(
+    *,
+    run,
+    step: int | None = None,
+    split: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    q: str | None = None,
+    has_error: bool | None = None,
+) -> QuerySet[Trajectory]:
+    """Trajectories of a run (the caller has already checked access to the run)."""
+    qs = Trajectory.objects.filter(run=run).select_related("group")
+    if step is not None:
+        qs = qs.filter(step=step)
+    if split:
+        qs = qs.filter(group__split=split)
+    if min_reward is not None:
+        qs = qs.filter(reward__gte=min_reward)
+    if max_reward is not None:
+        qs = qs.filter(reward__lte=max_reward)
+    if q:
+        qs = qs.filter(search_text__icontains=q)
+    if has_error is not None:
+        qs = qs.exclude(error="") if has_error else qs.filter(error="")
+    return qs.order_by("step", "group_id", "index")
 
-    names = list(dict.fromkeys(series or DEFAULT_SERIES))
-    qs = Step.objects.filter(run=run).order_by("step")
-    if since_step is not None:
-        qs = qs.filter(step__gt=since_step)
-    # Columns come as they are; a JSON-held series is an annotation named s<i>.
-    exprs = {f"s{i}": RawSQL(_SERIES_SQL, (name,) * 4) for i, name in enumerate(names) if name not in COLUMN_SERIES}
-    fields = [name if name in COLUMN_SERIES else f"s{i}" for i, name in enumerate(names)]
-    rows = list(qs.annotate(**exprs).values_list("step", *fields))
-    out: dict[str, dict] = {}
-    for col, name in enumerate(names, start=1):
-        pairs = [(r[0], r[col]) for r in rows if r[col] is not None]
-        x = np.fromiter((p[0] for p in pairs), dtype=np.int64, count=len(pairs))
-        y = np.fromiter((p[1] for p in pairs), dtype=np.float64, count=len(pairs))
-        x, y = _downsample(x, y, max_points or 0)
-        out[name] = {"x": x.tolist(), "y": [round(v, 6) for v in y.tolist()]}
-    return {"series": out, "last_step": rows[-1][0] if rows else since_step}
+
+def group_list(*, run, step: int | None = None, split: str | None = None) -> QuerySet[TrajectoryGroup]:
+    qs = TrajectoryGroup.objects.filter(run=run).select_related("scenario")
+    if step is not None:
+        qs = qs.filter(step=step)
+    if split:
+        qs = qs.filter(split=split)
+    return qs.order_by("step", "id")
+
+
+def trajectory_get(*, run, trajectory_id: int) -> Trajectory:
+    """One trajectory of a run (the caller has already checked access to the run), or 404."""
+    return get_object_or_404(Trajectory.objects.filter(run=run), id=trajectory_id)
+
+
+def group_get(*, run, group_id: int) -> TrajectoryGroup:
+    return get_object_or_404(TrajectoryGroup.objects.filter(run=run).select_related("scenario"), id=group_id)
+
+
+def dry_run_get(*, user, dry_run_id: int) -> DryRun:
+    return get_object_or_404(
+        (DryRun.objects.all() if user.is_staff else DryRun.objects.filter(owner=user)).select_related(
+            "script_version__asset", "reward_version__asset", "base_model"
+        ),
+        id=dry_run_id,
+    )
 
 
 # --- live groups and the live runs list ------------------------------------------------------------
@@ -280,8 +281,6 @@ def run_groups_latest(*, run_id: int, after_id: int = 0, ids=(), limit: int = GR
 
     Three queries however many groups: transcripts are read only for each group's best and worst
     trajectory, the two its message quotes."""
-    from rollouts.models import Trajectory, TrajectoryGroup
-
     ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)][:limit]
     groups = list(
         TrajectoryGroup.objects.filter(Q(id__gt=after_id) | Q(id__in=ids), run_id=run_id).order_by("-id")[
@@ -313,3 +312,8 @@ def run_latest_id(*, user) -> int:
 def runs_by_id(*, user, ids) -> QuerySet[Run]:
     """The user's runs among ids, with what a runs-list row shows."""
     return run_visible(user).filter(id__in=ids).select_related("base_model", "script_version__asset", "owner")
+
+
+def api_token_get(*, user) -> Token | None:
+    """The user's API token, if they have one."""
+    return Token.objects.filter(user=user).first()

@@ -20,6 +20,13 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from artweb.dispatch import publish
+from training import task_names
+from training.models import DryRun, Rescore, Run
+from training.services.rescores import rescore_dispatched
+from training.services.runs import run_dispatched
+from training.services.steps import runs_requeue_stale
+
 logger = logging.getLogger(__name__)
 
 LOCK_KEY = "artweb:sweep"
@@ -29,40 +36,30 @@ OWED_AFTER = timedelta(seconds=5)
 
 def dispatch_owed() -> dict[str, list[int]]:
     """Send the messages owed to queued runs, dry runs and re-scores (dispatched_at null, older than OWED_AFTER)."""
-    from artweb.dispatch import publish
-    from rollouts.models import DryRun
-    from rollouts.tasks import dry_run_task
-    from training.models import Rescore, Run
-    from training.services.rescores import rescore_dispatched
-    from training.services.runs import run_dispatched
-    from training.tasks import rescore_execute_task, run_step_task
-
     cutoff = timezone.now() - OWED_AFTER
     sent: dict[str, list[int]] = {"runs": [], "dry_runs": [], "rescores": []}
     for run_id in Run.objects.filter(
         status=Run.Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff
     ).values_list("id", flat=True):
-        if publish(run_step_task, args=(run_id,)):
+        if publish(task_names.RUN_STEP, args=(run_id,)):
             run_dispatched(run_id)
             sent["runs"].append(run_id)
     for dry_id in DryRun.objects.filter(
         status=DryRun.Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff
     ).values_list("id", flat=True):
-        if publish(dry_run_task, args=(dry_id,)):
+        if publish(task_names.DRY_RUN, args=(dry_id,)):
             DryRun.objects.filter(id=dry_id).update(dispatched_at=timezone.now())
             sent["dry_runs"].append(dry_id)
     for rescore_id in Rescore.objects.filter(
         status=Rescore.Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff
     ).values_list("id", flat=True):
-        if publish(rescore_execute_task, args=(rescore_id,)):
+        if publish(task_names.RESCORE_EXECUTE, args=(rescore_id,)):
             rescore_dispatched(rescore_id)
             sent["rescores"].append(rescore_id)
     return sent
 
 
 def sweep() -> dict[str, list[int]]:
-    from training.services.steps import runs_requeue_stale
-
     return {"requeued": runs_requeue_stale(), **dispatch_owed()}
 
 

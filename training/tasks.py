@@ -1,32 +1,43 @@
-"""Celery tasks: ids in, a service call out."""
+"""Celery tasks: ids in, a service call out. Services queue them by name (training.task_names)."""
 
 from celery import shared_task
 
+from training import task_names
+from training.exports import tasks as _export_tasks  # noqa: F401 - registers the export tasks
+from training.services.dry_runs import dry_run_execute
+from training.services.rescores import rescore_execute
+from training.services.serve_jobs import serve_job_execute
+from training.services.serving_gate import serving_paused
+from training.services.steps import run_step_execute
+from training.sweeper import sweep
 
-@shared_task(name="training.tasks.run_step_task", acks_late=True, reject_on_worker_lost=True, time_limit=6 * 3600)
+
+@shared_task(name=task_names.RUN_STEP, acks_late=True, reject_on_worker_lost=True, time_limit=6 * 3600)
 def run_step_task(run_id: int, step: int | None = None) -> None:
-    from training.services.steps import run_step_execute
-
     run_step_execute(run_id=run_id, step=step)
 
 
-@shared_task(
-    name="training.tasks.rescore_execute_task", acks_late=True, reject_on_worker_lost=True, time_limit=6 * 3600
-)
+@shared_task(name=task_names.RESCORE_EXECUTE, acks_late=True, reject_on_worker_lost=True, time_limit=6 * 3600)
 def rescore_execute_task(rescore_id: int) -> None:
     """Default queue: user code runs in the jail and no model is needed (RULER uses a judge endpoint)."""
-    from training.services.rescores import rescore_execute
-
     rescore_execute(rescore_id=rescore_id)
 
 
-@shared_task(name="training.tasks.runs_requeue_stale_task", ignore_result=True)
+@shared_task(name=task_names.DRY_RUN, acks_late=True, time_limit=600)
+def dry_run_task(dry_run_id: int) -> None:
+    """GPU queue: the dry run uses this worker's inference server."""
+    with serving_paused():  # requests to the OpenAI endpoint wait until the dry run is done
+        dry_run_execute(dry_run_id=dry_run_id)
+
+
+@shared_task(name=task_names.RUNS_REQUEUE_STALE, ignore_result=True)
 def runs_requeue_stale_task() -> None:
     """The sweep as a task, for an operator who schedules it with beat too; every worker already runs it
     on its own (training.sweeper)."""
-    from training.sweeper import sweep
-
     sweep()
 
 
-from training.exports import tasks as _export_tasks  # noqa: E402,F401 - registers the export tasks
+@shared_task(name=task_names.SERVE_JOB_EXECUTE, acks_late=True, reject_on_worker_lost=True, time_limit=6 * 3600)
+def serve_job_execute_task(job_id: int) -> None:
+    """Default queue: the answers come from the serving workers, and user code runs in the jail."""
+    serve_job_execute(job_id=job_id)

@@ -1,10 +1,11 @@
 """Web pages (the REST API lives under api/v1/, see api_urls.py)."""
 
-from django.urls import include, path
+from django.urls import path
 
-from training.views import assets, compare, exports, models, rescores, runs, trajectories
+from training.views import compare, dry_runs, exports, models, plotly, rescores, runs, trajectories
 from training.views.health import run_reward_health_view
 from training.views.heatmap import run_heatmap_view
+from training.views.playground import diff_detail_view, diff_list_view, playground_view
 
 urlpatterns = [
     path("", runs.run_list_view, name="run-list"),
@@ -23,6 +24,10 @@ urlpatterns = [
     path("rescores/<int:rescore_id>/", rescores.rescore_detail_view, name="rescore-detail"),
     path("runs/<int:run_id>/<slug:action>/", runs.run_action_view, name="run-action"),
     path("compare/", compare.run_compare_view, name="run-compare"),
+    path("playground/", playground_view, name="playground"),
+    path("playground/<int:job_id>/", playground_view, name="playground-session"),
+    path("diffs/", diff_list_view, name="diff-list"),
+    path("diffs/<int:job_id>/", diff_detail_view, name="diff-detail"),
     path("models/", models.model_list_view, name="model-list"),
     path("models/judges/", models.judge_create_view, name="judge-create"),
     path("models/judges/<int:endpoint_id>/delete/", models.judge_delete_view, name="judge-delete"),
@@ -31,6 +36,8 @@ urlpatterns = [
     path("exports/<int:target_id>/", exports.export_detail_view, name="export-detail"),
     path("exports/<int:target_id>/test/", exports.export_test_view, name="export-test"),
     path("exports/<int:target_id>/delete/", exports.export_delete_view, name="export-delete"),
-    path("assets/plotly-<str:version>.min.js", assets.plotly_js, name="plotly-js"),
-    path("", include("rollouts.urls")),
+    path("dry-runs/new/", dry_runs.dry_run_create_view, name="dry-run-new"),
+    path("dry-runs/<int:dry_run_id>/", dry_runs.dry_run_detail_view, name="dry-run-detail"),
+    path("dry-runs/<int:dry_run_id>/status/", dry_runs.dry_run_status_view, name="dry-run-status"),
+    path("assets/plotly-<str:version>.min.js", plotly.plotly_js, name="plotly-js"),
 ]

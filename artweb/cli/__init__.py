@@ -10,6 +10,8 @@ The server and token come from --url/--token or ARTWEB_URL/ARTWEB_TOKEN. Example
     artweb runs export 12 --out run12.jsonl
     artweb checkpoints download 40 --out adapter.tar.gz
     artweb exports create wandb --set project=my-agent --secret --test
+    artweb chat run-12@best "Write one sentence about the sea."
+    artweb diff start SmolLM2-135M-Instruct run-12@best --scenarios questions --reward exact-match
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 
 import httpx
 
-from artweb.cli import assets, exports, runs  # noqa: F401  (importing them registers their commands)
+from artweb.cli import exports, resources, runs, serving  # noqa: F401  (importing them registers their commands)
 from artweb.cli.base import cli, err_console
 from artweb.client import ApiError
 

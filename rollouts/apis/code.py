@@ -7,13 +7,13 @@ base class and bound to scripts or rewards by a few class attributes in the conc
 from __future__ import annotations
 
 from django.db.models import Count, Max
+from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from artweb.api_errors import ErrorSerializer
-from rollouts import selectors, services
-from rollouts.apis.base import (
+from artweb.api import (
+    MAX_INT,
     PAGE_PARAMETERS,
     Api,
     UploadApi,
@@ -25,6 +25,8 @@ from rollouts.apis.base import (
     query_params,
     upload_bytes,
 )
+from artweb.api_errors import ErrorSerializer
+from rollouts import selectors, services
 from rollouts.models import RewardFunction
 from rollouts.runtime.validation import MAX_SOURCE_BYTES, validate_reward, validate_script
 
@@ -422,9 +424,7 @@ class RewardVersionDetailApi(Api):
 
 
 def _version(asset, number: int):
-    from django.http import Http404
-
-    version = asset.versions.select_related("asset").filter(number=number).first() if number < 2**31 else None
+    version = asset.versions.select_related("asset").filter(number=number).first() if number <= MAX_INT else None
     if version is None:
         raise Http404
     return version

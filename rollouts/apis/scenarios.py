@@ -6,10 +6,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from artweb.api_errors import ErrorSerializer
-from artweb.errors import ApplicationError
-from rollouts import selectors, services
-from rollouts.apis.base import (
+from artweb.api import (
     PAGE_PARAMETERS,
     Api,
     UploadApi,
@@ -19,6 +16,9 @@ from rollouts.apis.base import (
     query_params,
     upload_bytes,
 )
+from artweb.api_errors import ErrorSerializer
+from artweb.errors import ApplicationError
+from rollouts import selectors, services
 from rollouts.models import Scenario
 
 MAX_SCENARIO_BYTES = services.MAX_SCENARIO_BYTES

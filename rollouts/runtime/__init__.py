@@ -4,7 +4,8 @@ inference service, and RULER. Never imports Django; services turn rows into thes
 
 
 class Cancelled(Exception):
-    """should_stop() said stop: the sandbox was killed and no results are returned."""
+    """should_stop() said stop: the sandbox was killed and no results are returned, or the trainer
+    (training.engine, which raises this same class) stopped an update before its optimizer step."""
 
 
 class TooManyErrors(RuntimeError):

@@ -395,6 +395,24 @@ class VLLMServer:
                 self.adapters[name] = path
             return name
 
+    def load_merged(self, name: str, path: str, weights_dir: str) -> str:
+        """Merged mode: serve weights already merged from adapter `path` (in weights_dir) as `name`.
+
+        For callers that keep merged copies of their own (rollouts.runtime.adapter_cache); the directory
+        stays theirs. A later ensure_adapter(name, path) finds the policy loaded and does nothing."""
+        path = str(path)
+        with self._lock:
+            if not self.merged:
+                raise VLLMError("load_merged is for a server in merged mode")
+            self._reload_weights(str(weights_dir))
+            previous = self._loaded
+            self._loaded = (name, path)
+            self.adapters = {name: path}
+            self._write_aliases([name])
+            if previous is not None and _safe(previous[0]) != _safe(name):
+                shutil.rmtree(self.work_dir / "merged" / _safe(previous[0]), ignore_errors=True)
+            return name
+
     def unload_adapter(self, name: str) -> None:
         with self._lock:
             if name not in self.adapters:

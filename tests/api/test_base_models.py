@@ -3,15 +3,15 @@
 import pytest
 
 from tests.api.conftest import assert_error
-from training.models import BaseModel
+from training.models import PretrainedModel
 
 pytestmark = pytest.mark.django_db
 
 
 def test_it_lists_shared_and_own_models_only(alice_api, alice, bob):
-    BaseModel.objects.create(name="shared", source="org/shared")
-    BaseModel.objects.create(name="alices", source="org/a", owner=alice)
-    BaseModel.objects.create(name="bobs", source="org/b", owner=bob)
+    PretrainedModel.objects.create(name="shared", source="org/shared")
+    PretrainedModel.objects.create(name="alices", source="org/a", owner=alice)
+    PretrainedModel.objects.create(name="bobs", source="org/b", owner=bob)
     names = {(m["name"], m["shared"]) for m in alice_api.get("/api/v1/base-models/").json()["results"]}
     assert names == {("shared", True), ("alices", False)}
 
@@ -22,7 +22,7 @@ def test_it_registers_a_model_idempotently(alice_api, alice):
     assert first.status_code == 201 and first.json()["max_length"] == 4096
     again = alice_api.post("/api/v1/base-models/register/", payload, format="json")
     assert again.json()["id"] == first.json()["id"]
-    assert BaseModel.objects.get().owner == alice
+    assert PretrainedModel.objects.get().owner == alice
 
 
 @pytest.mark.parametrize(
@@ -39,11 +39,11 @@ def test_it_registers_a_model_idempotently(alice_api, alice):
 )
 def test_it_rejects_bad_registrations(alice_api, payload, field):
     assert_error(alice_api.post("/api/v1/base-models/register/", payload, format="json"), 400, field=field)
-    assert not BaseModel.objects.exists()
+    assert not PretrainedModel.objects.exists()
 
 
 def test_a_name_taken_by_bob_is_refused_without_showing_his_model(alice_api, bob):
-    BaseModel.objects.create(name="mine", source="bob/secret-model", owner=bob)
+    PretrainedModel.objects.create(name="mine", source="bob/secret-model", owner=bob)
     response = alice_api.post(
         "/api/v1/base-models/register/", {"name": "mine", "source": "bob/secret-model"}, format="json"
     )

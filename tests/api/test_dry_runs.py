@@ -4,9 +4,9 @@ from unittest import mock
 
 import pytest
 
-from rollouts.models import DryRun
 from tests.api.conftest import assert_error
 from tests.factories import RolloutScriptVersionFactory
+from training.models import DryRun
 
 pytestmark = pytest.mark.django_db
 
@@ -17,7 +17,7 @@ def enqueued():
     queueing call is replaced and recorded."""
     with (
         mock.patch("artweb.dispatch.transaction.on_commit", side_effect=lambda send: send()),
-        mock.patch("rollouts.tasks.dry_run_task.apply_async") as send,
+        mock.patch("training.tasks.dry_run_task.apply_async") as send,
     ):
         yield send
 

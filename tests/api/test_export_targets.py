@@ -5,10 +5,12 @@ import json
 
 import pytest
 
+from artweb.launcher.embedded import free_port
 from tests.api.conftest import assert_error
-from tests.exports.conftest import free_port, start_recording_server
+from tests.exports.conftest import start_recording_server
 from tests.factories import RunFactory
-from training.exports.services import export_target_create, export_target_secret
+from training.exports.selectors import export_target_secret
+from training.exports.services import export_target_create
 from training.models import ExportTarget
 
 KEY = "wandbkey-0123456789abcdefghij-WXYZ"

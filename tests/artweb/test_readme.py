@@ -35,6 +35,7 @@ SHELL_FILES = (
 NOT_CONFIGURATION = {
     "ARTWEB_NEW_ADMIN_PASSWORD": "the launcher to its `prepare` child: the generated admin password",
     "ARTWEB_PREPARE_RESULT": "the launcher to its `prepare` child: the file it reports back in",
+    "ARTWEB_SERVING_WORKER": "the Celery worker to its pool processes: it takes the gpu queue, so they serve",
     "ARTWEB_VLLM_ALIASES": "the worker to its vLLM server: the file of the names the server answers to",
     "VLLM_API_KEY": "the worker to its vLLM server: that server's random key",
     "ARTWEB_RESULT_FD": "the sandbox to the guest: the pipe results go back through",

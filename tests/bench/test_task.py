@@ -5,7 +5,7 @@ import pytest
 from bench.task import EXAMPLES, load_reward, load_scenarios, messages_for, system_prompt, train_schedule
 from rollouts.services import scenario_set_create
 from training.config import RunConfig
-from training.services.steps import _sample_scenarios
+from training.services.steps.batch import scenarios_sample
 
 
 @pytest.mark.django_db
@@ -17,7 +17,7 @@ def test_the_schedule_is_the_scenarios_each_artweb_step_samples(alice):
     cfg = RunConfig.model_validate({"seed": 7, "scenarios_per_step": 4})
     schedule = train_schedule(load_scenarios()["train"], steps=5, per_step=4, seed=7)
     for step, chosen in enumerate(schedule, start=1):
-        sampled = _sample_scenarios(run, cfg, step, "train", 4)
+        sampled = scenarios_sample(run, cfg, step, "train", 4)
         assert [s.data["prompt"] for s in sampled] == [s["prompt"] for s in chosen]
     assert len({s["prompt"] for step in schedule for s in step}) > 4  # it varies from step to step
 

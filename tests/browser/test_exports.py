@@ -11,7 +11,7 @@ import pytest
 
 from tests.browser.conftest import shot
 from tests.exports.conftest import start_recording_server
-from training.exports.services import export_target_secret
+from training.exports.selectors import export_target_secret
 from training.models import ExportTarget
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,10 +11,11 @@ import re
 import pytest
 from django.db import transaction
 
-from rollouts.models import Scenario, Trajectory, TrajectoryGroup
+from rollouts.models import Scenario
 from tests.browser.conftest import shot
 from tests.browser.test_dashboard import as_worker, assert_no_console_errors
 from tests.factories import RunFactory, ScenarioSetFactory
+from training.models import Trajectory, TrajectoryGroup
 from training.services.broadcast import group_message, run_broadcast
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,7 +1,7 @@
 """Live groups on the run page and live rows on the runs list, in a real browser against the ASGI server.
 
 No worker runs here: the test calls the services a worker and the launch form call (the step's
-_persist_groups and _store_advantages, run_create, run_transition), in a thread of their own as a
+groups_persist and advantages_store, run_create, run_transition), in a thread of their own as a
 worker would. Their messages leave on commit through the real Redis channel layer and consumers, and
 the pages' own scripts draw them.
 """
@@ -20,7 +20,7 @@ from tests.factories import (
     StepFactory,
 )
 from training.services import run_create, run_transition
-from training.services.steps import _persist_groups, _store_advantages
+from training.services.steps.groups import advantages_store, groups_persist
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,7 +46,7 @@ def test_it_shows_each_scored_group_while_the_step_trains(signed_in, user):
         SimpleNamespace(trajectories=[_traj("crimson red", 1.0), _traj("a dull grey", 0.0), _traj("pale red", 0.5)]),
         SimpleNamespace(trajectories=[_traj("blue", 0.0), _traj("navy", 1.0)]),
     ]
-    groups = as_worker(_persist_groups, run, 2, "train", scenarios, results, me="worker-1")
+    groups = as_worker(groups_persist, run, 2, "train", scenarios, results, me="worker-1")
 
     # Step 2 is still training: rewards and answers now, advantages pending.
     newest = page.locator(f"#groups-live [data-group='{groups[1].id}']")
@@ -62,7 +62,7 @@ def test_it_shows_each_scored_group_while_the_step_trains(signed_in, user):
     shot(page, "run-live-group-scored")
 
     # The update stored the advantages: the same cards, now with them.
-    as_worker(_store_advantages, groups, [[1.22, -1.22, 0.0], [-1.0, 1.0]])
+    as_worker(advantages_store, groups, [[1.22, -1.22, 0.0], [-1.0, 1.0]])
     card.locator("[data-advantages=known]").wait_for()
     assert card.locator("[data-advantages=known]").inner_text().split() == ["advantage", "+1.22", "-1.22", "0.00"]
     assert "training…" not in card.inner_text()

@@ -138,8 +138,7 @@ def write_run_file(path: Path, *, model: str, **config) -> Path:
 
 
 def test_the_cli_drives_a_run_against_a_live_server(server, alice_login, tmp_path):
-    from rollouts.models import Trajectory, TrajectoryGroup
-    from training.models import Checkpoint, Run, Step
+    from training.models import Checkpoint, Run, Step, Trajectory, TrajectoryGroup
 
     cli = Cli(server.extra["url"])
     login_and_upload(cli)

@@ -12,12 +12,13 @@ import sys
 
 from rest_framework.authtoken.models import Token
 
+from artweb.launcher.embedded import free_port
 from tests.cli import test_cli
 from tests.cli.test_cli import PASSWORD, Cli
 from tests.e2e import stack
-from tests.exports.conftest import free_port, start_recording_server
+from tests.exports.conftest import start_recording_server
 from tests.factories import RunFactory
-from training.exports.services import export_target_secret
+from training.exports.selectors import export_target_secret
 from training.models import ExportTarget
 
 SECRET = "sk-lf-secret-9876"

@@ -6,6 +6,7 @@ import pytest
 from django.db import connection
 
 from tests.e2e import stack
+from tests.e2e.serving import served_run, serving_worker, web  # noqa: F401 - the serving tests' fixtures
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "rollouts" / "examples"
 

@@ -170,14 +170,6 @@ def recording_server():
     rec.stop()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(autouse=True)
 def _no_third_party_error_reports(monkeypatch):
     """The W&B and Weave clients report their own errors to a third party by default; not from tests."""

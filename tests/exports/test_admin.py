@@ -2,8 +2,9 @@
 
 from django.urls import reverse
 
-from tests.exports.conftest import free_port
-from training.exports.services import export_target_create, export_target_secret
+from artweb.launcher.embedded import free_port
+from training.exports.selectors import export_target_secret
+from training.exports.services import export_target_create
 from training.models import ExportTarget
 
 KEY = "wandbkey-0123456789abcdef-WXYZ"

@@ -6,7 +6,7 @@ import time
 import pytest
 from django.db import transaction
 
-from tests.exports.conftest import free_port
+from artweb.launcher.embedded import free_port
 from training.exports import hooks
 from training.exports.services import export_target_create
 from training.exports.tasks import export_sync_task, run_exports_task

@@ -100,7 +100,7 @@ def test_a_refusal_is_recorded_on_the_target_and_the_run_timeline(
 
 
 def test_an_unreachable_service_is_an_export_error(run_with_steps):
-    from tests.exports.conftest import free_port
+    from artweb.launcher.embedded import free_port
 
     target = export_target_create(
         owner=run_with_steps.owner,

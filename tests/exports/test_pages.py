@@ -3,9 +3,10 @@ their fields, the key write-only, and only one's own targets."""
 
 import pytest
 
-from tests.exports.conftest import free_port
+from artweb.launcher.embedded import free_port
 from tests.factories import RunFactory
-from training.exports.services import export_target_create, export_target_secret
+from training.exports.selectors import export_target_secret
+from training.exports.services import export_target_create
 from training.models import ExportTarget
 
 KEY = "wandbkey-0123456789abcdef-WXYZ"

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from artweb.errors import ApplicationError
-from tests.exports.conftest import free_port
+from artweb.launcher.embedded import free_port
 from tests.exports.wandb_files import read_run
 from training.exports.services import export_target_create, export_target_test
 from training.models import ExportTarget

@@ -6,8 +6,8 @@ from django.test import override_settings
 from artweb.errors import ApplicationError
 from tests.factories import RunFactory
 from training.exports.crypto import SecretUnreadable, secret_decrypt, secret_encrypt
-from training.exports.selectors import export_target_public, export_targets_for_run
-from training.exports.services import export_target_create, export_target_secret, export_target_update
+from training.exports.selectors import export_target_public, export_target_secret, export_targets_for_run
+from training.exports.services import export_target_create, export_target_update
 from training.models import ExportTarget
 
 

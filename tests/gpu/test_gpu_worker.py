@@ -221,13 +221,13 @@ def test_the_peft_backend_trains_a_bf16_base_on_cuda_and_resumes_exactly(vllm_mo
 def test_the_worker_trains_with_unsloth_and_vllm_serves_what_it_wrote(lora_server, vllm_model_dir, settings, tmp_path):
     import torch
 
-    from training.models import BaseModel, Run
+    from training.models import PretrainedModel, Run
     from training.services import inference
 
     settings.ARTWEB = {**settings.ARTWEB, "DEVICE": "cuda", "TRAINER_BACKEND": "unsloth"}
     settings.DATA_DIR = str(tmp_path / "data")
     # Unsaved rows: trainer_for reads the run's config and base model, nothing from the database.
-    model = BaseModel(name="default", source=str(vllm_model_dir), local_path=str(vllm_model_dir))
+    model = PretrainedModel(name="default", source=str(vllm_model_dir), local_path=str(vllm_model_dir))
     run = Run(
         id=4,
         base_model=model,

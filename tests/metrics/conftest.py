@@ -3,7 +3,7 @@
 import pytest
 from django.urls import path
 
-from training.metrics import metrics_view
+from training.prometheus import metrics_view
 
 urlpatterns = [path("metrics", metrics_view, name="metrics")]
 

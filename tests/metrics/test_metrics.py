@@ -9,10 +9,9 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollouts.models import Trajectory
 from tests.factories import RunFactory, StepFactory, TrajectoryFactory, TrajectoryGroupFactory
-from training import metrics
-from training.models import Run
+from training import prometheus as metrics
+from training.models import Run, Trajectory
 
 
 def scrape(client, **headers) -> dict:

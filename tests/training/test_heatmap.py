@@ -7,7 +7,7 @@ import math
 import pytest
 from django.urls import reverse
 
-from rollouts.models import Scenario, TrajectoryGroup
+from rollouts.models import Scenario
 from tests.api.conftest import assert_error, token_client
 from tests.factories import RunFactory, TrajectoryFactory
 from training.heatmap import (
@@ -19,7 +19,7 @@ from training.heatmap import (
     heatmap_query,
     run_heatmap,
 )
-from training.models import HeatmapColumn
+from training.models import HeatmapColumn, TrajectoryGroup
 
 pytestmark = pytest.mark.django_db
 

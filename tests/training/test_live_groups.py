@@ -13,7 +13,7 @@ from tests.training.test_consumers import _connect
 from training.selectors import GROUPS_SHOWN, run_groups_latest
 from training.services import broadcast
 from training.services.broadcast import ANSWER_CHARS, group_message, run_group_messages
-from training.services.steps import _persist_groups, _store_advantages
+from training.services.steps.groups import advantages_store, groups_persist
 
 GROUP_KEYS = {
     "type",
@@ -59,7 +59,7 @@ def _results() -> list:
 def _persist(run, step=1):
     scenarios = list(run.scenario_set.scenarios.filter(split="train").order_by("index")[:2])
     type(run).objects.filter(id=run.id).update(worker="worker-1")  # the lease, as a claim would set it
-    return _persist_groups(run, step, "train", scenarios, _results(), me="worker-1")
+    return groups_persist(run, step, "train", scenarios, _results(), me="worker-1")
 
 
 @pytest.mark.django_db
@@ -97,7 +97,7 @@ def test_it_sends_each_group_only_after_the_transaction_commits(django_capture_o
 
     sent.clear()
     with django_capture_on_commit_callbacks(execute=True):
-        _store_advantages(groups, [[1.2, -1.2, None, 0.0], [0.0, 0.0]])
+        advantages_store(groups, [[1.2, -1.2, None, 0.0], [0.0, 0.0]])
         assert sent == []
     updated = {m["id"]: m for _, m in sent}
     assert updated[groups[0].id]["advantages"] == [1.2, -1.2, None, 0.0]
@@ -157,7 +157,7 @@ async def test_it_pushes_groups_to_the_run_page_and_catches_up_after_a_cursor(al
     assert got[0]["rewards"] == [1.0, 0.0, None, 0.5] and got[0]["advantages"] is None
 
     # A page that saw the first group, and shows it without advantages, reconnects after the update.
-    await sync_to_async(_store_advantages)(groups, [[1.2, -1.2, None, 0.0], [0.0, 0.0]])
+    await sync_to_async(advantages_store)(groups, [[1.2, -1.2, None, 0.0], [0.0, 0.0]])
     for _ in groups:  # the live updates, on commit
         assert (await comm.receive_json_from(timeout=5))["advantages"] is not None
     await comm.send_json_to(
@@ -188,5 +188,5 @@ def test_a_worker_without_the_lease_persists_nothing_and_keeps_the_winners_group
     type(run).objects.filter(id=run.id).update(worker="worker-2")  # another worker took the run over
     scenarios = list(run.scenario_set.scenarios.filter(split="train").order_by("index")[:2])
     with pytest.raises(StepAborted, match="lease lost"):
-        _persist_groups(run, 1, "train", scenarios, _results(), me="worker-1")
+        groups_persist(run, 1, "train", scenarios, _results(), me="worker-1")
     assert sorted(g.id for g in run.groups.all()) == sorted(g.id for g in winners)

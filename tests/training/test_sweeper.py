@@ -14,7 +14,6 @@ from django.conf import settings
 from django.utils import timezone
 
 from artweb.celery import app
-from rollouts.models import DryRun
 from tests.api.conftest import token_client
 from tests.factories import (
     BaseModelFactory,
@@ -23,7 +22,7 @@ from tests.factories import (
     RunFactory,
     ScenarioSetFactory,
 )
-from training.models import Run
+from training.models import DryRun, Run
 from training.sweeper import Sweeper, dispatch_owed
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the messages leave on commit, as in production

@@ -6,7 +6,7 @@ import json
 import pytest
 from django.urls import reverse
 
-from rollouts.models import DryRun, RolloutScript, ScenarioSet
+from rollouts.models import RolloutScript, ScenarioSet
 from tests.factories import (
     REWARD,
     SCRIPT,
@@ -16,7 +16,7 @@ from tests.factories import (
     RunFactory,
     ScenarioSetFactory,
 )
-from training.models import BaseModel, Run, RunEvent
+from training.models import DryRun, PretrainedModel, Run, RunEvent
 
 needs_validation = pytest.mark.skipif(
     importlib.util.find_spec("rollouts.runtime.validation") is None,
@@ -132,7 +132,7 @@ def test_it_registers_a_model_and_shows_errors_inline(as_user, alice):
     client = as_user(alice)
     response = client.post(reverse("model-list"), {"name": "tiny", "source": "org/tiny", "max_length": 512})
     assert response.status_code == 302
-    assert BaseModel.objects.get(name="tiny").owner == alice
+    assert PretrainedModel.objects.get(name="tiny").owner == alice
     response = client.post(reverse("model-list"), {"name": "tiny", "source": "org/other", "max_length": 512})
     assert _errors(response, "name") == ["already registered"]
     response = client.post(reverse("model-list"), {"name": "x", "source": "not an id!", "max_length": 512})
@@ -146,14 +146,14 @@ def test_it_refuses_a_server_directory_from_a_non_staff_user(as_user, alice, tmp
         response = as_user(alice).post(reverse("model-list"), data)
         assert response.status_code == 200
         assert _errors(response, "source") == ["server paths need staff"]
-    assert not BaseModel.objects.exists()
+    assert not PretrainedModel.objects.exists()
 
 
 def test_staff_may_register_a_server_directory_on_the_form(as_user, staff, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     response = as_user(staff).post(reverse("model-list"), {"name": "local", "source": str(tmp_path), "max_length": 512})
     assert response.status_code == 302
-    model = BaseModel.objects.get(name="local")
+    model = PretrainedModel.objects.get(name="local")
     assert model.owner == staff and model.local_path == str(tmp_path.resolve())
     response = as_user(staff).post(reverse("model-list"), {"name": "x", "source": "/no/such/dir", "max_length": 512})
     assert _errors(response, "source") == ["not a model directory"]

@@ -5,7 +5,6 @@ import gzip
 import pytest
 from django.urls import reverse
 
-from rollouts.models import DryRun
 from tests.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
@@ -13,6 +12,7 @@ from tests.factories import (
     RunFactory,
     ScenarioSetFactory,
 )
+from training.models import DryRun
 
 
 def _owned_urls(objs, dry_run=None) -> list[str]:
@@ -279,3 +279,23 @@ def test_the_launch_form_offers_only_the_users_uploads(as_user, alice, bob):
     body = as_user(alice).get(reverse("run-launch")).content.decode()
     assert mine.asset.name in body
     assert "bobs-script" not in body and "bobs-reward" not in body and "bobs-set" not in body
+
+
+def test_the_script_and_scenario_set_pages_carry_trainings_dry_run_form(as_user, alice, world):
+    """rollouts renders the panels training registers for its pages (artweb.pages): the dry-run form,
+    prefilled with the newest version of the script, or with the scenario set."""
+    import re
+
+    run = world["alice"]["run"]
+    client = as_user(alice)
+    pages = {
+        reverse("script-detail", args=[run.script_version.asset_id]): ("script_version", run.script_version_id),
+        reverse("scenario-set-detail", args=[run.scenario_set_id]): ("scenario_set", run.scenario_set_id),
+    }
+    for url, (field, value) in pages.items():
+        body = client.get(url).content.decode()
+        form = re.search(rf'<form method="post" action="{reverse("dry-run-new")}".*?</form>', body, re.S)
+        assert form, url
+        select = re.search(rf'<select name="{field}".*?</select>', form.group(0), re.S).group(0)
+        assert re.search(rf'<option value="{value}" selected>', select), url
+        assert re.search(r'<select name="base_model"[^>]*>\s*<option value="\d+"', form.group(0)), url

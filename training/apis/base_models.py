@@ -6,8 +6,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from artweb.api import PAGE_PARAMETERS, Api, WriteApi, body, paginated_response, paginated_schema
 from artweb.api_errors import ErrorSerializer
-from rollouts.apis.base import PAGE_PARAMETERS, Api, WriteApi, body, paginated_response, paginated_schema
 from training import selectors, services
 
 

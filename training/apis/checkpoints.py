@@ -9,8 +9,8 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from artweb.api import Api, WriteApi, stream_response
 from artweb.api_errors import ErrorSerializer
-from rollouts.apis.base import Api, WriteApi, stream_response
 from training import selectors
 from training.models import Checkpoint
 from training.services import checkpoints as services

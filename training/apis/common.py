@@ -6,11 +6,10 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from artweb.api import MAX_ID
 from artweb.errors import ApplicationError
 from rollouts import selectors as rollout_selectors
 from training import selectors
-
-MAX_ID = 2**63 - 1
 
 
 @extend_schema_field(

@@ -6,11 +6,9 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from artweb.api import MAX_INT, Api, WriteApi, body
 from artweb.api_errors import ErrorSerializer
-from rollouts import selectors as rollout_selectors
-from rollouts import services as rollout_services
-from rollouts.apis.base import Api, WriteApi, body
-from rollouts.models import DryRun
+from training import selectors
 from training.apis.common import (
     IdOrNameField,
     RefOutput,
@@ -20,8 +18,8 @@ from training.apis.common import (
     resolve_scenario_set,
     resolve_script_version,
 )
-
-MAX_INT = 2**31 - 1
+from training.models import DryRun
+from training.services import dry_runs as dry_runs_service
 
 
 class DryRunOutput(serializers.Serializer):
@@ -59,8 +57,8 @@ class DryRunCreateApi(WriteApi):
         scenario_count = serializers.IntegerField(
             required=False,
             min_value=1,
-            max_value=rollout_services.MAX_DRY_RUN_SCENARIOS,
-            default=rollout_services.DEFAULT_DRY_RUN_SCENARIOS,
+            max_value=dry_runs_service.MAX_DRY_RUN_SCENARIOS,
+            default=dry_runs_service.DEFAULT_DRY_RUN_SCENARIOS,
             help_text="...this many of them...",
         )
         scenarios = serializers.ListField(
@@ -69,13 +67,13 @@ class DryRunCreateApi(WriteApi):
             allow_null=True,
             default=None,
             min_length=1,
-            max_length=rollout_services.MAX_DRY_RUN_SCENARIOS,
+            max_length=dry_runs_service.MAX_DRY_RUN_SCENARIOS,
             help_text="...or these scenario objects.",
         )
         samples = serializers.IntegerField(
             required=False,
             min_value=1,
-            max_value=rollout_services.MAX_DRY_RUN_SAMPLES,
+            max_value=dry_runs_service.MAX_DRY_RUN_SAMPLES,
             default=1,
             help_text="Rollouts per scenario, scored as one group: with 2 or more the result says whether the "
             "reward gives spread (different rewards within a scenario), the signal GRPO learns from.",
@@ -87,7 +85,7 @@ class DryRunCreateApi(WriteApi):
     def post(self, request):
         data = body(self.InputSerializer, request)
         user = request.user
-        dry_run = rollout_services.dry_run_create(
+        dry_run = dry_runs_service.dry_run_create(
             owner=user,
             script_version=resolve_script_version(user, data["script"], data.get("script_version")),
             reward_version=resolve_reward_version(user, data["reward"], data.get("reward_version")),
@@ -103,4 +101,4 @@ class DryRunCreateApi(WriteApi):
 class DryRunDetailApi(Api):
     @extend_schema(operation_id="dry_runs_retrieve", responses={200: DryRunOutput, 404: ErrorSerializer})
     def get(self, request, dry_run_id: int):
-        return Response(DryRunOutput(rollout_selectors.dry_run_get(user=request.user, dry_run_id=dry_run_id)).data)
+        return Response(DryRunOutput(selectors.dry_run_get(user=request.user, dry_run_id=dry_run_id)).data)

@@ -11,9 +11,9 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from artweb.api import MAX_ID, Api, WriteApi, body, query_params
 from artweb.api_errors import ErrorSerializer
 from artweb.errors import ApplicationError
-from rollouts.apis.base import Api, WriteApi, body, query_params
 from training.exports import services
 from training.exports.schemas import SCHEMAS
 from training.exports.selectors import export_target_get, export_target_list, export_target_public
@@ -21,7 +21,6 @@ from training.models import ExportTarget
 from training.selectors import run_visible
 
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
-MAX_ID = 2**63 - 1
 SETTINGS_HELP = (
     "The kind's settings, whole (missing ones take their defaults). W&B: project, entity, base_url, "
     "mode, trajectories_per_step, log_checkpoints. Weave: project (entity/project), base_url. "

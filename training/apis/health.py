@@ -6,12 +6,10 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from artweb.api import MAX_INT, Api, query_params
 from artweb.api_errors import ErrorSerializer
-from rollouts.apis.base import Api, query_params
 from training import selectors
 from training.health import STAGES, run_reward_health
-
-MAX_INT = 2**31 - 1
 
 
 class RunRewardHealthApi(Api):

@@ -8,9 +8,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from artweb.api import Api, query_params
 from artweb.api_errors import ErrorSerializer
-from rollouts.apis.base import Api, query_params
-from rollouts.models import TrajectoryGroup
 from training import selectors
 from training.heatmap import (
     COLUMNS_LIMIT,
@@ -21,6 +20,7 @@ from training.heatmap import (
     run_heatmap,
     run_heatmap_version,
 )
+from training.models import TrajectoryGroup
 
 
 @method_decorator(gzip_page, name="dispatch")  # mostly base64: gzip shrinks it about 5-fold

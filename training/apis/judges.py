@@ -11,8 +11,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from artweb.api import Api, WriteApi, body
 from artweb.api_errors import ErrorSerializer
-from rollouts.apis.base import Api, WriteApi, body
 from training.exports.crypto import secret_mask
 from training.models import JudgeEndpoint
 from training.services import judges

@@ -7,9 +7,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from artweb.api_errors import ErrorSerializer
-from artweb.errors import ApplicationError
-from rollouts.apis.base import (
+from artweb.api import (
+    MAX_INT,
     PAGE_PARAMETERS,
     Api,
     WriteThrottle,
@@ -18,14 +17,13 @@ from rollouts.apis.base import (
     paginated_schema,
     query_params,
 )
-from rollouts.models import TrajectoryGroup
+from artweb.api_errors import ErrorSerializer
+from artweb.errors import ApplicationError
 from rollouts.selectors import reward_version_list
 from training import selectors
 from training.apis.common import VersionRefOutput
-from training.models import Rescore
+from training.models import Rescore, TrajectoryGroup
 from training.services import rescores as service
-
-MAX_INT = 2**31 - 1
 
 
 class RescoreOutput(serializers.Serializer):

@@ -8,8 +8,9 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from artweb.api_errors import ErrorSerializer
-from rollouts.apis.base import (
+from artweb.api import (
+    MAX_ID,
+    MAX_INT,
     PAGE_PARAMETERS,
     Api,
     WriteApi,
@@ -18,6 +19,7 @@ from rollouts.apis.base import (
     paginated_schema,
     query_params,
 )
+from artweb.api_errors import ErrorSerializer
 from training import selectors, services
 from training.apis.common import (
     IdOrNameField,
@@ -32,22 +34,7 @@ from training.config import AlertRules
 from training.models import Run
 from training.services.alerts import alert_rules, run_alert_rules_update
 
-MAX_INT = 2**31 - 1
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
-ORDERS = [
-    "created_at",
-    "-created_at",
-    "name",
-    "-name",
-    "status",
-    "-status",
-    "latest_reward",
-    "-latest_reward",
-    "best_val_reward",
-    "-best_val_reward",
-    "steps_done",
-    "-steps_done",
-]
 
 
 class RunOutput(serializers.Serializer):
@@ -89,7 +76,7 @@ class RunListApi(Api):
         base_model = serializers.CharField(required=False, max_length=200, help_text="Base model id or name.")
         tag = serializers.CharField(required=False, max_length=50)
         q = serializers.CharField(required=False, max_length=200, help_text="Text in the run's or script's name.")
-        order = serializers.ChoiceField(choices=ORDERS, required=False, default="-created_at")
+        order = serializers.ChoiceField(choices=selectors.RUN_ORDERS, required=False, default="-created_at")
 
     @extend_schema(
         operation_id="runs_list",
@@ -284,7 +271,7 @@ class RunMetricsApi(Api):
     def get(self, request, run_id: int):
         run = _run(request.user, run_id)
         f = query_params(self.FilterSerializer, request)
-        data = selectors.run_metrics_series(
+        data = selectors.run_metrics(
             run=run, series=f.get("series") or None, since_step=f.get("since_step"), max_points=f["max_points"] or None
         )
         return Response(data)
@@ -294,7 +281,7 @@ class RunEventListApi(Api):
     """The run's timeline, oldest first, after an event id (poll with after=<next_after>)."""
 
     class FilterSerializer(serializers.Serializer):
-        after = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1, default=0)
+        after = serializers.IntegerField(required=False, min_value=0, max_value=MAX_ID, default=0)
         limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=200)
 
     class OutputSerializer(serializers.Serializer):
@@ -325,7 +312,7 @@ class RunLogListApi(Api):
     """Worker log lines about the run, oldest first, after a log id."""
 
     class FilterSerializer(serializers.Serializer):
-        after = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1, default=0)
+        after = serializers.IntegerField(required=False, min_value=0, max_value=MAX_ID, default=0)
         limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=500)
 
     class OutputSerializer(serializers.Serializer):

@@ -6,28 +6,16 @@ The admin lists and deletes tokens too (Auth Token → Tokens).
 
 from __future__ import annotations
 
-from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
-from rest_framework.authtoken.models import Token
 from rest_framework.response import Response
 
+from artweb.api import Api, WriteApi
 from artweb.api_errors import ErrorSerializer
 from artweb.auth import LockoutBasicAuthentication
-from rollouts.apis.base import Api, WriteApi
-
-
-@transaction.atomic
-def api_token_create(*, user) -> Token:
-    """A new key for the user; the previous one (if any) stops working."""
-    Token.objects.filter(user=user).delete()
-    return Token.objects.create(user=user)
-
-
-def api_token_revoke(*, user) -> bool:
-    deleted, _ = Token.objects.filter(user=user).delete()
-    return deleted > 0
+from training.selectors import api_token_get
+from training.services.tokens import api_token_create, api_token_revoke
 
 
 class TokenCreateApi(WriteApi):
@@ -62,7 +50,7 @@ class TokenDetailApi(Api):
 
     @extend_schema(operation_id="tokens_current", responses={200: OutputSerializer})
     def get(self, request):
-        token = Token.objects.filter(user=request.user).first()
+        token = api_token_get(user=request.user)
         return Response(
             self.OutputSerializer(
                 {

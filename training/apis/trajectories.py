@@ -9,13 +9,11 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from artweb.api import MAX_INT, Api, FiniteFloatField, keyset_page, query_params, stream_response
 from artweb.api_errors import ErrorSerializer
-from rollouts import selectors as rollout_selectors
-from rollouts.apis.base import Api, FiniteFloatField, keyset_page, query_params, stream_response
-from rollouts.models import TrajectoryGroup
 from training import selectors
+from training.models import TrajectoryGroup
 
-MAX_INT = 2**31 - 1
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
 EXPORT_CHUNK_ROWS = 500
 
@@ -68,7 +66,7 @@ class TrajectoryFilterSerializer(serializers.Serializer):
 
 
 def _trajectories(run, f: dict):
-    return rollout_selectors.trajectory_list(
+    return selectors.trajectory_list(
         run=run,
         step=f.get("step"),
         split=f.get("split"),
@@ -96,7 +94,7 @@ class GroupListApi(Api):
     def get(self, request, run_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
         f = query_params(self.FilterSerializer, request)
-        qs = rollout_selectors.group_list(run=run, step=f.get("step"), split=f.get("split"))
+        qs = selectors.group_list(run=run, step=f.get("step"), split=f.get("split"))
         rows, next_cursor = keyset_page(
             qs, keys=("step", "id"), columns=("step", "id"), cursor=f.get("cursor"), limit=f["limit"]
         )
@@ -111,7 +109,7 @@ class GroupDetailApi(Api):
     @extend_schema(operation_id="runs_groups_retrieve", responses={200: OutputSerializer, 404: ErrorSerializer})
     def get(self, request, run_id: int, group_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
-        group = rollout_selectors.group_get(run=run, group_id=group_id)
+        group = selectors.group_get(run=run, group_id=group_id)
         return Response(self.OutputSerializer(group).data)
 
 
@@ -155,9 +153,7 @@ class TrajectoryDetailApi(Api):
     )
     def get(self, request, run_id: int, trajectory_id: int):
         run = selectors.run_get(user=request.user, run_id=run_id)
-        return Response(
-            TrajectoryDetailOutput(rollout_selectors.trajectory_get(run=run, trajectory_id=trajectory_id)).data
-        )
+        return Response(TrajectoryDetailOutput(selectors.trajectory_get(run=run, trajectory_id=trajectory_id)).data)
 
 
 EXPORT_FIELDS = (

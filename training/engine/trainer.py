@@ -23,6 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
+# One Cancelled for the whole step: should_stop() said stop, in the sandbox or during an update (where the
+# optimizer was not stepped). The runtime is pure too, and training may import rollouts.
+from rollouts.runtime import Cancelled
 from training.engine.advantages import compute_advantages
 from training.engine.attention import use_packed_attention
 from training.engine.backends import LOADERS, LoadedModel, resolve_dtype
@@ -32,10 +35,6 @@ from training.engine.config import ConfigError, TrainConfig
 from training.engine.logprobs import token_logprobs
 from training.engine.losses import aggregate, kl_k3, policy_loss
 from training.engine.tokenize import TokenizedSequence, tokenize_trajectory
-
-
-class Cancelled(Exception):
-    """`should_stop()` returned True during an update; the optimizer was not stepped."""
 
 
 @dataclass

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 
+from artweb.dispatch import send
+from training import task_names
+
 logger = logging.getLogger(__name__)
 
 # A broker that does not answer within this is treated as down: the step loop does not wait for it.
@@ -17,10 +20,9 @@ _PUBLISH_RETRY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "
 
 
 def _enqueue(run_id: int, reason: str, step: int | None = None) -> None:
-    from training.exports.tasks import run_exports_task
-
     try:
-        run_exports_task.apply_async(
+        send(
+            task_names.RUN_EXPORTS,
             args=[run_id],
             kwargs={"reason": reason, "step": step},
             queue="default",

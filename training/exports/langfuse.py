@@ -17,9 +17,8 @@ from datetime import timedelta
 import httpx
 from django.utils import timezone
 
-from rollouts.models import Trajectory
 from training.exports.base import ExportError, ExportJob
-from training.models import Run
+from training.models import Run, Trajectory
 
 DEFAULT_HOST = "https://cloud.langfuse.com"
 # The ingestion endpoint accepts batches up to about 3.5 MB; stay well below.

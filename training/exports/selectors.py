@@ -1,12 +1,19 @@
-"""Reads: which targets apply to a run, and what a person may see of a target."""
+"""Reads: which targets apply to a run, the key a target uses, and what a person may see of a target."""
 
 from __future__ import annotations
+
+import os
 
 from django.db.models import Q
 from django.shortcuts import get_object_or_404
 
-from training.exports.crypto import secret_mask
+from training.exports.base import ExportError
+from training.exports.crypto import SecretUnreadable, secret_decrypt, secret_mask
 from training.models import ExportProgress, ExportTarget, Run
+
+K = ExportTarget.Kind
+# Where the key of an operator's target comes from when none is stored: the worker's environment.
+ENV_SECRET = {K.WANDB: "WANDB_API_KEY", K.WEAVE: "WANDB_API_KEY", K.LANGFUSE: "LANGFUSE_SECRET_KEY"}
 
 
 def export_targets_for_run(*, run: Run, include_disabled: bool = False) -> list[ExportTarget]:
@@ -81,3 +88,16 @@ def export_status_for_run(*, run: Run) -> list[dict]:
             }
         )
     return out
+
+
+def export_target_secret(target: ExportTarget) -> str:
+    """The key to use: the stored one; for the operator's own targets only, else the worker's
+    environment (see selectors.export_target_uses_worker_env); else ""."""
+    if target.secret_encrypted:
+        try:
+            return secret_decrypt(target.secret_encrypted)
+        except SecretUnreadable as exc:
+            raise ExportError(str(exc)) from exc
+    if not export_target_uses_worker_env(target):
+        return ""
+    return os.environ.get(ENV_SECRET[target.kind], "")

@@ -8,7 +8,6 @@ touches no row of the run except the timeline (RunEvent): a failing service cann
 from __future__ import annotations
 
 import logging
-import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,17 +20,18 @@ from django.utils import timezone
 
 from artweb.errors import ApplicationError
 from training.exports.base import ExportError, ExportJob
-from training.exports.crypto import SecretUnreadable, secret_decrypt, secret_encrypt
+from training.exports.crypto import secret_encrypt
+from training.exports.langfuse import langfuse_export, langfuse_test_event
 from training.exports.schemas import export_settings_parse
-from training.exports.selectors import export_target_uses_worker_env, export_targets_for_run
+from training.exports.selectors import export_target_secret, export_target_uses_worker_env, export_targets_for_run
+from training.exports.wandb import wandb_export, wandb_test_event
+from training.exports.weave import weave_test_event
 from training.models import ExportProgress, ExportTarget, Run, Step
 from training.services.runs import run_event
 
 logger = logging.getLogger(__name__)
 
 K = ExportTarget.Kind
-# Where the key of an operator's target comes from when none is stored: the worker's environment.
-ENV_SECRET = {K.WANDB: "WANDB_API_KEY", K.WEAVE: "WANDB_API_KEY", K.LANGFUSE: "LANGFUSE_SECRET_KEY"}
 LOCK_SECONDS = 15 * 60  # longer than any one export attempt (the task's time limit)
 
 
@@ -100,19 +100,6 @@ def export_target_delete(*, target: ExportTarget, actor) -> None:
     target.delete()
 
 
-def export_target_secret(target: ExportTarget) -> str:
-    """The key to use: the stored one; for the operator's own targets only, else the worker's
-    environment (see selectors.export_target_uses_worker_env); else ""."""
-    if target.secret_encrypted:
-        try:
-            return secret_decrypt(target.secret_encrypted)
-        except SecretUnreadable as exc:
-            raise ExportError(str(exc)) from exc
-    if not export_target_uses_worker_env(target):
-        return ""
-    return os.environ.get(ENV_SECRET[target.kind], "")
-
-
 @dataclass(frozen=True)
 class ExportTestResult:
     ok: bool
@@ -121,14 +108,9 @@ class ExportTestResult:
 
 def _tester(kind: str) -> Callable[..., str]:
     if kind == K.WANDB:
-        from training.exports.wandb import wandb_test_event
-
         return wandb_test_event
     if kind == K.WEAVE:
-        from training.exports.weave import weave_test_event
-
         return weave_test_event
-    from training.exports.langfuse import langfuse_test_event
 
     return langfuse_test_event
 
@@ -177,12 +159,8 @@ def export_target_test(*, target: ExportTarget, actor) -> ExportTestResult:
 
 def _exporter(kind: str) -> Callable[[ExportJob], None] | None:
     if kind == K.WANDB:
-        from training.exports.wandb import wandb_export
-
         return wandb_export
     if kind == K.LANGFUSE:
-        from training.exports.langfuse import langfuse_export
-
         return langfuse_export
     return None  # Weave traces are written by the rollout scripts themselves, inside the sandbox
 

@@ -17,9 +17,8 @@ from pathlib import Path
 
 from django.conf import settings as django_settings
 
-from rollouts.models import Trajectory
 from training.exports.base import ExportError, ExportJob
-from training.models import Checkpoint, Run, Step
+from training.models import Checkpoint, Run, Step, Trajectory
 
 MESSAGE_TEXT_LIMIT = 4000  # characters of a rendered conversation in a table cell
 INIT_TIMEOUT_S = 30.0  # a W&B server that does not answer by then counts as down; the attempt is retried

@@ -18,6 +18,8 @@ import tempfile
 from urllib.parse import urlsplit
 
 from training.exports.base import ExportError
+from training.exports.schemas import export_settings_parse
+from training.exports.selectors import export_target_secret, export_target_uses_worker_env, export_targets_for_run
 from training.models import ExportTarget, Run
 
 logger = logging.getLogger(__name__)
@@ -81,10 +83,6 @@ def export_rollout_env(*, run: Run) -> dict[str, str]:
     Called on the GPU worker between steps, so it never raises: a broken Weave setting means rollouts
     run untraced (and the worker log says why), never a failed step.
     """
-    from training.exports.schemas import export_settings_parse
-    from training.exports.selectors import export_target_uses_worker_env, export_targets_for_run
-    from training.exports.services import export_target_secret
-
     try:
         target = next((t for t in export_targets_for_run(run=run) if t.kind == ExportTarget.Kind.WEAVE), None)
         if target is None:

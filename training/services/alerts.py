@@ -23,9 +23,8 @@ from django.urls import reverse
 from pydantic import ValidationError
 
 from artweb.errors import ApplicationError
-from rollouts.models import Trajectory, TrajectoryGroup
 from training.config import AlertRules, RunConfig
-from training.models import Run, RunEvent, Step
+from training.models import Run, RunEvent, Step, Trajectory, TrajectoryGroup
 from training.services.runs import run_event, run_pause
 
 EXAMPLES = 3  # example trajectories (or groups) named by an alert

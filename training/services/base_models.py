@@ -7,7 +7,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from artweb.errors import ApplicationError
-from training.models import BaseModel
+from training.models import PretrainedModel
 
 # A Hugging Face repository id: "name" or "org/name", letters, digits, '.', '_' and '-'.
 HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
@@ -51,14 +51,15 @@ def _check_source(*, source: str, owner: AbstractBaseUser | None, local_path: st
         )
 
 
-def _visible(model: BaseModel, owner: AbstractBaseUser | None) -> bool:
+def _visible(model: PretrainedModel, owner: AbstractBaseUser | None) -> bool:
     return owner is None or owner.is_staff or model.owner_id in (None, owner.pk)
 
 
 def recommended_train_check(value) -> dict:
     """A model's recommended training settings: a JSON object of TrainConfig keys, each within its bounds.
     Only the keys given are kept; the rest stay artweb's defaults."""
-    from training.engine import ConfigError, TrainConfig
+    # Imported here: importing training.engine loads torch, which the web process should not pay for.
+    from training.engine.config import ConfigError, TrainConfig
 
     if value in (None, ""):
         return {}
@@ -74,11 +75,35 @@ def recommended_train_check(value) -> dict:
     return dict(value)
 
 
-def base_model_recommend(*, model: BaseModel, train: dict) -> BaseModel:
+def base_model_recommend(*, model: PretrainedModel, train: dict) -> PretrainedModel:
     """Replace the model's recommended training settings (runs already created keep theirs)."""
     model.recommended_train = recommended_train_check(train)
     model.save(update_fields=["recommended_train"])
     return model
+
+
+def base_model_check(
+    *, name: str, source: str, local_path: str = "", max_length: int = 2048, actor: AbstractBaseUser | None
+) -> tuple[str, str, str]:
+    """The rules of a base model's name and source, for whoever registers or edits one (the API, the
+    models page, the admin): returns (name, source, local_path) stripped, or raises ApplicationError.
+    actor: the person acting (None: the operator's own commands); a server directory needs staff."""
+    name, source, local_path = (name or "").strip(), (source or "").strip(), (local_path or "").strip()
+    if not name or len(name) > 200:
+        raise ApplicationError(
+            "Give the model a name of 1 to 200 characters.", field_errors={"name": ["required, at most 200 characters"]}
+        )
+    if not source:
+        raise ApplicationError(
+            "Give a Hugging Face model id (org/name) or a local directory.", field_errors={"source": ["required"]}
+        )
+    if not 16 <= max_length <= 1_048_576:
+        raise ApplicationError(
+            "max_length must be between 16 and 1048576 tokens.",
+            field_errors={"max_length": ["out of range [16, 1048576]"]},
+        )
+    _check_source(source=source, owner=actor, local_path=local_path)
+    return name, source, local_path
 
 
 @transaction.atomic
@@ -93,27 +118,17 @@ def base_model_register(
     chat_template_override: str = "",
     supports_tools: bool = False,
     recommended_train: dict | None = None,
-) -> BaseModel:
+) -> PretrainedModel:
     """Register a base model by Hugging Face id, or (staff only) a directory on the server.
 
     owner is the user registering it, who alone sees it; None registers a model shared with everyone, as
     the operator's commands do. Registering the same name again with the same source returns the existing
     row (idempotent); a different source is an error."""
-    name, source, local_path = (name or "").strip(), (source or "").strip(), (local_path or "").strip()
-    if not name:
-        raise ApplicationError("Give the model a name.", field_errors={"name": ["required"]})
-    if not source:
-        raise ApplicationError(
-            "Give a Hugging Face model id (org/name) or a local directory.", field_errors={"source": ["required"]}
-        )
-    if not 16 <= max_length <= 1_048_576:
-        raise ApplicationError(
-            "max_length must be between 16 and 1048576 tokens.",
-            field_errors={"max_length": ["out of range [16, 1048576]"]},
-        )
-    _check_source(source=source, owner=owner, local_path=local_path)
+    name, source, local_path = base_model_check(
+        name=name, source=source, local_path=local_path, max_length=max_length, actor=owner
+    )
     recommended_train = recommended_train_check(recommended_train)
-    existing = BaseModel.objects.filter(name=name).first()
+    existing = PretrainedModel.objects.filter(name=name).first()
     if existing:
         if not _visible(existing, owner):
             # Names are unique across users: say it is taken without showing the other user's model.
@@ -128,7 +143,7 @@ def base_model_register(
         return existing
     if is_server_path(source) and not local_path:
         local_path = str(Path(source).expanduser().resolve())
-    return BaseModel.objects.create(
+    return PretrainedModel.objects.create(
         owner=owner,
         name=name,
         source=source,

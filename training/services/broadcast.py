@@ -20,6 +20,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from training.models import Run
+from training.selectors import GROUPS_SHOWN, group_extremes, run_groups_latest
+
 logger = logging.getLogger(__name__)
 
 RUNS_STAFF_GROUP = "runs_staff"
@@ -71,8 +74,6 @@ def run_broadcast(run_id: int, message: dict, *, to_list: bool = False) -> None:
     """Queue a message for the run's page (and, with to_list, its owner's runs list) after commit."""
     groups = [run_group_name(run_id)]
     if to_list:
-        from training.models import Run
-
         owner_id = Run.objects.filter(id=run_id).values_list("owner_id", flat=True).first()
         if owner_id is not None:
             groups += runs_list_groups(owner_id)
@@ -124,6 +125,50 @@ def run_row_message(run) -> dict:
     }
 
 
+def status_message(*, run_id: int, status: str, steps_done: int, num_steps: int, error: str) -> dict:
+    """The run's status and progress, for its page and the runs list (live, and first on catch-up)."""
+    return {
+        "type": "status",
+        "run": run_id,
+        "status": status,
+        "steps_done": steps_done,
+        "num_steps": num_steps,
+        "error": error,
+    }
+
+
+def log_message(line) -> dict:
+    """A RunLog line for the run page's log view."""
+    return {
+        "type": "log",
+        "id": line.id,
+        "level": line.level,
+        "message": line.message,
+        "step": line.step,
+        "created_at": line.created_at.isoformat(),
+    }
+
+
+def step_message(step, *, steps_done: int | None, num_steps: int | None) -> dict:
+    """A committed step for the run page and the runs list, live and on catch-up alike: the Step row's
+    metrics with its reward columns and duration, and the run's progress."""
+    return {
+        "type": "step",
+        "run": step.run_id,
+        "step": step.step,
+        "metrics": {
+            **step.metrics,
+            "reward_mean": step.reward_mean,
+            "reward_std": step.reward_std,
+            "val_reward": step.val_reward,
+            "duration_s": step.duration_s,
+        },
+        "timings": step.timings,
+        "steps_done": steps_done,
+        "num_steps": num_steps,
+    }
+
+
 def final_answer(messages: list | None) -> str:
     """The text of the last assistant turn (its tool calls when it has no text), cut to ANSWER_CHARS."""
     for m in reversed(messages or []):
@@ -162,8 +207,6 @@ def group_message(group, trajectories: Sequence) -> dict:
     sent when it is persisted, and again once its advantages are known); a list, index-aligned with
     `rewards`, after.
     """
-    from training.selectors import group_extremes
-
     trajs = sorted(trajectories, key=lambda t: t.index)
     advantages = [_finite(t.advantage) for t in trajs]
     best, worst = group_extremes(trajs)
@@ -191,7 +234,5 @@ def run_group_messages(
 ) -> list[dict]:
     """Group messages of a run, oldest first: the newest `limit` groups after after_id, plus the groups
     named in ids (ones a page shows without advantages yet, which may have them now)."""
-    from training.selectors import GROUPS_SHOWN, run_groups_latest
-
     rows = run_groups_latest(run_id=run_id, after_id=after_id, ids=ids, limit=limit or GROUPS_SHOWN)
     return [group_message(group, trajs) for group, trajs in rows]

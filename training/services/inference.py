@@ -20,6 +20,10 @@ from pathlib import Path
 from django.conf import settings
 from django.core.cache import cache
 
+from rollouts.runtime.jail import JailConfig
+from rollouts.runtime.proxy import Upstream
+from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_supports_tools
+
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
@@ -37,8 +41,6 @@ def base_model_path(base_model) -> str:
 
 def jail_config():
     """The sandbox settings as the runtime takes them."""
-    from rollouts.runtime.jail import JailConfig
-
     conf = settings.ARTWEB
     return JailConfig(mode=conf["SANDBOX"], uid=conf["SANDBOX_UID"], cgroup_parent=conf["SANDBOX_CGROUP"])
 
@@ -65,8 +67,6 @@ def chat_template_file(base_model) -> str | None:
     server would pick by itself: named here, the trainer gets the same one. Both render templates in
     Jinja's sandbox (transformers' apply_chat_template), a template from a user included.
     """
-    from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, template_supports_tools
-
     text = base_model.chat_template_override or ""
     if not text.strip():
         return None if template_supports_tools(base_model_path(base_model)) else str(TOOLS_TEMPLATE)
@@ -125,8 +125,6 @@ def server_died() -> bool:
 
 
 def _new_server(base_model, *, port: int | None, adapter_mode: str):
-    from rollouts.runtime.vllm_server import VLLMServer
-
     conf = settings.ARTWEB
     return VLLMServer(
         model_path=base_model_path(base_model),
@@ -152,8 +150,6 @@ def judge_endpoint(base_model, *, server, policy_name: str):
     (Merged mode on a GPU puts both servers on one card, beside the trainer: each takes its weights and a
     KV cache of ARTWEB_VLLM_KV_CACHE_GB, see VLLMServer.command.)
     """
-    from rollouts.runtime.proxy import Upstream
-
     name = server.base_model_name
     if not server.merged or policy_name == name:
         return name, Upstream(server.base_url, server.api_key)
@@ -194,6 +190,7 @@ def adapters_loaded_publish() -> None:
 def trainer_for(run, *, checkpoint_dir: str | None):
     """The trainer for this run at run.steps_done, loading or resuming as needed."""
     global _trainer, _trainer_key
+    # Here, not at the top: the engine loads torch, which only a process that trains needs.
     from training.engine import TrainConfig, make_trainer
 
     key = (run.id, run.steps_done)
@@ -242,41 +239,3 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
-
-
-def dry_run_execute(*, dry_run_id: int) -> None:
-    """Run a dry run against the base model on this worker's inference server."""
-    from django.utils import timezone
-
-    from rollouts.models import DryRun
-    from rollouts.runtime.sandbox import dry_run
-    from rollouts.services import dry_run_spread, dry_run_timeout_s
-
-    if DryRun.objects.filter(id=dry_run_id, status=DryRun.Status.QUEUED).update(status=DryRun.Status.RUNNING) != 1:
-        return
-    obj = DryRun.objects.select_related("script_version", "reward_version", "base_model").get(id=dry_run_id)
-    try:
-        server = inference_server(obj.base_model)
-        # Each scenario is one group of `samples` rollouts, as a training step would roll it out.
-        result = dry_run(
-            script=obj.script_version.content,
-            reward=obj.reward_version.content if obj.reward_version else None,
-            scenarios=obj.scenarios,
-            max_scenarios=len(obj.scenarios),
-            group_size=obj.samples,
-            timeout_s=dry_run_timeout_s(rollouts=len(obj.scenarios) * obj.samples),
-            base_url=server.base_url,
-            model_name=server.ensure_base(),
-            api_key=server.api_key,
-            jail=jail_config(),
-            vocab_size=vocab_size(obj.base_model),
-        )
-        result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
-        DryRun.objects.filter(id=dry_run_id).update(
-            status=DryRun.Status.DONE, result=result, finished_at=timezone.now()
-        )
-    except Exception as exc:
-        logger.exception("dry run %s failed", dry_run_id)
-        DryRun.objects.filter(id=dry_run_id).update(
-            status=DryRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}", finished_at=timezone.now()
-        )

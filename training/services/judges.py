@@ -17,7 +17,8 @@ from django.db import IntegrityError, transaction
 
 from artweb.errors import ApplicationError
 from training.exports.crypto import secret_decrypt, secret_encrypt
-from training.models import BaseModel, JudgeEndpoint
+from training.models import JudgeEndpoint, PretrainedModel
+from training.selectors import base_model_visible
 
 BASE = ""
 MODEL_PREFIX = "model:"
@@ -30,8 +31,6 @@ def _field_error(message: str, field: str = "ruler_judge") -> ApplicationError:
 
 def judge_choices(*, owner) -> list[str]:
     """Every ruler_judge value this person may use, for error messages and the launch form."""
-    from training.selectors import base_model_visible
-
     return [
         BASE,
         *(f"{MODEL_PREFIX}{m.name}" for m in base_model_visible(owner)),
@@ -39,11 +38,9 @@ def judge_choices(*, owner) -> list[str]:
     ]
 
 
-def judge_resolve(*, owner, value: str) -> BaseModel | JudgeEndpoint | None:
-    """The judge a ruler_judge value names for this owner: None for the run's base model, a BaseModel,
+def judge_resolve(*, owner, value: str) -> PretrainedModel | JudgeEndpoint | None:
+    """The judge a ruler_judge value names for this owner: None for the run's base model, a PretrainedModel,
     or a JudgeEndpoint. Raises ApplicationError naming the choices when it names nothing they may use."""
-    from training.selectors import base_model_visible
-
     value = (value or "").strip()
     if value == BASE:
         return None

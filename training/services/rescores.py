@@ -37,10 +37,15 @@ from django.utils import timezone
 
 from artweb.dispatch import publish_on_commit
 from artweb.errors import ApplicationError
-from rollouts.models import RewardFunctionVersion, Trajectory, TrajectoryGroup
-from training.models import BaseModel, Rescore, RescoreScore, Run
+from rollouts.models import RewardFunctionVersion
+from rollouts.runtime.proxy import Upstream
+from rollouts.runtime.sandbox import SandboxLimits, ScoreGroup, ScoreRequest, run_scores
+from training import task_names
+from training.models import PretrainedModel, Rescore, RescoreScore, Run, Trajectory, TrajectoryGroup
+from training.services import inference
 from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
 from training.services.runs import run_event
+from training.services.steps import sandbox_unjailed_warn
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +106,7 @@ def rescorable(*, run: Run, split: str, steps_done: int | None = None) -> QueryS
 def _judge(*, owner, value: str):
     """The JudgeEndpoint a RULER re-score uses; refuses judges served by artweb itself."""
     found = judge_resolve(owner=owner, value=value)
-    if found is None or isinstance(found, BaseModel):
+    if found is None or isinstance(found, PretrainedModel):
         raise ApplicationError(
             "RULER re-scoring needs a judge endpoint: a judge served by artweb (the run's base model or "
             "model:<name>) needs a GPU worker's inference server, which re-scoring does not use. Add an "
@@ -179,9 +184,7 @@ def _link(rescore: Rescore) -> str:
 
 
 def _enqueue(rescore: Rescore) -> None:
-    from training.tasks import rescore_execute_task
-
-    publish_on_commit(rescore_execute_task, args=(rescore.id,), sent=lambda: rescore_dispatched(rescore.id))
+    publish_on_commit(task_names.RESCORE_EXECUTE, args=(rescore.id,), sent=lambda: rescore_dispatched(rescore.id))
 
 
 def rescore_dispatched(rescore_id: int) -> None:
@@ -249,9 +252,6 @@ def _batches(rescore: Rescore, scope: dict):
 
 
 def _score_batch(rescore: Rescore, steps: list[int]) -> None:
-    from rollouts.runtime.sandbox import SandboxLimits, ScoreGroup, ScoreRequest, run_scores
-    from training.services import inference
-
     run = rescore.run
     trajs = list(
         _pending(rescore, rescore.summary["scope"])
@@ -266,15 +266,11 @@ def _score_batch(rescore: Rescore, steps: list[int]) -> None:
     order = list(by_group)
     judge_model, judge = None, None
     if rescore.use_ruler:
-        from rollouts.runtime.proxy import Upstream
-
         endpoint = _judge(owner=run.owner, value=rescore.ruler_judge)
         judge_model = endpoint.model
         judge = Upstream(judge_url_check(endpoint.base_url), judge_endpoint_key(endpoint))
     jail = inference.jail_config()
     if not jail.jailed:
-        from training.services.steps import sandbox_unjailed_warn
-
         sandbox_unjailed_warn(run=run)  # the run's timeline says so, once, as for its steps
     request = ScoreRequest(
         groups=[

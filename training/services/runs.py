@@ -10,9 +10,17 @@ from artweb.dispatch import publish_on_commit
 from artweb.errors import ApplicationError
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
 from rollouts.runtime.validation import script_sets_reward
+from training import task_names
 from training.config import run_config_parse
-from training.models import BaseModel, Run, RunEvent
-from training.services.broadcast import event_message, run_broadcast, run_row_message, runs_list_broadcast
+from training.exports.hooks import run_finished
+from training.models import Checkpoint, PretrainedModel, Run, RunEvent
+from training.services.broadcast import (
+    event_message,
+    run_broadcast,
+    run_row_message,
+    runs_list_broadcast,
+    status_message,
+)
 from training.services.judges import judge_resolve
 
 S = Run.Status
@@ -47,19 +55,12 @@ def run_transition(*, run: Run, from_statuses, to_status: str, message: str = ""
         actor=actor,
     )
     if to_status in Run.FINAL_STATUSES:
-        from training.exports.hooks import run_finished
-
         transaction.on_commit(lambda: run_finished(run_id=run.id))
     run_broadcast(
         run.id,
-        {
-            "type": "status",
-            "run": run.id,
-            "status": to_status,
-            "steps_done": run.steps_done,
-            "num_steps": run.num_steps,
-            "error": run.error,
-        },
+        status_message(
+            run_id=run.id, status=to_status, steps_done=run.steps_done, num_steps=run.num_steps, error=run.error
+        ),
         to_list=True,
     )
     return True
@@ -68,22 +69,21 @@ def run_transition(*, run: Run, from_statuses, to_status: str, message: str = ""
 def _enqueue(run: Run) -> None:
     """Owe the run a step message and send it after commit; a broker that cannot take it leaves the run
     queued with the message owed, and the sweep sends it later (artweb.dispatch)."""
-    from training.tasks import run_step_task
-
     Run.objects.filter(id=run.id).update(dispatched_at=None)
-    publish_on_commit(run_step_task, args=(run.id,), sent=lambda: run_dispatched(run.id))
+    publish_on_commit(task_names.RUN_STEP, args=(run.id,), sent=lambda: run_dispatched(run.id))
 
 
 def run_dispatched(run_id: int) -> None:
     Run.objects.filter(id=run_id).update(dispatched_at=timezone.now())
 
 
-def _owned(obj, owner, what: str):
+def _owned(obj, owner, what: str, field: str):
+    """what: the thing as a person calls it (in the message); field: the input that named it (the key)."""
     if getattr(obj, "owner_id", None) not in (None, owner.id) and not owner.is_staff:
-        raise ApplicationError(f"That {what} is not yours.", field_errors={what: ["not found"]})
+        raise ApplicationError(f"That {what} is not yours.", field_errors={field: ["not found"]})
 
 
-def config_with_recommended(config: dict | None, base_model: BaseModel) -> dict:
+def config_with_recommended(config: dict | None, base_model: PretrainedModel) -> dict:
     """The run config with the base model's recommended training settings under the ones given: a train
     key the caller leaves out takes the model's recommendation, then artweb's default."""
     config = dict(config or {})
@@ -93,12 +93,24 @@ def config_with_recommended(config: dict | None, base_model: BaseModel) -> dict:
     return config
 
 
+def _run_name(name: str) -> str:
+    name = (name or "").strip()
+    if not name or len(name) > 200:
+        raise ApplicationError("Give the run a name of 1 to 200 characters.", field_errors={"name": ["required"]})
+    return name
+
+
+def _run_tags(tags: list[str] | None) -> list[str]:
+    """At most 20 tags of at most 50 characters; blank ones dropped."""
+    return [t.strip()[:50] for t in (tags or []) if t and t.strip()][:20]
+
+
 @transaction.atomic
 def run_create(
     *,
     owner,
     name: str,
-    base_model: BaseModel,
+    base_model: PretrainedModel,
     script_version: RolloutScriptVersion,
     scenario_set: ScenarioSet,
     reward_version: RewardFunctionVersion | None = None,
@@ -106,28 +118,26 @@ def run_create(
     tags: list[str] | None = None,
     start: bool = True,
 ) -> Run:
-    name = (name or "").strip()
-    if not name or len(name) > 200:
-        raise ApplicationError("Give the run a name of 1 to 200 characters.", field_errors={"name": ["required"]})
+    name = _run_name(name)
     cfg = run_config_parse(config_with_recommended(config, base_model))
-    _owned(script_version.asset, owner, "script")
-    _owned(scenario_set, owner, "scenario set")
-    _owned(base_model, owner, "base model")
+    _owned(script_version.asset, owner, "script", "script_version")
+    _owned(scenario_set, owner, "scenario set", "scenario_set")
+    _owned(base_model, owner, "base model", "base_model")
     if reward_version is not None:
-        _owned(reward_version.asset, owner, "reward function")
+        _owned(reward_version.asset, owner, "reward function", "reward_version")
     elif not cfg.use_ruler and not script_sets_reward(script_version.content):
         # Every rollout would fail for want of a reward: say so now, not after the first step.
         raise ApplicationError(
             "This run has no reward source: no reward function is attached, RULER is off, and the rollout "
             "script never sets a reward. Choose a reward function (for the example script, the example "
             'reward), tick "Use ruler", or set trajectory.reward in the script.',
-            field_errors={"reward function": ["required: the script sets no reward and RULER is off"]},
+            field_errors={"reward_version": ["required: the script sets no reward and RULER is off"]},
         )
     if cfg.ruler_judge:
         judge_resolve(owner=owner, value=cfg.ruler_judge)
     if scenario_set.train_count == 0:
         raise ApplicationError("The scenario set has no training scenarios.", field_errors={"scenario_set": ["empty"]})
-    tags = [t.strip()[:50] for t in (tags or []) if t and t.strip()][:20]
+    tags = _run_tags(tags)
     run = Run.objects.create(
         owner=owner,
         name=name,
@@ -144,6 +154,23 @@ def run_create(
     runs_list_broadcast(owner_id=owner.id, message=run_row_message(run))  # the runs list shows it live
     if start:
         _enqueue(run)
+    return run
+
+
+@transaction.atomic
+def run_details_update(*, run: Run, name: str, tags: list[str] | None, actor=None) -> Run:
+    """Rename or retag a run (the admin's edit form): the run's event says who changed what."""
+    name, tags = _run_name(name), _run_tags(tags)
+    old = Run.objects.values("name", "tags").get(id=run.id)
+    changed = {
+        key: {"from": old[key], "to": value} for key, value in (("name", name), ("tags", tags)) if old[key] != value
+    }
+    if not changed:
+        return run
+    Run.objects.filter(id=run.id).update(name=name, tags=tags)
+    run.refresh_from_db()
+    run_event(run=run, kind="edited", message="Edited: " + ", ".join(sorted(changed)) + ".", data=changed, actor=actor)
+    runs_list_broadcast(owner_id=run.owner_id, message=run_row_message(run))
     return run
 
 
@@ -195,8 +222,6 @@ def run_retry(*, run: Run, actor=None) -> Run:
     if run.status not in (S.FAILED, S.CANCELLED):
         raise ApplicationError(f"Only a failed or cancelled run can be retried; this one is {run.status}.")
     if run.steps_done:
-        from training.models import Checkpoint
-
         if not Checkpoint.objects.filter(run=run, step=run.steps_done, state=Checkpoint.State.ACTIVE).exists():
             raise ApplicationError(
                 f"This run cannot continue where it stopped: the checkpoint of step {run.steps_done}, its last "

@@ -5,9 +5,10 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
-from training.selectors import DEFAULT_SERIES, run_list, run_metrics, run_visible
-from training.views.assets import plotly_url
-from training.views.presenters import config_differences
+from artweb.presenters import config_differences
+from training.charts import DEFAULT_SERIES, RUN_CHARTS
+from training.selectors import run_list, run_metrics, run_visible
+from training.views.plotly import plotly_url
 
 MAX_RUNS = 8
 CHART_POINTS = 500
@@ -46,7 +47,7 @@ def run_compare_view(request):
             "selected": {r.id for r in runs},
             "choices": run_list(user=request.user)[:100],
             "differences": config_differences([_comparable(r) for r in runs]) if len(runs) > 1 else [],
-            "chart_data": {"runs": chart, "series": list(DEFAULT_SERIES)},
+            "chart_data": {"runs": chart, "series": list(DEFAULT_SERIES), "charts": RUN_CHARTS},
             "plotly_url": plotly_url(),
         },
     )

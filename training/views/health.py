@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from training.health import run_reward_health
 from training.selectors import run_get
-from training.views.assets import plotly_url
+from training.views.plotly import plotly_url
 
 
 @login_required

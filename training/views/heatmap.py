@@ -11,7 +11,7 @@ from django.views.decorators.gzip import gzip_page
 from artweb.errors import ApplicationError
 from training.heatmap import MAX_STEP, heatmap_etag, heatmap_query, run_heatmap
 from training.selectors import run_get
-from training.views.assets import plotly_url
+from training.views.plotly import plotly_url
 
 SORTS = [("index", "Scenario index"), ("regressed", "Regressed most"), ("solved", "Solved first")]
 

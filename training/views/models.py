@@ -6,8 +6,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from artweb.errors import ApplicationError
+from artweb.pages import apply_service_errors
 from training.exports.crypto import secret_mask
-from training.forms import BaseModelForm, JudgeEndpointForm, apply_service_errors
+from training.forms import BaseModelForm, JudgeEndpointForm
 from training.models import JudgeEndpoint
 from training.selectors import base_model_visible
 from training.services import base_model_register

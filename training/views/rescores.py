@@ -10,12 +10,12 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from artweb.errors import ApplicationError
+from artweb.pages import apply_service_errors
 from rollouts.selectors import reward_version_list
-from training.forms import apply_service_errors
 from training.models import JudgeEndpoint, RescoreScore
 from training.selectors import run_get
 from training.services import rescores as service
-from training.views.assets import plotly_url
+from training.views.plotly import plotly_url
 
 SCORES_PER_PAGE = 100
 SCATTER_POINTS = 5000  # the scatter's points, the largest disagreements first

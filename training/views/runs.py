@@ -13,15 +13,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from artweb.errors import ApplicationError
+from artweb.pages import apply_service_errors
 from rollouts.selectors import reward_version_list, scenario_set_list, script_version_list
 from training import services
-from training.forms import (
-    AlertRulesForm,
-    RunFilterForm,
-    RunLaunchForm,
-    apply_service_errors,
-    train_config_reference,
-)
+from training.charts import RUN_CHARTS
+from training.forms import AlertRulesForm, RunFilterForm, RunLaunchForm, train_config_reference
 from training.selectors import (
     GROUPS_SHOWN,
     base_model_visible,
@@ -37,7 +33,7 @@ from training.selectors import (
 from training.services.alerts import run_alert_rules_update
 from training.services.broadcast import run_group_messages
 from training.services.checkpoints import checkpoint_archive
-from training.views.assets import plotly_url
+from training.views.plotly import plotly_url
 
 PAGE_SIZES = (25, 50, 100, 200)
 CHART_POINTS = 500
@@ -83,6 +79,7 @@ def _run_page_data(run, chart, events, logs, groups) -> dict:
         "num_steps": run.num_steps,
         "started_at": run.started_at.isoformat() if run.started_at else None,
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "charts": RUN_CHARTS,
         "series": chart["series"],
         "last_step": chart["last_step"],
         "last_event": events[-1].id if events else 0,
@@ -107,6 +104,7 @@ def run_detail_view(request, run_id: int):
             "nav": "runs",
             "run": run,
             "page_data": _run_page_data(run, chart, events, logs, groups),
+            "charts": RUN_CHARTS,
             "events": events,
             "warnings": run_warnings(run=run),
             "logs": logs,

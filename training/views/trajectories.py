@@ -6,10 +6,9 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, render
 
-from rollouts.selectors import group_list, trajectory_list
+from artweb.presenters import transcript
 from training.forms import TrajectoryFilterForm
-from training.selectors import run_get, run_trajectory_steps
-from training.views.presenters import transcript
+from training.selectors import group_list, run_get, run_trajectory_steps, trajectory_list
 
 # The list columns; the heavy JSON (messages, logs) is read only for the trajectory that is open.
 LIST_FIELDS = (

@@ -3,7 +3,7 @@
 import pytest
 
 from artweb.errors import ApplicationError
-from training.models import BaseModel
+from training.models import PretrainedModel
 from training.services import base_model_register
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +20,7 @@ def test_it_refuses_server_paths_from_users(alice, model_dir):
         with pytest.raises(ApplicationError, match="Only staff may register") as exc:
             base_model_register(owner=alice, name="m", **kwargs)
         assert exc.value.field_errors == {"source": ["server paths need staff"]}
-    assert not BaseModel.objects.exists()
+    assert not PretrainedModel.objects.exists()
 
 
 def test_staff_and_the_operators_commands_may_register_server_paths(staff, model_dir):

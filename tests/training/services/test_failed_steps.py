@@ -15,10 +15,9 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from artweb.errors import ApplicationError
-from rollouts.models import TrajectoryGroup
 from tests.factories import CheckpointFactory, RolloutScriptVersionFactory, RunFactory
 from training.config import run_config_parse
-from training.models import Checkpoint, Run
+from training.models import Checkpoint, Run, TrajectoryGroup
 from training.services import inference, run_retry, steps
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the heartbeat thread reads the run on its own connection
@@ -163,7 +162,7 @@ def test_a_step_whose_inference_server_died_is_retried_a_bounded_number_of_times
     # the check that reads the server's process is replaced; the retry around it is real.
     monkeypatch.setattr(inference, "server_died", lambda: True)
     sent = []
-    monkeypatch.setattr(steps, "publish", lambda task, args, kwargs: sent.append((args, kwargs)))
+    monkeypatch.setattr(steps.recovery, "publish", lambda task, args, kwargs: sent.append((args, kwargs)))
     run = make_run(alice, ALL_FAIL, 1.0)
     for attempt in range(1, steps.INFERENCE_RETRIES + 1):
         with mock.patch("django.db.transaction.on_commit", side_effect=lambda fn: fn()):

@@ -15,7 +15,6 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from artweb.errors import ApplicationError
-from rollouts.models import Trajectory
 from tests.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
@@ -27,9 +26,10 @@ from tests.rollouts.runtime.fake_judge import FakeJudge
 from tests.training.services.test_ruler import NO_SERVER, SCORES, SCRIPT, rollouts
 from training.config import run_config_parse
 from training.engine.advantages import compute_advantages
-from training.models import JudgeEndpoint
-from training.services import inference, run_create, steps
+from training.models import JudgeEndpoint, Trajectory
+from training.services import inference, run_create
 from training.services.judges import judge_endpoint_create, judge_endpoint_key, judge_endpoint_update
+from training.services.steps.groups import groups_persist
 
 pytestmark = pytest.mark.django_db
 USER_KEY = "sk-user-judge-key-0042"
@@ -67,7 +67,7 @@ def test_an_endpoint_judge_scores_the_run_with_the_users_key_added_by_the_proxy(
     advantages = compute_advantages([g.trajectories for g in results])
     assert advantages.values[0] == pytest.approx([-1.16248, 1.27872, -0.11625], abs=1e-4)
     type(run).objects.filter(id=run.id).update(worker="w")
-    groups = steps._persist_groups(run, 1, "train", scenarios, results, me="w")
+    groups = groups_persist(run, 1, "train", scenarios, results, me="w")
     rows = Trajectory.objects.filter(group=groups[0]).order_by("index")
     assert [t.metadata["ruler_explanation"] for t in rows] == [f"judged {k} of 3" for k in (1, 2, 3)]
     # The key never reached user code: nothing the sandbox returned carries it.

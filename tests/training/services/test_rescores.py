@@ -13,14 +13,13 @@ from unittest import mock
 import pytest
 
 from artweb.errors import ApplicationError
-from rollouts.models import Trajectory, TrajectoryGroup
 from tests.factories import (
     CheckpointFactory,
     RewardFunctionVersionFactory,
     RunFactory,
     StepFactory,
 )
-from training.models import Checkpoint, Rescore, RescoreScore, Step
+from training.models import Checkpoint, Rescore, RescoreScore, Step, Trajectory, TrajectoryGroup
 from training.services import rescores
 from training.services.rescores import rescore_create, rescore_execute
 
@@ -36,7 +35,7 @@ LENGTH_REWARD = """def reward(trajectory, scenario):
 
 
 def answer(text: str) -> list[dict]:
-    """A stored conversation whose last message the policy sampled (as _persist_groups stores it)."""
+    """A stored conversation whose last message the policy sampled (as groups_persist stores it)."""
     return [
         {"role": "user", "content": "Say something."},
         {
@@ -280,7 +279,7 @@ def test_a_redelivered_task_repeats_nothing(alice, small_run, monkeypatch):
     rescore = rescore_create(user=alice, run=small_run, reward_version=new_reward(alice))
     rescore_execute(rescore_id=rescore.id)
     calls = []
-    monkeypatch.setattr("rollouts.runtime.sandbox.run_scores", lambda request: calls.append(request))
+    monkeypatch.setattr("training.services.rescores.run_scores", lambda request: calls.append(request))
     rescore_execute(rescore_id=rescore.id)  # done: left alone
     Rescore.objects.filter(id=rescore.id).update(status="running")  # as if its worker died after the last batch
     rescore_execute(rescore_id=rescore.id)
@@ -318,7 +317,7 @@ def test_a_sandbox_that_cannot_be_jailed_fails_the_rescore_with_the_reason(alice
     def unavailable(request):
         raise JailUnavailable("bubblewrap (bwrap) is not installed")
 
-    monkeypatch.setattr("rollouts.runtime.sandbox.run_scores", unavailable)
+    monkeypatch.setattr("training.services.rescores.run_scores", unavailable)
     rescore = rescore_create(user=alice, run=small_run, reward_version=new_reward(alice))
     rescore_execute(rescore_id=rescore.id)
     rescore.refresh_from_db()
@@ -334,7 +333,7 @@ def test_the_sweep_sends_the_message_owed_to_a_queued_rescore(alice, small_run, 
     from training import sweeper
 
     sent = []
-    monkeypatch.setattr("artweb.dispatch.publish", lambda task, args=(), **kw: sent.append((task.name, args)) or True)
+    monkeypatch.setattr(sweeper, "publish", lambda task_name, args=(), **kw: sent.append((task_name, args)) or True)
     rescore = rescore_create(user=alice, run=small_run, reward_version=new_reward(alice))
     Rescore.objects.filter(id=rescore.id).update(created_at=timezone.now() - timedelta(minutes=1))
     assert sweeper.dispatch_owed()["rescores"] == [rescore.id]

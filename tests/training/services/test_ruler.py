@@ -10,12 +10,14 @@ from types import SimpleNamespace
 import pytest
 
 from artweb.errors import ApplicationError
-from rollouts.models import Trajectory
 from tests.factories import RewardFunctionVersionFactory, RolloutScriptVersionFactory, RunFactory
 from tests.rollouts.runtime.fake_judge import FakeJudge
 from training.config import RunConfig, run_config_parse
 from training.engine.advantages import compute_advantages
-from training.services import inference, steps
+from training.models import Trajectory
+from training.services import inference
+from training.services.steps import batch
+from training.services.steps.groups import groups_persist
 
 # Sets no reward: under RULER the judge's score is the only one. Answers differ (identical ones would be
 # judged once, as one).
@@ -55,7 +57,9 @@ def server_for(judge, *, merged=False):
 def rollouts(run, server, policy, timings=None):
     cfg = RunConfig.model_validate(run.config)
     scenarios = list(run.scenario_set.scenarios.filter(split="train").order_by("index")[:2])
-    return scenarios, steps._rollouts(run, cfg, scenarios, policy, server, NEVER_STOP, cfg.group_size, timings=timings)
+    return scenarios, batch.rollouts_run(
+        run, cfg, scenarios, policy, server, NEVER_STOP, cfg.group_size, timings=timings
+    )
 
 
 def test_a_ruler_run_without_a_reward_function_is_rewarded_by_the_judge(alice):
@@ -78,7 +82,7 @@ def test_a_ruler_run_without_a_reward_function_is_rewarded_by_the_judge(alice):
         assert values == pytest.approx([-1.16248, 1.27872, -0.11625], abs=1e-4)
 
     type(run).objects.filter(id=run.id).update(worker="worker-1")
-    groups = steps._persist_groups(run, 1, "train", scenarios, results, me="worker-1")
+    groups = groups_persist(run, 1, "train", scenarios, results, me="worker-1")
     rows = list(Trajectory.objects.filter(group=groups[0]).order_by("index"))
     assert [t.reward for t in rows] == SCORES
     assert [t.metadata["ruler_explanation"] for t in rows] == [f"judged {k} of 3" for k in (1, 2, 3)]

@@ -174,7 +174,7 @@ def test_it_refuses_a_run_without_any_reward_source(alice, enqueued, script, rew
     else:
         with pytest.raises(ApplicationError, match="no reward source") as info:
             run_create(**kwargs)
-        assert "reward function" in info.value.field_errors
+        assert "reward_version" in info.value.field_errors
         assert not Run.objects.filter(name="r").exists()
 
 

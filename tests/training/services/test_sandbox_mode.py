@@ -11,6 +11,7 @@ from tests.factories import RolloutScriptVersionFactory, RunFactory
 from training.config import RunConfig
 from training.models import RunEvent
 from training.services import steps
+from training.services.steps import batch
 
 SCRIPT = """
 import art, os
@@ -33,7 +34,7 @@ def run(alice):
 def rollouts(run):
     cfg = RunConfig.model_validate(run.config)
     scenarios = list(run.scenario_set.scenarios.filter(split="train")[:2])
-    return steps._rollouts(run, cfg, scenarios, "run-1@0", SERVER, NEVER_STOP, 2)
+    return batch.rollouts_run(run, cfg, scenarios, "run-1@0", SERVER, NEVER_STOP, 2)
 
 
 def unjailed_events(run):

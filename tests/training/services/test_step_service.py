@@ -25,14 +25,13 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from rollouts.models import Trajectory, TrajectoryGroup
 from tests.factories import RolloutScriptVersionFactory, RunFactory
 from training.config import run_config_parse
 from training.engine import Cancelled
 from training.engine.advantages import compute_advantages
 from training.exports.tasks import run_exports_task
 from training.heatmap import CELL
-from training.models import Checkpoint, HeatmapColumn, Run, Step
+from training.models import Checkpoint, HeatmapColumn, Run, Step, Trajectory, TrajectoryGroup
 from training.services import inference, run_cancel, run_pause
 from training.services.broadcast import run_group_name
 from training.services.steps import run_step_execute

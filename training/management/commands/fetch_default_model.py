@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from artweb.errors import ApplicationError
 from training.engine.default_model import MODEL_NAME, RECOMMENDED_TRAIN, ModelFetchError, ensure_default_model
-from training.models import BaseModel
+from training.models import PretrainedModel
 from training.services import base_model_recommend, base_model_register
 
 
@@ -23,7 +23,7 @@ class Command(BaseCommand):
         except ModelFetchError as exc:
             raise CommandError(str(exc)) from exc
         path = str(fetched.path)
-        already = BaseModel.objects.filter(name=MODEL_NAME, source=path).exists()
+        already = PretrainedModel.objects.filter(name=MODEL_NAME, source=path).exists()
         try:
             model = base_model_register(
                 name=MODEL_NAME,

@@ -1,6 +1,7 @@
 """Shaping rows for display: transcripts, config differences, code with error lines, diffs.
 
-Pure functions of their inputs (no queries), shared by the training and rollouts pages.
+Pure functions of their inputs (no queries), shared by the training and rollouts pages (which is why
+they live in artweb: rollouts never imports training).
 """
 
 from __future__ import annotations

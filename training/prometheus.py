@@ -26,8 +26,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from rollouts.models import Trajectory, TrajectoryGroup
-from training.models import ExportTarget, Run, Step
+from training.models import ExportTarget, Run, Step, Trajectory, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,7 @@ import pytest
 from django.urls import reverse
 
 from artweb.errors import ApplicationError
-from rollouts.models import DryRun
 from rollouts.runtime.sandbox import dry_run
-from rollouts.services import MAX_DRY_RUN_ROLLOUTS, dry_run_create, dry_run_spread
 from tests.api.conftest import token_client
 from tests.factories import (
     BaseModelFactory,
@@ -23,6 +21,8 @@ from tests.factories import (
     RolloutScriptVersionFactory,
     ScenarioSetFactory,
 )
+from training.models import DryRun
+from training.services.dry_runs import MAX_DRY_RUN_ROLLOUTS, dry_run_create, dry_run_spread
 
 NO_SERVER = "http://127.0.0.1:9/v1"  # nothing listens here: for a script that never calls the model
 
@@ -60,7 +60,7 @@ def enqueued():
     """The GPU worker's message is recorded instead of sent (no worker in these tests)."""
     with (
         mock.patch("artweb.dispatch.transaction.on_commit", side_effect=lambda send: send()),
-        mock.patch("rollouts.tasks.dry_run_task.apply_async") as send,
+        mock.patch("training.tasks.dry_run_task.apply_async") as send,
     ):
         yield send
 
@@ -275,8 +275,8 @@ def test_the_task_scores_the_base_models_answers(vllm_server, vllm_model_dir, al
     """The dry-run task as a GPU worker runs it: the worker's inference server is the session's real vLLM
     server (set as the one the worker already started), the script asks the base model, the jailed
     reward scores each answer."""
-    from rollouts.tasks import dry_run_task
     from training.services import inference
+    from training.tasks import dry_run_task
 
     model = BaseModelFactory(name="smollm-local", local_path=str(vllm_model_dir))
     monkeypatch.setattr(inference, "_server", vllm_server)

@@ -1,7 +1,8 @@
 """Plumbing shared by every API view: body parsing with a size limit, write throttling, keyset
 pagination, query-parameter parsing, uploads, and streamed responses.
 
-It lives in rollouts because training's APIs may import rollouts, never the other way round.
+It lives in artweb so that both apps' APIs use it: training imports rollouts, never the other way round,
+and neither app owns what they share.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from artweb.errors import ApplicationError
 
 KIB = 1024
 MIB = 1024 * KIB
+# PostgreSQL's integer and bigint bounds: a step or version number fits MAX_INT, a row id MAX_ID. Inputs
+# are bounded by them so an out-of-range number is a 400 that says so, not a database error.
+MAX_INT = 2**31 - 1
+MAX_ID = 2**63 - 1
 
 # Rates used when settings give none for a scope (REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] wins).
 DEFAULT_THROTTLE_RATES = {"writes": "120/min", "uploads": "30/min", "runs": "30/min", "tokens": "10/min"}
@@ -259,7 +264,7 @@ def decode_utf8(raw: bytes, *, what: str, field: str = "file") -> str:
 
 # --- keyset pagination ---------------------------------------------------------------------------
 
-MAX_KEY = 2**63 - 1
+MAX_KEY = MAX_ID
 
 
 def cursor_encode(values) -> str:

@@ -1,4 +1,5 @@
-"""Commands for tokens, base models, uploads, validation and checkpoints."""
+"""Commands for what runs use and make, besides runs and exports: tokens, base models, uploads, validation
+and checkpoints."""
 
 from __future__ import annotations
 

@@ -1,0 +1,206 @@
+"""Dry runs: a rollout script tried on a few scenarios against the base model, before any run.
+
+dry_run_create validates and queues one; a GPU worker's dry_run_execute runs it on that worker's
+inference server and stores the trajectories with the reward's spread within each scenario.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+
+from django.db import transaction
+from django.utils import timezone
+
+from artweb.dispatch import publish_on_commit
+from artweb.errors import ApplicationError
+from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
+from rollouts.runtime.sandbox import dry_run
+from training import task_names
+from training.models import DryRun
+from training.services import inference
+
+logger = logging.getLogger(__name__)
+
+MAX_DRY_RUN_SCENARIOS = 8
+DEFAULT_DRY_RUN_SCENARIOS = 4  # taken from a scenario set when no count is given
+MAX_DRY_RUN_SAMPLES = 16  # rollouts per scenario
+MAX_DRY_RUN_ROLLOUTS = 64  # scenarios x samples: a dry run must finish within its task's time limit
+DRY_RUN_WAVE = 16  # rollouts the sandbox runs at once; each wave gets the single-wave time budget
+DRY_RUN_WAVE_S = 90.0
+
+
+def _bounded_int(value, *, name: str, low: int, high: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        message = f"{name} must be a whole number from {low} to {high} ({what}); got {value!r}."
+        raise ApplicationError(message, field_errors={name: [message]})
+    return value
+
+
+@transaction.atomic
+def dry_run_create(
+    *,
+    owner,
+    script_version: RolloutScriptVersion,
+    base_model,
+    reward_version: RewardFunctionVersion | None = None,
+    scenario_set: ScenarioSet | None = None,
+    scenarios: list[dict] | None = None,
+    scenario_count: int | None = None,
+    samples: int = 1,
+) -> DryRun:
+    """Queue a dry run of a script on a few scenarios: those given, or the first scenario_count of a set.
+
+    With samples > 1 each scenario is rolled out that many times as one group, and the result says
+    whether the reward spreads within each group: GRPO learns only from groups whose rewards differ.
+    """
+    samples = _bounded_int(samples, name="samples", low=1, high=MAX_DRY_RUN_SAMPLES, what="rollouts per scenario")
+    if scenarios is None:
+        if scenario_set is None:
+            raise ApplicationError(
+                "Pick a scenario set or give scenarios to try the script on.",
+                field_errors={"scenario_set": ["required"]},
+            )
+        count = _bounded_int(
+            DEFAULT_DRY_RUN_SCENARIOS if scenario_count is None else scenario_count,
+            name="scenario_count",
+            low=1,
+            high=MAX_DRY_RUN_SCENARIOS,
+            what="scenarios to try",
+        )
+        scenarios = list(scenario_set.scenarios.order_by("index").values_list("data", flat=True)[:count])
+    if not scenarios or not all(isinstance(s, dict) for s in scenarios):
+        raise ApplicationError(
+            "Scenarios must be a non-empty list of JSON objects.",
+            field_errors={"scenarios": ["list of objects required"]},
+        )
+    if len(scenarios) > MAX_DRY_RUN_SCENARIOS:
+        message = f"A dry run tries at most {MAX_DRY_RUN_SCENARIOS} scenarios; {len(scenarios)} were given. Give fewer."
+        raise ApplicationError(message, field_errors={"scenarios": [message]})
+    if len(scenarios) * samples > MAX_DRY_RUN_ROLLOUTS:
+        message = (
+            f"{len(scenarios)} scenarios x {samples} samples is {len(scenarios) * samples} rollouts; a dry "
+            f"run does at most {MAX_DRY_RUN_ROLLOUTS}. Try fewer scenarios or fewer samples."
+        )
+        raise ApplicationError(message, field_errors={"samples": [message]})
+    dry_run = DryRun.objects.create(
+        owner=owner,
+        script_version=script_version,
+        reward_version=reward_version,
+        base_model=base_model,
+        scenarios=scenarios,
+        samples=samples,
+    )
+    dry_run_enqueue(dry_run)
+    return dry_run
+
+
+def dry_run_timeout_s(*, rollouts: int) -> float:
+    """The wall-clock budget of a dry run's sandbox batch: one wave's budget per DRY_RUN_WAVE rollouts."""
+    return DRY_RUN_WAVE_S * max(1, math.ceil(rollouts / DRY_RUN_WAVE))
+
+
+def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
+    """Whether the reward spreads within each scenario's rollouts: the signal GRPO trains on.
+
+    `trajectories`: the sandbox's records, each with its "scenario_index" and "reward" (None: failed).
+    A scenario has signal by the trainer's own rule (training.engine.advantages): at least two scored
+    rollouts whose rewards are not all equal. Returns {"scenarios": [{"index", "rewards", "errors",
+    "std", "min", "max", "signal"}], "with_spread", "scenario_count", "samples", "message"}.
+    """
+    # Imported here: importing training.engine loads torch, which the web process should not pay for.
+    from training.engine.advantages import group_advantages
+
+    rows = []
+    for index in range(scenario_count):
+        group = [t for t in trajectories if t.get("scenario_index") == index]
+        rewards = [t.get("reward") for t in group]
+        scored = [r for r in rewards if r is not None]
+        rows.append(
+            {
+                "index": index,
+                "rewards": rewards,
+                "errors": sum(1 for t in group if t.get("error")),
+                "std": statistics.pstdev(scored) if scored else None,
+                "min": min(scored) if scored else None,
+                "max": max(scored) if scored else None,
+                "signal": group_advantages(rewards, scale_rewards=False) is not None,
+            }
+        )
+    samples = max((len(r["rewards"]) for r in rows), default=0)
+    with_spread = sum(r["signal"] for r in rows)
+    return {
+        "scenarios": rows,
+        "with_spread": with_spread,
+        "scenario_count": scenario_count,
+        "samples": samples,
+        "message": _spread_message(rows, with_spread, samples),
+    }
+
+
+def _spread_message(rows: list[dict], with_spread: int, samples: int) -> str:
+    n = len(rows)
+    if samples < 2:
+        return (
+            "One rollout per scenario shows no spread: dry run with 2 or more samples to see whether "
+            "this reward tells answers apart."
+        )
+    if with_spread == n:
+        return f"This reward gives spread on all {n} scenarios: every group has something to learn from."
+    if with_spread:
+        return (
+            f"This reward gives spread on {with_spread} of {n} scenarios; the others got equal rewards "
+            "for every answer and teach nothing."
+        )
+    if not any(r["min"] is not None for r in rows):
+        return (
+            "No rollout was scored: each one failed (see its error). Fix that before launching: GRPO "
+            "would have nothing to learn from."
+        )
+    return (
+        "No scenario got different rewards: GRPO would have nothing to learn from. Make the reward "
+        "finer-grained (partial credit), use harder or more varied scenarios, or sample at a higher "
+        "temperature."
+    )
+
+
+def dry_run_enqueue(dry_run: DryRun) -> None:
+    """Send the dry run's message after commit; when the broker cannot take it, the sweep sends it later."""
+    publish_on_commit(
+        task_names.DRY_RUN,
+        args=(dry_run.id,),
+        sent=lambda: DryRun.objects.filter(id=dry_run.id).update(dispatched_at=timezone.now()),
+    )
+
+
+def dry_run_execute(*, dry_run_id: int) -> None:
+    """Run a dry run against the base model on this worker's inference server."""
+    if DryRun.objects.filter(id=dry_run_id, status=DryRun.Status.QUEUED).update(status=DryRun.Status.RUNNING) != 1:
+        return
+    obj = DryRun.objects.select_related("script_version", "reward_version", "base_model").get(id=dry_run_id)
+    try:
+        server = inference.inference_server(obj.base_model)
+        # Each scenario is one group of `samples` rollouts, as a training step would roll it out.
+        result = dry_run(
+            script=obj.script_version.content,
+            reward=obj.reward_version.content if obj.reward_version else None,
+            scenarios=obj.scenarios,
+            max_scenarios=len(obj.scenarios),
+            group_size=obj.samples,
+            timeout_s=dry_run_timeout_s(rollouts=len(obj.scenarios) * obj.samples),
+            base_url=server.base_url,
+            model_name=server.ensure_base(),
+            api_key=server.api_key,
+            jail=inference.jail_config(),
+            vocab_size=inference.vocab_size(obj.base_model),
+        )
+        result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
+        DryRun.objects.filter(id=dry_run_id).update(
+            status=DryRun.Status.DONE, result=result, finished_at=timezone.now()
+        )
+    except Exception as exc:
+        logger.exception("dry run %s failed", dry_run_id)
+        DryRun.objects.filter(id=dry_run_id).update(
+            status=DryRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}", finished_at=timezone.now()
+        )

@@ -1,0 +1,20 @@
+"""The worker's serving gate: a run step (and a dry run) holds it from start to end, and the serving
+thread (training.services.serving) takes it for each request, so requests to the OpenAI endpoint are
+served between steps, never while a batch's rollouts use the inference server.
+
+A module of its own because both sides import it: the step (training.services.steps) and the serving
+thread, which itself names a step's adapter as the step does."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+gate = threading.Lock()
+
+
+@contextlib.contextmanager
+def serving_paused():
+    """Held by a run step (and a dry run) from start to end: serving requests wait until it is done."""
+    with gate:
+        yield

@@ -1,0 +1,321 @@
+"""One GRPO step of a run, as one idempotent unit of work for a GPU worker.
+
+run_step_execute(run_id, step) claims the run (a lease: worker name + heartbeat), then:
+sample scenarios → rollouts in the sandbox against the current policy → persist the groups → one
+training update → checkpoint → load the new adapter into vLLM → validation every N steps → persist the
+step's metrics (the Step row's uniqueness and a conditional update of steps_done make a step count once)
+→ broadcast → queue the next step. A redelivered or duplicated task for a step that is already done,
+or for a run another live worker holds, does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import statistics
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, transaction
+
+from artweb.dispatch import publish
+from artweb.logging import log_context
+from rollouts.runtime import Cancelled, TooManyErrors
+from training import signals, task_names
+from training.config import RunConfig
+from training.models import Checkpoint, Run, TrajectoryGroup
+from training.services import inference
+from training.services.alerts import run_alerts_check
+from training.services.logs import run_log
+from training.services.runs import run_transition
+from training.services.serving_gate import serving_paused
+from training.services.steps.batch import rollouts_run, scenarios_sample
+from training.services.steps.commit import step_commit
+from training.services.steps.errors import StepAborted, StepFailed
+from training.services.steps.groups import advantages_store, groups_persist, reward_stats
+from training.services.steps.leases import Heartbeat, run_claim, run_release, worker_name
+from training.services.steps.recovery import requeue_after_database_loss, retry_after_inference_death
+
+logger = logging.getLogger(__name__)
+
+
+S = Run.Status
+
+
+def _checkpoint_dir(run: Run, step: int) -> Path:
+    """A directory of this attempt's own: a worker that lost the lease (or an attempt that crashed) never
+    writes into the directory of a step another attempt committed; uncommitted ones are removed."""
+    return Path(settings.DATA_DIR) / "checkpoints" / f"run-{run.id}" / f"step-{step:06d}-{uuid.uuid4().hex[:8]}"
+
+
+def _latest_checkpoint(run: Run) -> Checkpoint | None:
+    """The checkpoint the run continues from: None at step 0. A run whose last checkpoint is gone fails
+    rather than continue from a fresh adapter while its steps say otherwise."""
+    if not run.steps_done:
+        return None
+    ckpt = Checkpoint.objects.filter(run=run, step=run.steps_done, state=Checkpoint.State.ACTIVE).first()
+    if ckpt is None or not Path(ckpt.path).is_dir():
+        raise StepFailed(
+            f"The checkpoint of step {run.steps_done}, which this run continues from, was deleted; "
+            'the run cannot go on. Use "Launch similar" to train a new run with the same settings.'
+        )
+    return ckpt
+
+
+def adapter_name(run: Run, step: int) -> str:
+    return f"run-{run.id}@{step}"
+
+
+def _policy_model_name(run: Run, server) -> str:
+    """The model name rollouts call: the base model at step 0, else the latest checkpoint's adapter."""
+    ckpt = _latest_checkpoint(run)
+    if ckpt is None:
+        return server.ensure_base()
+    name = adapter_name(run, ckpt.step)
+    server.ensure_adapter(name, ckpt.path)
+    return name
+
+
+def run_step_execute(*, run_id: int, step: int | None = None) -> None:
+    me = worker_name()
+    if not run_claim(run_id=run_id, me=me):
+        logger.info("run %s: not claimable (finished, or held by a live worker)", run_id)
+        return
+    run = Run.objects.select_related("base_model", "script_version", "reward_version", "scenario_set").get(id=run_id)
+    next_step = run.steps_done + 1
+    if step is not None and step != next_step:
+        run_release(run_id=run_id, me=me)
+        logger.info("run %s: step %s already done (at %s); nothing to do", run_id, step, run.steps_done)
+        return
+    try:
+        if _finish_if_requested(run, me):
+            return
+        if run.status == S.QUEUED:
+            run_transition(
+                run=run, from_statuses=(S.QUEUED,), to_status=S.STARTING, message=f"Worker {me} picked the run up."
+            )
+        cfg = RunConfig.model_validate(run.config)
+        # serving_paused: requests to the OpenAI endpoint wait for the step's end (training.services.serving_gate).
+        with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step), serving_paused():
+            server = inference.inference_server(run.base_model)
+            if run.status == S.STARTING:
+                run_transition(
+                    run=run,
+                    from_statuses=(S.STARTING,),
+                    to_status=S.RUNNING,
+                    message="Inference server ready; training.",
+                )
+            _execute(run, cfg, next_step, server, hb)
+    except StepAborted as exc:
+        logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
+        # Groups it persisted before stopping were never trained on: kept, marked (only while ours).
+        if Run.objects.filter(id=run_id, worker=me).exists():
+            TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(
+                failed_attempt=True
+            )
+        _finish_if_requested(Run.objects.get(id=run_id), me, reason=exc.reason)
+        return
+    except (OperationalError, InterfaceError) as exc:
+        # The database went away (restarted, unreachable): the step is not at fault. Nothing was committed
+        # that a new attempt would repeat (the step's record is one transaction); try it again.
+        logger.warning("run %s step %s: lost the database (%s); the step will be tried again", run_id, next_step, exc)
+        inference.trainer_close()  # it may have trained an update whose step was never recorded
+        requeue_after_database_loss(run_id, next_step, me)
+        return
+    except Exception as exc:
+        logger.exception("run %s step %s failed", run_id, next_step)
+        inference.trainer_close()
+        # What the attempt persisted stays, marked: a retry writes the step's groups anew beside it.
+        TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(failed_attempt=True)
+        if inference.server_died() and retry_after_inference_death(run_id, next_step, me, exc):
+            return
+        run_log(run_id=run_id, step=next_step, level="ERROR", message=traceback.format_exc()[-5000:])
+        run.refresh_from_db()
+        run_transition(
+            run=run,
+            from_statuses=Run.ACTIVE_STATUSES,
+            to_status=S.FAILED,
+            message=f"Step {next_step} failed: {type(exc).__name__}: {exc}"[:1000],
+            error=f"{type(exc).__name__}: {exc}"[:5000],
+            worker="",
+        )
+        return
+    finally:
+        inference.release_memory()
+    _after_step(run_id, me)
+
+
+def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None:
+    timings: dict[str, float] = {}
+    t_step = time.perf_counter()
+
+    def check():
+        if hb.cancel:
+            raise StepAborted("cancel")
+        if hb.lost:
+            raise StepAborted("lease lost")
+
+    # 1. Rollouts against the current policy.
+    t = time.perf_counter()
+    policy = _policy_model_name(run, server)
+    scenarios = scenarios_sample(run, cfg, step, "train", cfg.scenarios_per_step)
+    try:
+        results = rollouts_run(run, cfg, scenarios, policy, server, hb, cfg.group_size, timings=timings, warm=True)
+    except TooManyErrors as exc:
+        failed = sum(1 for g in exc.groups for t in g.trajectories if t.get("error"))
+        groups_persist(run, step, "train", scenarios, exc.groups, me=hb.me, failed=True)
+        raise StepFailed(
+            f"{failed} of {len(scenarios) * cfg.group_size} rollouts failed, more than "
+            f"max_exceptions={cfg.max_exceptions:g} allows; the rollouts are kept under step {step} "
+            f"in the trajectory inspector. First error:\n{_first_error(exc.groups)[:2000]}"
+        ) from exc
+    except Cancelled as exc:  # should_stop() said stop: the sandbox was killed
+        raise StepAborted(hb.stop_reason()) from exc
+    timings["rollouts"] = time.perf_counter() - t
+    check()
+    stats = reward_stats(results, cfg)
+    if stats["rollouts"] and stats["rollout_errors"] == stats["rollouts"]:
+        groups_persist(run, step, "train", scenarios, results, me=hb.me, failed=True)
+        raise StepFailed(
+            f"All {stats['rollouts']} rollouts failed, so there is nothing to train on; they are "
+            f"kept under step {step} in the trajectory inspector. First error:\n"
+            f"{_first_error(results)[:2000]}"
+        )
+
+    # 2. Persist the groups (replacing any left by a crashed attempt of this step).
+    t = time.perf_counter()
+    groups = groups_persist(run, step, "train", scenarios, results, me=hb.me)
+    timings["persist"] = time.perf_counter() - t
+    run_log(
+        run_id=run.id,
+        step=step,
+        message=(
+            f"step {step}: {stats['rollouts']} rollouts, reward {_fmt(stats['reward_mean'])}, "
+            f"{stats['rollout_errors']} errors, {timings['rollouts']:.1f}s"
+        ),
+    )
+
+    # 3. One training update on the LoRA.
+    t = time.perf_counter()
+    ckpt = _latest_checkpoint(run)
+    trainer = inference.trainer_for(run, checkpoint_dir=ckpt.path if ckpt else None)
+    timings["trainer_load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    try:
+        train_metrics = trainer.train_step([r.trajectories for r in results], should_stop=hb.should_stop)
+    except Cancelled as exc:
+        inference.trainer_close()  # its state may be mid-accumulation: reload from the checkpoint next time
+        raise StepAborted(hb.stop_reason()) from exc
+    timings["train"] = time.perf_counter() - t
+    advantages = train_metrics.pop("advantages", None) or []
+    advantages_store(groups, advantages)
+    stats.update(signals.advantage_stats(advantages))
+
+    # 4. Checkpoint, then the new policy into the inference server.
+    t = time.perf_counter()
+    ckpt_dir = _checkpoint_dir(run, step)
+    try:
+        info = trainer.save_checkpoint(str(ckpt_dir))
+        inference.trainer_advanced(run.id, step)
+        timings["checkpoint"] = time.perf_counter() - t
+        t = time.perf_counter()
+        new_name = adapter_name(run, step)
+        server.ensure_adapter(new_name, str(ckpt_dir))
+        server.retire_adapters(keep={new_name})
+        inference.adapters_loaded_publish()
+        timings["adapter_load"] = time.perf_counter() - t
+        check()
+
+        # 5. Validation on held-out scenarios every val_every steps (and at the last step).
+        val_reward = None
+        if cfg.val_every and cfg.val_scenarios and (step % cfg.val_every == 0 or step == run.num_steps):
+            t = time.perf_counter()
+            val_reward = _validate(run, cfg, step, new_name, server, hb)
+            timings["validation"] = time.perf_counter() - t
+
+        # 6. The step's record: exactly once.
+        timings["step"] = time.perf_counter() - t_step
+        metrics = {**{k: v for k, v in stats.items() if v is not None}, **_numeric(train_metrics)}
+        if val_reward is not None:
+            metrics["val_reward"] = val_reward
+        step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir, info)
+    except BaseException:
+        # Committed, the directory is the step's checkpoint; otherwise nothing will ever read it.
+        if not Checkpoint.objects.filter(run=run, step=step, path=str(ckpt_dir)).exists():
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        raise
+    run_alerts_check(run=run, step=step)
+
+
+def _first_error(results) -> str:
+    return next((t["error"] for r in results for t in r.trajectories if t.get("error")), "")
+
+
+def _fmt(x):
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _numeric(d: dict) -> dict:
+    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _validate(run: Run, cfg: RunConfig, step: int, model_name: str, server, hb: Heartbeat) -> float | None:
+    scenarios = scenarios_sample(run, cfg, 0, "validation", cfg.val_scenarios)  # same held-out set each time
+    if not scenarios:
+        return None
+    # One rollout per scenario is enough for a held-out mean; the runtime needs groups of at least 1.
+    results = rollouts_run(run, cfg, scenarios, model_name, server, hb, group_size=1)
+    groups_persist(run, step, "validation", scenarios, results, me=hb.me)
+    rewards = [t["reward"] for r in results for t in r.trajectories if t.get("reward") is not None]
+    return statistics.fmean(rewards) if rewards else None
+
+
+def _finish_if_requested(run: Run, me: str, reason: str | None = None) -> bool:
+    """Apply a pending cancel or pause, or complete the run when all steps are done. True if it stopped."""
+    run.refresh_from_db()
+    if run.cancel_requested or reason == "cancel":
+        run_transition(
+            run=run,
+            from_statuses=Run.ACTIVE_STATUSES,
+            to_status=S.CANCELLED,
+            message=f"Cancelled after {run.steps_done} steps.",
+            worker="",
+        )
+        return True
+    if run.pause_requested:
+        run_transition(
+            run=run,
+            from_statuses=Run.ACTIVE_STATUSES,
+            to_status=S.PAUSED,
+            message=f"Paused after {run.steps_done} steps.",
+            worker="",
+            pause_requested=False,
+        )
+        return True
+    if run.steps_done >= run.num_steps:
+        run_transition(
+            run=run,
+            from_statuses=Run.ACTIVE_STATUSES,
+            to_status=S.COMPLETED,
+            message=f"Completed {run.steps_done} steps.",
+            worker="",
+        )
+        inference.trainer_close()
+        return True
+    if reason:
+        run_release(run_id=run.id, me=me)
+        return True
+    return False
+
+
+def _after_step(run_id: int, me: str) -> None:
+    run = Run.objects.get(id=run_id)
+    if _finish_if_requested(run, me):
+        return
+    next_step = run.steps_done + 1
+    with transaction.atomic():
+        run_release(run_id=run_id, me=me)
+        transaction.on_commit(lambda: publish(task_names.RUN_STEP, args=(run_id,), kwargs={"step": next_step}))

@@ -1,0 +1,144 @@
+"""The step's scored groups: written (and sent to the run page once they commit), their reward and
+signal figures, and the advantages of the update written back."""
+
+from __future__ import annotations
+
+import statistics
+
+from django.db import transaction
+
+from rollouts.models import Scenario
+from training import signals
+from training.config import RunConfig
+from training.models import Run, Trajectory, TrajectoryGroup
+from training.services.broadcast import final_answer, group_message, run_broadcast
+from training.services.steps.errors import StepAborted
+from training.signals import truncated
+
+
+def _search_text(messages: list[dict]) -> str:
+    parts = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        for call in m.get("tool_calls") or []:
+            fn = (call or {}).get("function") or {}
+            parts.append(f"{fn.get('name', '')} {fn.get('arguments', '')}")
+    return "\n".join(parts)[:20_000]
+
+
+def groups_persist(
+    run: Run, step: int, split: str, scenarios: list[Scenario], results, *, me: str, failed: bool = False
+) -> list[TrajectoryGroup]:
+    """Write the scored groups, and send each to the run page when they commit: rewards now, while the
+    update trains; the advantages follow from advantages_store. `failed`: the groups of an attempt that
+    failed, kept to inspect and never trained on."""
+    groups = []
+    with transaction.atomic():
+        # Only while this worker holds the lease, checked under the run's row lock: the heartbeat notices a
+        # lost lease only every few seconds, and a batch can finish in less.
+        held = (
+            Run.objects.select_for_update()
+            .filter(id=run.id, worker=me)
+            .values_list("cancel_requested", flat=True)
+            .first()
+        )
+        if held is None:
+            raise StepAborted("lease lost")
+        if held and not failed:  # cancelled while the rollouts ran: the step ends here
+            raise StepAborted("cancel")
+        # A crashed earlier attempt of this step may have left its groups: replace them. Those of an attempt
+        # that failed (and said so) stay, marked.
+        TrajectoryGroup.objects.filter(run=run, step=step, split=split, failed_attempt=False).delete()
+        for scenario, result in zip(scenarios, results, strict=False):
+            trajs = result.trajectories
+            rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
+            group = TrajectoryGroup.objects.create(
+                run=run,
+                step=step,
+                split=split,
+                scenario=scenario,
+                reward_mean=statistics.fmean(rewards) if rewards else None,
+                reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
+                error_count=sum(1 for t in trajs if t.get("error")),
+                skipped=_no_signal(result),
+                failed_attempt=failed,
+            )
+            rows = Trajectory.objects.bulk_create(
+                [
+                    Trajectory(
+                        group=group,
+                        run=run,
+                        step=step,
+                        index=i,
+                        messages=t.get("messages") or [],
+                        tools=t.get("tools"),
+                        reward=t.get("reward"),
+                        metrics=t.get("metrics") or {},
+                        metadata=t.get("metadata") or {},
+                        logs=t.get("logs") or [],
+                        error=t.get("error") or "",
+                        prompt_tokens=t.get("prompt_tokens") or 0,
+                        completion_tokens=t.get("completion_tokens") or 0,
+                        duration_ms=t.get("duration_ms") or 0,
+                        search_text=_search_text(t.get("messages") or []),
+                        reward_ms=t.get("reward_ms"),
+                        truncated=truncated(t.get("messages") or []),
+                    )
+                    for i, t in enumerate(trajs)
+                ]
+            )
+            run_broadcast(run.id, group_message(group, rows))  # leaves on commit; PostgreSQL set the ids
+            groups.append(group)
+    return groups
+
+
+def _no_signal(result) -> bool:
+    """All the group's rewards are equal (or it has fewer than two): GRPO has nothing to compare."""
+    rewards = [t["reward"] for t in result.trajectories if t.get("reward") is not None]
+    return len(set(rewards)) <= 1
+
+
+def reward_stats(results, cfg: RunConfig | None = None) -> dict:
+    """The step's reward and signal figures, from its scored groups (before the update)."""
+    trajs = [t for r in results for t in r.trajectories]
+    rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
+    finished = [t for t in trajs if not t.get("error")]
+    completion = [t.get("completion_tokens") or 0 for t in finished]
+    stats = {
+        "groups": len(results),
+        "groups_no_signal": sum(1 for r in results if _no_signal(r)),
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else None,
+        "rollouts": len(trajs),
+        "rollout_errors": sum(1 for t in trajs if t.get("error")),
+        "completion_tokens_mean": statistics.fmean(completion) if completion else 0.0,
+        "completion_tokens_total": sum(completion),
+    }
+    stats["dead_group_share"] = stats["groups_no_signal"] / len(results) if results else None
+    stats["truncation_rate"] = (
+        sum(1 for t in finished if truncated(t.get("messages") or [])) / len(finished) if finished else None
+    )
+    stats.update(
+        signals.answer_repeat(
+            [[final_answer(t.get("messages")) for t in r.trajectories if not t.get("error")] for r in results]
+        )
+    )
+    names = cfg.alerts.reward_components if cfg is not None else []
+    stats.update(signals.component_shares(finished, names))
+    return stats
+
+
+def advantages_store(groups: list[TrajectoryGroup], advantages) -> None:
+    """Write the update's advantages, then send each group again, now with them (on commit)."""
+    rows = []
+    with transaction.atomic():
+        for group, advs in zip(groups, advantages, strict=False):
+            trajs = list(group.trajectories.all().order_by("index"))
+            for traj in trajs:
+                if traj.index < len(advs) and advs[traj.index] is not None:
+                    traj.advantage = float(advs[traj.index])
+                    rows.append(traj)
+            run_broadcast(group.run_id, group_message(group, trajs))
+        Trajectory.objects.bulk_update(rows, ["advantage"], batch_size=1000)
