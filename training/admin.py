@@ -7,6 +7,7 @@ from django.http import FileResponse
 from django.template.defaultfilters import filesizeformat
 
 from artweb.errors import ApplicationError
+from training import admin_serving  # noqa: F401 - registers the admin of aliases and serving jobs
 from training.exports.schemas import export_settings_parse
 from training.exports.selectors import export_target_public
 from training.exports.services import export_target_create, export_target_test, export_target_update

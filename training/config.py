@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from artweb.api import MAX_INT
 from artweb.errors import ApplicationError
 
 
@@ -115,7 +116,7 @@ class RunConfig(BaseModel):
         "model, which the worker serves beside the run's; endpoint:<name> for one of your judge "
         "endpoints (an OpenAI-compatible server elsewhere, set up on the Models page).",
     )
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for scenario sampling and training.")
+    seed: int = Field(0, ge=0, le=MAX_INT, description="Seed for scenario sampling and training.")
     keep_last_checkpoints: int = Field(2, ge=1, le=1000, description="Retention: newest checkpoints kept.")
     keep_best_checkpoints: int = Field(1, ge=0, le=1000, description="Retention: best by validation reward kept.")
     alerts: AlertRules = Field(default_factory=AlertRules, description="When the run warns (see AlertRules).")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from django.db import connection
 
+from artweb.api import MAX_INT
 from artweb.errors import ApplicationError
 from training.models import HeatmapColumn, Run
 
@@ -30,7 +31,7 @@ LEVELS = 254
 # Characters of a scenario's JSON shown when hovering its row.
 SCENARIO_TEXT_CHARS = 100
 SPLITS = ("train", "validation")
-MAX_STEP = 2**31 - 1
+MAX_STEP = MAX_INT  # a step number is a PostgreSQL integer
 # The most columns a client may ask for: 2,000 steps unbinned is the largest view worth drawing.
 COLUMNS_LIMIT = 2000
 

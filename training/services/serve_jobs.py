@@ -23,6 +23,7 @@ import math
 from django.db import transaction
 from django.utils import timezone
 
+from artweb.api import MAX_INT
 from artweb.dispatch import publish_on_commit
 from artweb.errors import ApplicationError
 from rollouts.models import RewardFunctionVersion, Scenario, ScenarioSet
@@ -194,7 +195,7 @@ def diff_create(
         params={
             "system": (system or "").strip(),
             "max_scenarios": count,
-            "seed": _bounded(seed, "seed", 0, 2**31 - 1),
+            "seed": _bounded(seed, "seed", 0, MAX_INT),
             **_sampling(samples, temperature, max_tokens),
         },
         progress_total=count,
