@@ -381,13 +381,7 @@ class VLLMServer:
                 shutil.rmtree(target, ignore_errors=True)
                 t0 = time.perf_counter()
                 merge_adapter(self.model_path, path, target)
-                self._reload_weights(str(target))
-                previous = self._loaded
-                self._loaded = (name, path)
-                self.adapters = {name: path}
-                self._write_aliases([name])
-                if previous is not None and _safe(previous[0]) != _safe(name):
-                    shutil.rmtree(self.work_dir / "merged" / _safe(previous[0]), ignore_errors=True)
+                self._serve_weights(name, path, target)
                 logger.info("serving %s (merged) after %.1f s", name, time.perf_counter() - t0)
             else:
                 body = {"lora_name": name, "lora_path": path, "load_inplace": name in self.adapters}
@@ -404,14 +398,19 @@ class VLLMServer:
         with self._lock:
             if not self.merged:
                 raise VLLMError("load_merged is for a server in merged mode")
-            self._reload_weights(str(weights_dir))
-            previous = self._loaded
-            self._loaded = (name, path)
-            self.adapters = {name: path}
-            self._write_aliases([name])
-            if previous is not None and _safe(previous[0]) != _safe(name):
-                shutil.rmtree(self.work_dir / "merged" / _safe(previous[0]), ignore_errors=True)
+            self._serve_weights(name, path, weights_dir)
             return name
+
+    def _serve_weights(self, name: str, path: str, weights_dir: str | os.PathLike) -> None:
+        """Merged mode, under the lock: reload the weights in weights_dir and answer to `name` (adapter
+        `path`) alone; the previous policy's merged copy, when this server made it, is removed."""
+        self._reload_weights(str(weights_dir))
+        previous = self._loaded
+        self._loaded = (name, path)
+        self.adapters = {name: path}
+        self._write_aliases([name])
+        if previous is not None and _safe(previous[0]) != _safe(name):
+            shutil.rmtree(self.work_dir / "merged" / _safe(previous[0]), ignore_errors=True)
 
     def unload_adapter(self, name: str) -> None:
         with self._lock:
