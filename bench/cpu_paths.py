@@ -156,7 +156,7 @@ def main() -> None:
                     f"(server up in {r['up_s']:.0f} s)",
                     flush=True,
                 )
-    command = f"python bench/cpu_paths.py --rollouts {args.rollouts} --tokens {args.tokens}"
+    command = f"python bench/cpu_paths.py --rollouts {args.rollouts} --tokens {args.tokens} --isa {args.isa} --dtype {args.dtype}"
     RESULTS.write_text(
         "# vLLM CPU paths by instruction set and dtype\n\n"
         f"`{command}` ({time.strftime('%Y-%m-%d')}); written by `bench/cpu_paths.py`.\n\n"
