@@ -20,6 +20,7 @@ streamed chunk's JSON, b"b" + a whole JSON answer, b"x" + {"status", "body"} (an
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -199,7 +200,10 @@ def serve_body_check(body) -> dict:
 # --- the web side: hand a request to a worker, relay its answer --------------------------------------
 
 
+@functools.cache
 def _redis() -> redis.Redis:
+    """One client (and connection pool) per process: a diff job asks for an answer per scenario, and a
+    new pool each time opened a new connection each time. redis-py's pool starts afresh in a forked child."""
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30)
 
 
