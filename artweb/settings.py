@@ -221,6 +221,9 @@ ARTWEB = {
     "VLLM_KV_CACHE_GB": env.int("ARTWEB_VLLM_KV_CACHE_GB", default=2),
     # "auto": merged weights on the CPU build, runtime LoRA on GPU (see rollouts.runtime.vllm_server).
     "VLLM_ADAPTER_MODE": env.str("ARTWEB_VLLM_ADAPTER_MODE", default="auto"),
+    # The inference server of a CPU worker: "auto" (measured per processor, rollouts.runtime.cpu_probe),
+    # "vllm" or "ctranslate2". A GPU worker runs vLLM unless told otherwise.
+    "INFERENCE_ENGINE": env.str("ARTWEB_INFERENCE_ENGINE", default="auto"),
     "TRAINER_BACKEND": env.str("ARTWEB_TRAINER_BACKEND", default="peft"),
     "DEVICE": env.str("ARTWEB_DEVICE", default="cpu"),
     "HEARTBEAT_SECONDS": env.int("ARTWEB_HEARTBEAT_SECONDS", default=15),

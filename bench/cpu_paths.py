@@ -30,36 +30,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from artweb.launcher.worker import gpu_worker_env
+from bench.cpu_isa import ISA_ENV, cpu_flags
 from bench.rollout_bench import cpu_name, direct
 from rollouts.runtime.vllm_server import VLLMServer
 from training.engine.default_model import ensure_default_model
 
 RESULTS = REPO / "bench" / "results" / "cpu_paths.md"
-ISA_ENV = {
-    "native": {},
-    # PyTorch's own kernels, oneDNN's, and (through sitecustomize) vLLM's dispatch.
-    "avx2": {
-        "ARTWEB_BENCH_ISA": "avx2",
-        "ATEN_CPU_CAPABILITY": "avx2",
-        "ONEDNN_MAX_CPU_ISA": "AVX2",
-        "PYTHONPATH": str(REPO / "bench" / "isa"),
-    },
-    "avx512": {
-        "ARTWEB_BENCH_ISA": "avx512",
-        "ATEN_CPU_CAPABILITY": "avx512",
-        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
-        "PYTHONPATH": str(REPO / "bench" / "isa"),
-    },
-}
-
-
-def cpu_flags() -> str:
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni")
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split()
-    except (OSError, StopIteration):
-        return "unknown"
-    return " ".join(f for f in wanted if f in flags) or "none of " + ", ".join(wanted)
 
 
 def start(model_dir: str, isa: str, dtype: str) -> tuple[VLLMServer, float]:

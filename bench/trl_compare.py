@@ -1,6 +1,7 @@
 """Head to head on this machine: an artweb run against Hugging Face TRL's GRPOTrainer, same task and settings.
 
     python -m bench.trl_compare --steps 10 --out bench/results/trl_compare.md
+    python -m bench.trl_compare --steps 10 --isa avx2   # an AVX2-only processor's code paths (bench/cpu_isa.py)
 
 1. artweb: a run of the shipped example task through the real stack (Celery worker, vLLM server,
    sandboxed rollouts, the engine), as `bench.run_curve` does.
@@ -10,7 +11,9 @@
 4. One update alone on an identical batch (the artweb run's last step): the engine's train_step against
    TRL's compute_loss + backward + optimizer step, so a difference in step time can be attributed.
 
-Prints a markdown report and writes it to --out. Uses the database and Redis the settings point at.
+Prints a markdown report and writes it to --out, headed by the processor, its flags and the inference
+server the worker chose for it (rollouts.runtime.cpu_probe). Uses the database and Redis the settings
+point at.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.cpu_isa import ISA_ENV, cpu_flags, reexec_with
 from bench.run_curve import print_curve, run_artweb
 from training.models import Trajectory
 
@@ -97,6 +101,16 @@ def machine() -> str:
     )
 
 
+def inference_path() -> str:
+    """The inference server the worker starts here, and why: the same choice the worker makes (it reads the
+    probe's result this call keeps in the data dir)."""
+    from training.services.inference import inference_engine
+
+    choice = inference_engine()
+    name = {"vllm": "vLLM CPU server", "ctranslate2": "artweb's CTranslate2 server"}[choice.engine]
+    return f"{name} ({choice.reason})"
+
+
 def worker_settings() -> str:
     """The GPU worker's pool, threads and preloads, as both `make run` and this benchmark start it."""
     from artweb.launcher.worker import GPU_WORKER_OPTIONS, gpu_worker_env
@@ -140,6 +154,14 @@ def report(args, artweb: dict, trl: dict, heldout: dict, updates: dict, command:
         f"# artweb vs TRL GRPOTrainer on the example task ({time.strftime('%Y-%m-%d')})",
         "",
         f"- Machine: {machine()}; no GPU.",
+        f"- CPU flags: {cpu_flags()}; code paths: {args.isa}"
+        + (
+            f" (taken on this processor: {', '.join(k for k in ISA_ENV[args.isa] if k != 'PYTHONPATH')})"
+            if args.isa != "native"
+            else ""
+        )
+        + ".",
+        f"- Inference path: {args.inference}.",
         f"- Software: {versions()}.",
         f"- Command: `{command}`",
         f"- Settings (both): default model SmolLM2-135M-Instruct, {args.steps} steps, {args.scenarios_per_step} "
@@ -148,9 +170,14 @@ def report(args, artweb: dict, trl: dict, heldout: dict, updates: dict, command:
         "attention and MLP projections, AdamW (beta2 0.99, weight decay 0.1), gradient norm clip 0.1, CISPO "
         "(ratio capped at 5), group-std advantage scaling, no KL, bf16 base weights where the CPU has bf16 "
         "units (fp32 otherwise), fp32 adapter.",
-        f"- artweb: Celery worker + vLLM CPU server (graph compilation "
-        f"{'off' if os.environ.get('ARTWEB_VLLM_ENFORCE_EAGER') == '1' else 'on'}), rollouts in the sandbox, PEFT "
-        "trainer; the first step includes neither the worker's start nor vLLM's start-up.",
+        "- artweb: Celery worker + the inference server above"
+        + (
+            f" (vLLM graph compilation {'off' if os.environ.get('ARTWEB_VLLM_ENFORCE_EAGER') == '1' else 'on'})"
+            if args.inference.startswith("vLLM")
+            else ""
+        )
+        + ", rollouts in the sandbox, PEFT trainer; the first step includes neither the worker's start nor the "
+        "inference server's start-up.",
         f"- artweb's GPU worker, started as `make run` starts it (artweb.launcher.worker): {worker_settings()}.",
         f"- TRL {_version('trl')}: `GRPOTrainer` generating with transformers (`{trl['generation']}`), its fastest "
         "mode that works here: `use_transformers_continuous_batching` took 19-21 s per step's generation instead "
@@ -227,7 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=16, help="held-out answers per scenario")
     p.add_argument("--work", type=Path, default=None, help="folder for logs and adapters (default: a temp dir)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "trl_compare.md")
+    p.add_argument(
+        "--isa",
+        choices=sorted(ISA_ENV),
+        default="native",
+        help="take another processor's code paths (bench/cpu_isa.py)",
+    )
     args = p.parse_args(argv)
+    reexec_with(args.isa)  # before anything loads torch, whose kernels the code paths choose
+    args.inference = inference_path()
+    print(f"CPU: {machine()}\nflags: {cpu_flags()} (code paths: {args.isa})\ninference: {args.inference}", flush=True)
     command = "python -m bench.trl_compare " + shlex.join(argv if argv is not None else sys.argv[1:])
     work = args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"artweb-trl-compare-{time.strftime('%Y%m%d-%H%M%S')}"
     work.mkdir(parents=True, exist_ok=True)

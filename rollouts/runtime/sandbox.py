@@ -869,28 +869,33 @@ class _Sandbox:
     def check_exit(self) -> None:
         if self.finished:
             return
-        code = self.proc.poll()
-        if code is None and not self._done:
-            return
-        if code is None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        # What is still in the pipe, a bounded amount at a time.
-        for _ in range(64):
-            if self.eof or self.finished:
-                break
-            before = len(self._buffer), len(self._ready)
-            self.read()
-            if (len(self._buffer), len(self._ready)) == before and not self.eof:
-                break
-        if self.finished:  # a protocol violation while draining
+        if not self._done:
+            if self.proc.poll() is None:
+                return
+            # What is still in the pipe, a bounded amount at a time.
+            for _ in range(64):
+                if self.eof or self.finished:
+                    break
+                before = len(self._buffer), len(self._ready)
+                self.read()
+                if (len(self._buffer), len(self._ready)) == before and not self.eof:
+                    break
+            if self.finished:  # a protocol violation while draining
+                return
+        # Once it said "done" (its last line: one after it is a violation) every result is in, so a live
+        # process is killed now rather than waited for: the interpreter's teardown, or a thread the
+        # script left running, would hold the batch for nothing.
+        if self._done and len(self._seen) < self._expected():  # user code wrote "done" itself
+            self._violation("it said it was done before it sent every result")
             return
         self.finished = True
         if not self._done:
             self.exit_reason = self._describe_exit(self.proc.returncode)
         self._kill_group()
+
+    def _expected(self) -> int:
+        """Results this sandbox owes: one per rollout of its groups."""
+        return len(self.groups) * self.group_size
 
     def kill(self, reason: str) -> None:
         if not self.finished:
@@ -1099,6 +1104,9 @@ class _ScoreSandbox(_Sandbox):
 
     sizes: dict[int, int]
     void = False
+
+    def _expected(self) -> int:
+        return sum(self.sizes.values())
 
     def read(self) -> None:
         # The same bounded reading, with "score" lines in place of trajectories.

@@ -34,11 +34,12 @@ class RequireApiKey:
     <VLLM_API_KEY>", whatever its method (vLLM's own check lets OPTIONS through), before vLLM's routes
     and its other middleware see it."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, key: str | None = None) -> None:
+        """key: what callers must send; None reads VLLM_API_KEY (vLLM builds its middleware itself)."""
         self.app = app
-        key = os.environ.get("VLLM_API_KEY", "")
+        key = os.environ.get("VLLM_API_KEY", "") if key is None else key
         if not key:
-            raise RuntimeError("VLLM_API_KEY is empty: the server would accept any caller.")
+            raise RuntimeError("The server's API key is empty: it would accept any caller.")
         self._expected = key.encode()
 
     def _authorized(self, scope) -> bool:

@@ -1,5 +1,6 @@
-"""The inference service: a vLLM OpenAI-compatible server for one base model, and the step's policy.
+"""The inference service on vLLM: its OpenAI-compatible server for one base model, and the step's policy.
 
+What every inference server shares (process, key, policies) is rollouts.runtime.inference_server.
 Two ways to serve a step's LoRA adapter (`adapter_mode`):
 
 - "lora": vLLM's runtime LoRA loading (`/v1/load_lora_adapter`), several adapters side by side.
@@ -20,26 +21,17 @@ rollouts.runtime.proxy, which holds the key for them.
 
 from __future__ import annotations
 
-import ctypes
 import json
-import logging
 import os
-import secrets
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
-import httpx
-
-from rollouts.runtime.merge import merge_adapter
-
-logger = logging.getLogger(__name__)
+from rollouts.runtime.inference_server import (
+    InferenceServer,
+    InferenceServerError,
+    free_port,  # noqa: F401  (imported from here by benchmarks and tests)
+)
 
 TOOLS_TEMPLATE = Path(__file__).resolve().parent / "templates" / "chatml_tools.jinja"
 ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"
@@ -48,15 +40,8 @@ MERGED_SERVED_NAME = "artweb-loaded-weights"
 # Options that size the GPU build's memory; when extra_args name one, kv_cache_gb is not passed.
 GPU_MEMORY_FLAGS = ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
 
-
-class VLLMError(RuntimeError):
-    pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# One error type for either server; the name stays for callers that catch it.
+VLLMError = InferenceServerError
 
 
 def template_supports_tools(model_path: str | os.PathLike) -> bool:
@@ -72,7 +57,9 @@ def template_supports_tools(model_path: str | os.PathLike) -> bool:
     return any("tools" in text for text in texts)
 
 
-class VLLMServer:
+class VLLMServer(InferenceServer):
+    engine = "vLLM"
+
     def __init__(
         self,
         model_path: str,
@@ -107,13 +94,18 @@ class VLLMServer:
         """
         if adapter_mode not in ("auto", "merged", "lora"):
             raise ValueError("adapter_mode is one of 'auto', 'merged', 'lora'")
-        self.model_path = str(model_path)
+        super().__init__(
+            model_path,
+            host=host,
+            port=port,
+            served_model_name=served_model_name,
+            adapter_mode=adapter_mode,
+            log_dir=log_dir,
+            work_dir=work_dir,
+            api_key=api_key,
+        )
         self.python = python or sys.executable
-        self.host = host
-        self.port = port or free_port()
-        self.base_model_name = served_model_name or Path(self.model_path).name
         self.max_model_len = max_model_len
-        self.adapter_mode = adapter_mode
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.kv_cache_gb = kv_cache_gb
@@ -122,48 +114,7 @@ class VLLMServer:
         self.enforce_eager = enforce_eager
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
-        self.log_dir = Path(log_dir) if log_dir else None
-        self.api_key = api_key or secrets.token_urlsafe(32)
-        self._work_dir = Path(work_dir) if work_dir else None
-        self._own_work_dir = work_dir is None
-        self.adapters: dict[str, str] = {}  # name -> adapter directory, as served now
-        self._loaded: tuple[str, str] | None = None  # merged mode: (name, adapter path) in the weights
-        self._proc: subprocess.Popen | None = None
         self._installed: dict[str, bool] | None = None  # see _probe
-        self._log_file = None
-        self._lock = threading.RLock()
-        # No kept-alive connections: admin calls come seconds or minutes apart, and a pooled connection the
-        # server has just closed fails the call ("Server disconnected without sending a response").
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_keepalive_connections=0)
-        )
-
-    # --- properties ---------------------------------------------------------------------------------
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    @property
-    def root_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """What a direct caller of the server sends (the proxy sends it for rollouts)."""
-        return {"Authorization": f"Bearer {self.api_key}"}
-
-    @property
-    def merged(self) -> bool:
-        return self.adapter_mode == "merged"
-
-    def loaded_adapter_paths(self) -> set[str]:
-        return set(self.adapters.values())
-
-    def is_alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    # --- lifecycle ----------------------------------------------------------------------------------
 
     @property
     def cpu_build(self) -> bool:
@@ -190,6 +141,10 @@ class VLLMServer:
     def _resolve_mode(self) -> None:
         if self.adapter_mode == "auto":
             self.adapter_mode = "merged" if self.cpu_build else "lora"
+
+    def _before_start(self) -> None:
+        if self.merged:
+            self._write_aliases([self.base_model_name])
 
     def command(self) -> list[str]:
         args = [
@@ -267,205 +222,23 @@ class VLLMServer:
     def _aliases_file(self) -> Path:
         return self.work_dir / "served-names.json"
 
-    @property
-    def work_dir(self) -> Path:
-        if self._work_dir is None:
-            self._work_dir = Path(tempfile.mkdtemp(prefix="artweb-vllm-"))
-        self._work_dir.mkdir(parents=True, exist_ok=True)
-        return self._work_dir
-
-    def start(self, wait: bool = True, timeout: float = 1800.0) -> None:
-        with self._lock:
-            if self.is_alive():
-                return
-            self._resolve_mode()
-            if self.merged:
-                self._write_aliases([self.base_model_name])
-            log_path = None
-            if self.log_dir:
-                self.log_dir.mkdir(parents=True, exist_ok=True)
-                log_path = self.log_dir / f"vllm-{self.port}.log"
-                self._log_file = open(log_path, "ab")
-            logger.info("starting vLLM on port %s (%s mode): %s", self.port, self.adapter_mode, self.command())
-            self._proc = subprocess.Popen(
-                self.command(),
-                env=self.environment(),
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file or subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_exit_with_parent,
-            )
-            self.adapters = {}
-            self._loaded = None
-        if wait:
-            self.wait_healthy(timeout)
-
-    def wait_healthy(self, timeout: float = 1800.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.is_alive():
-                raise VLLMError(
-                    f"vLLM exited with status {self._proc.returncode if self._proc else None} while "
-                    f"starting; see its log{' in ' + str(self.log_dir) if self.log_dir else ''}."
-                )
-            try:
-                if self._http.get(f"{self.root_url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise VLLMError(f"vLLM did not become healthy within {timeout:g} s.")
-
-    def ensure_running(self) -> None:
-        """Restart the server if it died, putting back the policy it was serving."""
-        with self._lock:
-            if self.is_alive():
-                return
-            if self._proc is not None:
-                logger.warning("vLLM exited with status %s; restarting", self._proc.returncode)
-                # Its engine and worker processes outlive a server that was killed: end them, so they give
-                # back their memory and nothing answers on the port but the new server.
-                _kill_group(self._proc.pid)
-            previous = dict(self.adapters)
-            self.start()
-            for name, path in previous.items():
-                self.load_adapter(name, path)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        with self._lock:
-            if self._proc is not None and self._proc.poll() is None:
-                os.killpg(self._proc.pid, signal.SIGTERM)
-                try:
-                    self._proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self._proc.pid, signal.SIGKILL)
-                    self._proc.wait(timeout=10)
-            if self._proc is not None:
-                _kill_group(self._proc.pid)  # whatever of it is left (a server that died alone)
-            self._proc = None
-            if self._log_file:
-                self._log_file.close()
-                self._log_file = None
-            self.adapters = {}
-            self._loaded = None
-            if self._own_work_dir and self._work_dir is not None:
-                shutil.rmtree(self._work_dir, ignore_errors=True)
-                self._work_dir = None
-
-    # --- policies -----------------------------------------------------------------------------------
-
-    def ensure_base(self) -> str:
-        """Serve the base model and return its name (in merged mode this may reload the weights)."""
-        with self._lock:
-            if self.merged and self._loaded is not None:
-                self._reload_weights(self.model_path)
-                self._loaded = None
-                self.adapters = {}
-                self._write_aliases([self.base_model_name])
-            return self.base_model_name
-
-    def ensure_adapter(self, name: str, path: str) -> str:
-        """Serve adapter `path` as `name` unless it already is; return the name to request."""
-        with self._lock:
-            if self.adapters.get(name) == str(path):
-                return name
-            return self.load_adapter(name, path)
-
-    def load_adapter(self, name: str, path: str) -> str:
-        """Serve a LoRA checkpoint directory under `name`; returns the name to request."""
-        path = str(path)
-        with self._lock:
-            if self.merged:
-                target = self.work_dir / "merged" / _safe(name)
-                shutil.rmtree(target, ignore_errors=True)
-                t0 = time.perf_counter()
-                merge_adapter(self.model_path, path, target)
-                self._serve_weights(name, path, target)
-                logger.info("serving %s (merged) after %.1f s", name, time.perf_counter() - t0)
-            else:
-                body = {"lora_name": name, "lora_path": path, "load_inplace": name in self.adapters}
-                self._post("/v1/load_lora_adapter", body)
-                self.adapters[name] = path
-            return name
-
-    def load_merged(self, name: str, path: str, weights_dir: str) -> str:
-        """Merged mode: serve weights already merged from adapter `path` (in weights_dir) as `name`.
-
-        For callers that keep merged copies of their own (rollouts.runtime.adapter_cache); the directory
-        stays theirs. A later ensure_adapter(name, path) finds the policy loaded and does nothing."""
-        path = str(path)
-        with self._lock:
-            if not self.merged:
-                raise VLLMError("load_merged is for a server in merged mode")
-            self._serve_weights(name, path, weights_dir)
-            return name
-
-    def _serve_weights(self, name: str, path: str, weights_dir: str | os.PathLike) -> None:
-        """Merged mode, under the lock: reload the weights in weights_dir and answer to `name` (adapter
-        `path`) alone; the previous policy's merged copy, when this server made it, is removed."""
-        self._reload_weights(str(weights_dir))
-        previous = self._loaded
-        self._loaded = (name, path)
-        self.adapters = {name: path}
-        self._write_aliases([name])
-        if previous is not None and _safe(previous[0]) != _safe(name):
-            shutil.rmtree(self.work_dir / "merged" / _safe(previous[0]), ignore_errors=True)
-
-    def unload_adapter(self, name: str) -> None:
-        with self._lock:
-            if name not in self.adapters:
-                return
-            if self.merged:
-                self.ensure_base()
-            else:
-                self._post("/v1/unload_lora_adapter", {"lora_name": name})
-                del self.adapters[name]
-
-    def retire_adapters(self, keep: set[str]) -> None:
-        """Unload every adapter except those in keep (old steps of a run)."""
-        for name in list(self.adapters):
-            if name not in keep:
-                self.unload_adapter(name)
-
-    # --- helpers ------------------------------------------------------------------------------------
-
-    def _reload_weights(self, weights_dir: str) -> None:
-        self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights_dir}})
+    def _swap_weights(self, name: str, weights_dir: str | None) -> None:
+        self._post(
+            "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights_dir or self.model_path}}
+        )
         # Cached prefixes hold keys and values computed with the previous weights.
         self._post("/reset_prefix_cache", None)
+        self._write_aliases([name])
+
+    def _load_lora(self, name: str, path: str) -> None:
+        self._post(
+            "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": name in self.adapters}
+        )
+
+    def _unload_lora(self, name: str) -> None:
+        self._post("/v1/unload_lora_adapter", {"lora_name": name})
 
     def _write_aliases(self, names: list[str]) -> None:
         tmp = self._aliases_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(names))
         tmp.replace(self._aliases_file)
-
-    def _post(self, route: str, body: dict | None) -> None:
-        response = self._http.post(f"{self.root_url}{route}", json=body, headers=self.headers)
-        if response.status_code != 200:
-            raise VLLMError(f"vLLM {route} failed ({response.status_code}): {response.text[:1000]}")
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may import between fork and exec
-
-
-def _kill_group(pgid: int) -> None:
-    """SIGKILL what is left of a server's process group (the server leads its own session)."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _exit_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the thread that started the server ends (start()
-    runs on the worker's long-lived task thread), so a worker killed outright (SIGKILL, a task time
-    limit) never leaves a server holding its port."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -70,6 +70,33 @@ def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, so
     assert sock.of_type("status")[-1]["status"] == "completed"
 
 
+def test_a_run_trains_on_the_ctranslate2_server(example_run_inputs, stack_env, procs, tmp_path):
+    """The CPU inference path for processors without bf16 units (ARTWEB_INFERENCE_ENGINE, as the probe
+    picks it there): the worker starts artweb's CTranslate2 server, each step's policy is served merged,
+    and the trainer gets token ids and log-probs from it, validation included."""
+    env = {**stack_env, "ARTWEB_INFERENCE_ENGINE": "ctranslate2"}
+    procs.append(stack.start_gpu_worker(env, tmp_path / "logs", pool="prefork"))
+    run = run_create(name="e2e-ct2", config={**SMALL, "num_steps": 2, "val_every": 2}, **example_run_inputs)
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+        timeout=900,
+        interval=2,
+        procs=procs,
+        what="the run to finish",
+    )
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, (run.error, procs[-1].tail())
+    assert list(Step.objects.filter(run=run).values_list("step", flat=True)) == [1, 2]
+    step2 = Step.objects.get(run=run, step=2)
+    assert step2.val_reward is not None and step2.metrics["tokens_trained"] > 0
+    assert step2.metrics["sampler_kl"] < 0.05  # the server's log-probs are the trained policy's own
+    logs = Path(env["ARTWEB_DATA_DIR"]) / "logs"
+    assert list(logs.glob("ctranslate2-*.log")) and not list(logs.glob("vllm-*.log"))
+    for traj in run.trajectories.filter(group__split="train", error=""):
+        for message in (m for m in traj.messages if m["role"] == "assistant"):
+            assert len(message["token_ids"]) == len(message["logprobs"]) > 0
+
+
 def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, stack_env, procs, tmp_path):
     run = run_create(name="fault", config={**SMALL, "val_every": 0}, **example_run_inputs)
     first = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="worker-a", pool="prefork")

@@ -20,6 +20,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.cache import cache
 
+from rollouts.runtime import cpu_probe
+from rollouts.runtime.ct2_server import CT2Server
 from rollouts.runtime.jail import JailConfig
 from rollouts.runtime.proxy import Upstream
 from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_supports_tools
@@ -27,7 +29,8 @@ from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_su
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_server = None  # rollouts.runtime.vllm_server.VLLMServer
+_server = None  # an InferenceServer: rollouts.runtime.vllm_server.VLLMServer or ct2_server.CT2Server
+_engine: tuple[tuple[str, str], cpu_probe.Choice] | None = None  # (device, setting) -> the server it starts
 _server_model: str | None = None  # _served_as() of the model it serves
 _judge = None  # a VLLMServer of the base model alone, for RULER while _server holds merged policy weights
 _judge_model: str | None = None
@@ -85,7 +88,7 @@ def _served_as(base_model) -> str:
 
 
 def inference_server(base_model):
-    """A healthy vLLM server for this base model (started or restarted as needed)."""
+    """A healthy inference server for this base model (started or restarted as needed)."""
     global _server, _server_model
 
     served = _served_as(base_model)
@@ -124,8 +127,32 @@ def server_died() -> bool:
     return any(s is not None and s._proc is not None and not s.is_alive() for s in (_server, _judge))
 
 
+def inference_engine() -> cpu_probe.Choice:
+    """The inference server this worker runs: vLLM on a GPU; on a CPU, the one ARTWEB_INFERENCE_ENGINE
+    names, or with "auto" the one rollouts.runtime.cpu_probe measured faster on this processor."""
+    global _engine
+    conf = settings.ARTWEB
+    asked = (conf["DEVICE"], conf["INFERENCE_ENGINE"])
+    if _engine is None or _engine[0] != asked:
+        if conf["DEVICE"] != "cpu" and conf["INFERENCE_ENGINE"] == "auto":
+            choice = cpu_probe.Choice(engine="vllm", reason=f"ARTWEB_DEVICE={conf['DEVICE']}: vLLM on the GPU")
+        else:
+            choice = cpu_probe.choose(conf["INFERENCE_ENGINE"], cache_file=Path(settings.DATA_DIR) / "cpu-probe.json")
+        logger.info("inference server: %s (%s)", choice.engine, choice.reason)
+        _engine = (asked, choice)
+    return _engine[1]
+
+
 def _new_server(base_model, *, port: int | None, adapter_mode: str):
     conf = settings.ARTWEB
+    if inference_engine().engine == "ctranslate2":
+        return CT2Server(
+            model_path=base_model_path(base_model),
+            chat_template=chat_template_file(base_model),
+            port=port,
+            max_model_len=base_model.max_length,
+            log_dir=str(Path(settings.DATA_DIR) / "logs"),
+        )
     return VLLMServer(
         model_path=base_model_path(base_model),
         chat_template=chat_template_file(base_model),
@@ -158,7 +185,7 @@ def judge_endpoint(base_model, *, server, policy_name: str):
 
 
 def judge_server(base_model):
-    """A healthy vLLM server of the base model alone (no adapter is ever loaded into it)."""
+    """A healthy inference server of the base model alone (no adapter is ever loaded into it)."""
     global _judge, _judge_model
     served = _served_as(base_model)
     with _lock:

@@ -349,6 +349,21 @@ def test_it_refuses_forged_records(request_for):
     good_group_ok(results)
 
 
+def test_a_done_line_forged_before_the_results_cuts_the_sandbox_off(request_for):
+    # The worker stops reading a sandbox once it says "done" and kills it without waiting for its exit,
+    # so a "done" written before its rollouts finished must not pass for a finished sandbox.
+    forge = (
+        "import builtins\n"
+        "if not hasattr(builtins, 'forged'):  # once: a second line would be writing after done\n"
+        "    builtins.forged = True\n"
+        "    os.write(int(os.environ['ARTWEB_RESULT_FD']), b'{\"kind\": \"done\"}\\n')\n"
+        "await asyncio.sleep(5)\n"
+    )
+    results = run_rollouts(request_for(script(forge), sandboxes=2))
+    assert all("said it was done before it sent every result" in t["error"] for t in results[0].trajectories)
+    good_group_ok(results)
+
+
 def test_it_keeps_other_batches_running_while_one_attacks(request_for):
     """Two batches at once, as two workers on one host would run them."""
     outcome = {}

@@ -131,6 +131,20 @@ def test_a_score_forged_for_its_own_trajectory_is_not_believed_either():
     assert [s["reward"] for s in scores[1]] == [1.0, 1.0]
 
 
+def test_a_done_line_forged_before_the_scores_voids_the_sandbox():
+    # Once, and alone on the pipe for a second before the scores follow it.
+    forge = reward_reporting(
+        "import builtins, time\n"
+        "if not hasattr(builtins, 'forged'):\n"
+        "    builtins.forged = True\n"
+        "    os.write(int(os.environ['ARTWEB_RESULT_FD']), b'{\"kind\": \"done\"}\\n')\n"
+        "    time.sleep(1)\n"
+    )
+    scores = run_scores(request(forge, concurrency=1))
+    assert all(s["reward"] is None and "said it was done before it sent every result" in s["error"] for s in scores[0])
+    assert [s["reward"] for s in scores[1]] == [1.0, 1.0]
+
+
 def test_garbage_and_impossible_rewards_are_errors_not_scores():
     garbage = reward_reporting("os.write(int(os.environ['ARTWEB_RESULT_FD']), b'not json\\n')\n")
     scores = run_scores(request(garbage))

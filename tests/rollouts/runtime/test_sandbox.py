@@ -2,13 +2,16 @@
 server is needed: each one fails in its own way and must end as a recorded error on its rollouts
 while the other rollouts and the calling process carry on."""
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from rollouts.runtime import Cancelled, TooManyErrors
-from rollouts.runtime.sandbox import SandboxLimits, run_rollouts
+from rollouts.runtime.sandbox import GUEST, SandboxLimits, _Sandbox, failed_record, run_rollouts
 from tests.rollouts.runtime.scripts import script
 
 
@@ -154,3 +157,92 @@ def test_nul_characters_in_a_trajectory_are_dropped_so_the_step_can_store_it(req
     t = results[0].trajectories[0]
     assert t["error"] is None and t["messages"][0]["content"] == "ab"
     assert t["metadata"] == {"k": "v"} and "\x00" not in str(t["logs"])
+
+
+def test_it_kills_a_sandbox_that_said_done_instead_of_waiting_for_its_exit(monkeypatch, tmp_path):
+    # Its last line is in, but its process may still be tearing its interpreter down or be held by a
+    # thread the script left: the batch must not wait on it. This one (sleep) never exits by itself.
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    read_fd, write_fd = os.pipe()
+    control_read, control_write = os.pipe()
+    os.close(control_read)
+    os.set_blocking(read_fd, False)
+    box = _Sandbox(proc, read_fd, control_write, tmp_path / "log", SandboxLimits(), 60, None)
+    box.groups, box.group_size = [0], 1
+    line = {"kind": "trajectory", "group": 0, "index": 0, "trajectory": failed_record("x")}
+    os.write(write_fd, (json.dumps(line) + "\n" + json.dumps({"kind": "done"}) + "\n").encode())
+
+    killed, waited_on_a_live_process = [], []
+    real_killpg, real_wait = os.killpg, proc.wait
+
+    def killpg(pgid, sig):
+        killed.append(pgid)
+        real_killpg(pgid, sig)
+
+    def wait(timeout=None):
+        if proc.poll() is None and proc.pid not in killed:
+            waited_on_a_live_process.append(timeout)
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        return real_wait(timeout)
+
+    monkeypatch.setattr(os, "killpg", killpg)
+    monkeypatch.setattr(proc, "wait", wait)
+    try:
+        box.read()
+        box.check_exit()
+        assert box.finished and box.exit_reason is None
+        assert [(g, i) for g, i, _ in box.take()] == [(0, 0)]
+        assert waited_on_a_live_process == []
+        assert real_wait(timeout=10) == -9  # killed, not left to exit
+    finally:
+        proc.kill()
+        real_wait()
+        box.cleanup()
+        os.close(write_fd)
+
+
+def test_the_guest_skips_the_interpreters_teardown_after_its_last_line(tmp_path):
+    # Its results are all sent with "done": exit hooks and the teardown of every module it imported
+    # (a few hundred ms of CPU with the OpenAI client) would only delay its batch.
+    (tmp_path / "rollout.py").write_text(
+        "import art, atexit, os\n"
+        "atexit.register(lambda: os.write(2, b'teardown ran'))\n\n"
+        "async def rollout(model, scenario):\n"
+        "    return art.Trajectory(messages_and_choices=[{'role': 'user', 'content': 'x'}], reward=1.0)\n"
+    )
+    spec = {
+        "groups": [{"index": 0, "scenario": {}}],
+        "group_size": 1,
+        "model_name": "none",
+        "reward_kind": None,
+        "concurrency": 1,
+        "rollout_timeout_s": 20,
+        "max_processes": 8,
+    }
+    (tmp_path / "batch.json").write_text(json.dumps(spec))
+    result_read, result_write = os.pipe()
+    control_read, control_write = os.pipe()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "ARTWEB_RESULT_FD": str(result_write),
+        "ARTWEB_CONTROL_FD": str(control_read),
+        "ARTWEB_PROXY_SOCKET": str(tmp_path / "inference.sock"),
+        "HOME": str(tmp_path),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-u", str(GUEST), str(tmp_path / "batch.json")],
+        env=env,
+        pass_fds=(result_write, control_read),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    os.close(result_write)
+    os.close(control_read)
+    os.write(control_write, b'{"env": {}}\n')
+    os.close(control_write)
+    output, _ = proc.communicate(timeout=60)
+    with os.fdopen(result_read, "rb") as results:
+        kinds = [json.loads(line)["kind"] for line in results.read().splitlines()]
+    assert proc.returncode == 0, output
+    assert kinds == ["trajectory", "done"]
+    assert b"teardown ran" not in output

@@ -1,6 +1,7 @@
 """The SDK rollout scripts import (`art` / `artweb_sdk`), exercised in-process without a server."""
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,56 @@ print(weave.__file__.endswith("guest_fallbacks/weave/__init__.py"), type(art.Tra
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "TrainableModel"]
+
+
+async def _serve_completions(socket_path: str, seen: list, *requests):
+    """Serve COMPLETION on a unix socket while `requests` (coroutine functions) run; each request's line
+    and JSON body go to `seen`. Returns what the requests returned or raised."""
+
+    async def answer(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+        seen.append((head.split(b"\r\n")[0].decode(), json.loads(await reader.readexactly(length))))
+        body = json.dumps({**COMPLETION, "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+        writer.write(
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(answer, socket_path)
+    try:
+        return await asyncio.gather(*(r() for r in requests), return_exceptions=True)
+    finally:
+        server.close()
+
+
+def test_its_client_reaches_the_proxy_socket_itself_when_the_sandbox_names_one(tmp_path, monkeypatch):
+    # base_url is the guest's TCP relay, here a port nothing listens on: a request can only arrive through
+    # the unix socket, with the sampling defaults added on the way. A handle given another server's URL
+    # keeps to that URL.
+    import openai
+    from artweb_sdk.model import Endpoint
+
+    socket_path = str(tmp_path / "inference.sock")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("ARTWEB_PROXY_SOCKET", socket_path)
+    monkeypatch.setenv("ARTWEB_SAMPLING", '{"max_tokens": 16}')
+    policy = art.TrainableModel(name="run-1@1", _endpoint=Endpoint.from_env())
+    elsewhere = art.TrainableModel(name="m", inference_base_url="http://127.0.0.1:10/v1", _endpoint=Endpoint.from_env())
+
+    def ask(model):
+        async def request():
+            client = model.openai_client().with_options(max_retries=0)
+            return await client.chat.completions.create(model=model.name, messages=[{"role": "user", "content": "hi"}])
+
+        return request
+
+    seen = []
+    completion, failure = asyncio.run(_serve_completions(socket_path, seen, ask(policy), ask(elsewhere)))
+    assert completion.choices[0].model_extra["token_ids"] == [10, 11, 2]
+    [(request_line, body)] = seen
+    assert request_line == "POST /v1/chat/completions HTTP/1.1"
+    assert body["model"] == "run-1@1" and body["max_tokens"] == 16
+    assert body["logprobs"] is True and body["return_token_ids"] is True
+    assert isinstance(failure, openai.APIConnectionError)

@@ -1,4 +1,5 @@
-"""The runtime against the session's real vLLM server (CPU build, default model)."""
+"""The runtime against the session's real inference servers (default model): vLLM's CPU build and artweb's
+CTranslate2 server, each test against both (`inference_server`), but for vLLM's own admin routes."""
 
 import json
 import time
@@ -47,16 +48,16 @@ def assert_trainable(message: dict):
     assert message["finish_reason"] in ("stop", "length", "tool_calls")
 
 
-def test_it_records_token_ids_and_logprobs_of_the_example_task(vllm_server, request_for):
+def test_it_records_token_ids_and_logprobs_of_the_example_task(inference_server, request_for):
     scenario = json.loads((EXAMPLES / "scenarios.jsonl").read_text().splitlines()[0])
     request = request_for(
         (EXAMPLES / "rollout.py").read_text(),
         reward=(EXAMPLES / "reward.py").read_text(),
         scenarios=[scenario],
         group_size=2,
-        base_url=vllm_server.base_url,
-        api_key=vllm_server.api_key,
-        model_name=vllm_server.ensure_base(),
+        base_url=inference_server.base_url,
+        api_key=inference_server.api_key,
+        model_name=inference_server.ensure_base(),
         sampling={"max_tokens": 24, "temperature": 1.0},
     )
     [group] = run_rollouts(request)
@@ -71,14 +72,14 @@ def test_it_records_token_ids_and_logprobs_of_the_example_task(vllm_server, requ
         json.dumps(t)  # what the database stores
 
 
-def test_it_runs_the_art_documentation_rollout_unchanged(vllm_server, request_for):
+def test_it_runs_the_art_documentation_rollout_unchanged(inference_server, request_for):
     request = request_for(
         ART_DOC_ROLLOUT,
         scenarios=[{"prompt": "Say hello.", "word": "hello"}],
         group_size=2,
-        base_url=vllm_server.base_url,
-        api_key=vllm_server.api_key,
-        model_name=vllm_server.ensure_base(),
+        base_url=inference_server.base_url,
+        api_key=inference_server.api_key,
+        model_name=inference_server.ensure_base(),
         sampling={"max_tokens": 16},
     )
     [group] = run_rollouts(request)
@@ -88,14 +89,14 @@ def test_it_runs_the_art_documentation_rollout_unchanged(vllm_server, request_fo
         assert_trainable(t["messages"][0])
 
 
-def test_it_records_every_turn_of_a_tool_calling_rollout(vllm_server, request_for):
+def test_it_records_every_turn_of_a_tool_calling_rollout(inference_server, request_for):
     request = request_for(
         (EXAMPLES / "tool_rollout.py").read_text(),
         scenarios=[{"country": "France", "capital": "Paris"}],
         group_size=1,
-        base_url=vllm_server.base_url,
-        api_key=vllm_server.api_key,
-        model_name=vllm_server.ensure_base(),
+        base_url=inference_server.base_url,
+        api_key=inference_server.api_key,
+        model_name=inference_server.ensure_base(),
         sampling={"max_tokens": 40, "temperature": 0.0},
         rollout_timeout_s=120,
     )
@@ -114,15 +115,15 @@ def test_it_records_every_turn_of_a_tool_calling_rollout(vllm_server, request_fo
     assert t["metrics"]["tool_calls"] >= 1
 
 
-def test_a_dry_run_returns_output_within_its_time_bound(vllm_server):
+def test_a_dry_run_returns_output_within_its_time_bound(inference_server):
     started = time.monotonic()
     result = dry_run(
         script=(EXAMPLES / "rollout.py").read_text(),
         reward=(EXAMPLES / "reward.py").read_text(),
         scenarios=[json.loads(line) for line in (EXAMPLES / "scenarios.jsonl").read_text().splitlines()],
-        base_url=vllm_server.base_url,
-        api_key=vllm_server.api_key,
-        model_name=vllm_server.ensure_base(),
+        base_url=inference_server.base_url,
+        api_key=inference_server.api_key,
+        model_name=inference_server.ensure_base(),
         sampling={"max_tokens": 16},
         timeout_s=120,
     )
@@ -131,22 +132,22 @@ def test_a_dry_run_returns_output_within_its_time_bound(vllm_server):
     assert all(r is not None for r in result["rewards"])
 
 
-def test_a_dry_run_of_a_broken_script_returns_its_errors(vllm_server):
+def test_a_dry_run_of_a_broken_script_returns_its_errors(inference_server):
     started = time.monotonic()
     result = dry_run(
         script="import art\nasync def rollout(model, scenario):\n    while True:\n        pass\n",
         reward=None,
         scenarios=[{"x": 1}],
-        base_url=vllm_server.base_url,
-        api_key=vllm_server.api_key,
-        model_name=vllm_server.base_model_name,
+        base_url=inference_server.base_url,
+        api_key=inference_server.api_key,
+        model_name=inference_server.base_model_name,
         timeout_s=15,
     )
     assert time.monotonic() - started < 25
     assert len(result["errors"]) == 1 and "Timed out" in result["errors"][0]
 
 
-def test_ruler_scores_a_group_with_the_base_model_as_judge(vllm_server):
+def test_ruler_scores_a_group_with_the_base_model_as_judge(inference_server):
     def trajectory(answer, reward):
         return {
             "messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": answer}],
@@ -160,7 +161,10 @@ def test_ruler_scores_a_group_with_the_base_model_as_judge(vllm_server):
     # No max_tokens: the answer's schema bounds its length (two short explanations). A generous timeout:
     # on a busy 2-core machine this small judge writes a few tokens a second.
     judge = Judge(
-        base_url=vllm_server.base_url, model=vllm_server.ensure_base(), api_key=vllm_server.api_key, timeout_s=600
+        base_url=inference_server.base_url,
+        model=inference_server.ensure_base(),
+        api_key=inference_server.api_key,
+        timeout_s=600,
     )
     ruler_score_group(group, judge)
     for t, independent in zip(group, (1.0, 0.0), strict=False):
@@ -185,29 +189,29 @@ def _greedy(server, model: str) -> str:
     return response.json()["choices"][0]["message"]["content"]
 
 
-def test_it_serves_a_steps_adapter_and_gives_the_base_back(vllm_server, tmp_path):
+def test_it_serves_a_steps_adapter_and_gives_the_base_back(inference_server, tmp_path):
     from tests.rollouts.runtime.adapters import make_adapter
 
-    base_answer = _greedy(vllm_server, vllm_server.ensure_base())
+    base_answer = _greedy(inference_server, inference_server.ensure_base())
     adapter = make_adapter(tmp_path / "step1", seed=1, std=0.05)
-    name = vllm_server.ensure_adapter("run-1@1", str(adapter))
-    assert name == "run-1@1" and vllm_server.loaded_adapter_paths() == {str(adapter)}
-    assert _greedy(vllm_server, name) != base_answer
-    vllm_server.retire_adapters(keep=set())
-    assert vllm_server.loaded_adapter_paths() == set()
-    assert _greedy(vllm_server, vllm_server.ensure_base()) == base_answer
+    name = inference_server.ensure_adapter("run-1@1", str(adapter))
+    assert name == "run-1@1" and inference_server.loaded_adapter_paths() == {str(adapter)}
+    assert _greedy(inference_server, name) != base_answer
+    inference_server.retire_adapters(keep=set())
+    assert inference_server.loaded_adapter_paths() == set()
+    assert _greedy(inference_server, inference_server.ensure_base()) == base_answer
 
 
-def test_it_restarts_a_dead_server(vllm_server):
+def test_it_restarts_a_dead_server(inference_server):
     import os
     import signal
 
-    os.killpg(vllm_server._proc.pid, signal.SIGKILL)
-    vllm_server._proc.wait(timeout=30)
-    assert not vllm_server.is_alive()
-    vllm_server.ensure_running()
-    assert vllm_server.is_alive()
-    assert _greedy(vllm_server, vllm_server.ensure_base())
+    os.killpg(inference_server._proc.pid, signal.SIGKILL)
+    inference_server._proc.wait(timeout=30)
+    assert not inference_server.is_alive()
+    inference_server.ensure_running()
+    assert inference_server.is_alive()
+    assert _greedy(inference_server, inference_server.ensure_base())
 
 
 # Routes that would hand a caller the server itself; vLLM's own key check covers none outside /v1.

@@ -10,7 +10,10 @@ by bench/rollout_bench.py (its "sandbox start-up" line), not here: a timed test 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -184,3 +187,49 @@ def test_it_keeps_one_prestarted_batch_per_run_and_a_few_in_all(request_for):
     finally:
         pool.discard()
     assert pool.keys() == []
+
+
+WARMED_FIRST_REQUEST = """
+import asyncio, json, ssl, sys
+sys.path.insert(0, GUEST_DIR)
+import _artweb_guest as guest
+
+guest.warm_up()
+from artweb_sdk import TrainableModel
+from artweb_sdk.model import Endpoint
+
+contexts = []
+create_default_context = ssl.create_default_context
+ssl.create_default_context = lambda *a, **k: contexts.append(1) or create_default_context(*a, **k)
+REPLY = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]}).encode()
+
+async def answer(reader, writer):
+    await reader.readuntil(b"\\r\\n\\r\\n")
+    writer.write(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nConnection: close\\r\\n"
+                 b"Content-Length: %d\\r\\n\\r\\n%s" % (len(REPLY), REPLY))
+    await writer.drain()
+    writer.close()
+
+async def main():
+    server = await asyncio.start_unix_server(answer, SOCKET)
+    before = set(sys.modules)
+    model = TrainableModel(name="m", _endpoint=Endpoint(base_url="http://127.0.0.1:9/v1", socket_path=SOCKET))
+    await model.openai_client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    server.close()
+    return sorted(set(sys.modules) - before)
+
+print(json.dumps({"imported": asyncio.run(main()), "tls_contexts": len(contexts)}))
+"""
+
+
+def test_the_warm_up_leaves_the_first_chat_completion_nothing_to_import_or_build(tmp_path):
+    # A pre-started sandbox imports before its batch, off the step's clock; what the batch's first request
+    # still imports (the connection backend) or builds (a TLS context from the CA bundle) is on it.
+    code = f"GUEST_DIR = {str(sandbox.GUEST_DIR)!r}\nSOCKET = {str(tmp_path / 's.sock')!r}\n" + WARMED_FIRST_REQUEST
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    libraries = ("anyio", "httpcore", "httpx", "h11", "openai", "artweb_sdk")
+    assert [m for m in seen["imported"] if m.split(".")[0] in libraries] == []
+    assert seen["tls_contexts"] == 0

@@ -36,7 +36,13 @@ OVERRIDE = (
 def worker(settings, tmp_path, monkeypatch):
     """A worker with its own data directory, the CPU trainer, and vLLM servers that are never started."""
     settings.DATA_DIR = tmp_path
-    settings.ARTWEB = {**settings.ARTWEB, "TRAINER_BACKEND": "peft", "DEVICE": "cpu", "VLLM_PYTHON": "python3"}
+    settings.ARTWEB = {
+        **settings.ARTWEB,
+        "TRAINER_BACKEND": "peft",
+        "DEVICE": "cpu",
+        "VLLM_PYTHON": "python3",
+        "INFERENCE_ENGINE": "vllm",
+    }
     monkeypatch.setattr(VLLMServer, "start", lambda self, *a, **k: None)
     monkeypatch.setattr(VLLMServer, "ensure_running", lambda self: None)
     yield

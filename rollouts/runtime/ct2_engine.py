@@ -1,0 +1,345 @@
+"""Generation on CTranslate2: the engine behind artweb's second CPU inference server (ct2_entry).
+
+vLLM's CPU build computes in bf16, which is fast where the processor has bf16 units (AMX, AVX512-BF16)
+and emulated, several times slower, where it has not (AVX2-only processors: 22-35 tok/s for the
+default model, bench/results/cpu_paths.md); its fp32 path on AVX2 answers garbage. CTranslate2 runs
+the model in fp32 with kernels for each instruction set, dispatched at run time.
+
+One policy at a time, like vLLM's merged mode: the base weights, or a step's adapter merged into them
+(rollouts.runtime.merge), converted in memory to CTranslate2's format when loaded. Requests that arrive
+together run as one batch; each sequence stops on its own (end of text, its max_tokens, a stop string)
+and its tokens are handed over as they are sampled, so answers can stream.
+
+Log-probs are those of the model's own distribution, before temperature, top-p or top-k, as vLLM
+reports them by default (checked against transformers in tests/rollouts/runtime/test_ct2.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import logging
+import math
+import os
+import queue
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# How long the batcher waits after a first request for the others of the same wave (the group of a
+# step's rollouts arrives within a few milliseconds), before it starts a batch.
+GATHER_S = 0.005
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What one batch shares: CTranslate2 takes these per call, not per sequence."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: the whole vocabulary
+    seed: int | None = None  # a seeded request runs in a batch of its own
+    top_logprobs: int = 0  # > 0: the batch computes the full distribution at every step
+    ignore_eos: bool = False  # the end token is per batch too
+
+
+@dataclass
+class Sample:
+    """One sequence's output, filled in as the engine samples it."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Job:
+    """A request: `n` samples of one prompt. `on_token(index, sample)` is called from the engine's thread
+    after each sampled token; `done` is set when every sample has finished."""
+
+    prompt_ids: list[int]
+    n: int
+    max_tokens: int
+    sampling: Sampling
+    stop: list[str] = field(default_factory=list)
+    # A JSON schema the answer must follow (OpenAI's response_format, or a tool call that tool_choice
+    # demands; {} for any JSON object): such a job
+    # runs on its own, through transformers with a grammar (see Engine._run_guided).
+    json_schema: dict | None = None
+    on_token: object = None
+    samples: list[Sample] = field(default_factory=list)
+    error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+
+    def __post_init__(self) -> None:
+        self.samples = [Sample() for _ in range(self.n)]
+
+
+class Engine:
+    def __init__(self, model_dir: str, *, compute_type: str = "float32", threads: int = 0, work_dir: str) -> None:
+        import ctranslate2
+        import torch
+        import transformers
+
+        self._ct2 = ctranslate2
+        # torch only converts weights here (CTranslate2 generates on threads of its own). The conversion is
+        # thousands of small calls (one tensor comparison per pair of same-shaped weights, to share tied
+        # ones); with a pool of threads each call waits for them to wake, seconds in all on busy cores.
+        torch.set_num_threads(1)
+        self.model_dir = model_dir
+        self.compute_type = compute_type
+        self.threads = threads
+        self.work_dir = Path(work_dir)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        # A float32 copy of the model in memory: each load puts a policy's weights into it and converts.
+        self._model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self._names = set(self._model.state_dict())
+        # The base weights are read again from their files when they are served again; a model without
+        # safetensors files keeps a copy in memory instead.
+        self._base_state = (
+            None
+            if any(Path(model_dir).glob("*.safetensors"))
+            else {k: v.clone() for k, v in self._model.state_dict().items()}
+        )
+        config = self._model.config
+        eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+        self.eos_ids = sorted({i for i in [*eos, self.tokenizer.eos_token_id] if isinstance(i, int)})
+        self.vocab_size = int(config.vocab_size)
+        # The converter runs gc.collect() once per layer; with torch and transformers loaded that is
+        # ~0.2 s each (7 s for 30 layers). What is alive now lives as long as the server: freeze it.
+        gc.collect()
+        gc.freeze()
+        self._generator = None
+        self._grammars = None  # xgrammar's compiler for this tokenizer, made on the first guided request
+        self._swap = threading.Lock()  # held by a batch while it runs, and by a load
+        self._queue: queue.Queue[Job] = queue.Queue()
+        self.load(None)
+        threading.Thread(target=self._loop, name="ct2-batches", daemon=True).start()
+
+    # --- weights -------------------------------------------------------------------------------------
+
+    def load(self, weights_dir: str | None) -> float:
+        """Serve the base weights (None) or the merged weights in weights_dir; return the seconds taken.
+        Waits for the batch in progress; batches queued meanwhile run on the new weights."""
+        import torch
+        from safetensors.torch import load_file
+
+        t0 = time.perf_counter()
+        if weights_dir is None and self._base_state is not None:
+            state = self._base_state
+        else:
+            state = {}
+            for path in sorted(Path(weights_dir or self.model_dir).glob("*.safetensors")):
+                state.update(load_file(str(path)))
+            missing = self._names - set(state)
+            # Tied embeddings: a checkpoint may omit the output layer that shares the input's weights.
+            missing.discard("lm_head.weight")
+            if missing:
+                raise ValueError(
+                    f"{weights_dir} lacks {len(missing)} of the model's weights, e.g. {sorted(missing)[:3]}"
+                )
+        target = self.work_dir / f"weights-{time.monotonic_ns()}"
+        # Under the lock from here: the batch in progress finishes on the old weights, and nothing generates
+        # on a mix of the two (the model in memory also answers guided requests, see _run_guided).
+        with self._swap:
+            with torch.no_grad():
+                self._model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
+            # The converter takes the model apart as it goes (it frees each layer once converted): a copy.
+            spec = self._spec(copy.deepcopy(self._model))
+            spec.validate()
+            spec.optimize(quantization=self.compute_type)
+            target.mkdir(parents=True)
+            spec.save(str(target))
+            del spec
+            self._generator = None  # its memory back before the next one loads
+            self._generator = self._ct2.Generator(
+                str(target), device="cpu", compute_type=self.compute_type, intra_threads=self.threads
+            )
+        # The generator has read its files; the directory only held them for the load.
+        shutil.rmtree(target, ignore_errors=True)
+        return time.perf_counter() - t0
+
+    def _spec(self, model):
+        from ctranslate2.converters.transformers import _MODEL_LOADERS
+
+        loader = _MODEL_LOADERS.get(type(model.config).__name__)
+        if loader is None:
+            raise ValueError(f"CTranslate2 cannot convert {type(model.config).__name__} models")
+        return loader(model, self.tokenizer)
+
+    # --- requests ------------------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> Job:
+        self._queue.put(job)
+        return job
+
+    def _loop(self) -> None:
+        while True:
+            jobs = [self._queue.get()]
+            time.sleep(GATHER_S)
+            while True:
+                try:
+                    jobs.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            batches: dict[Sampling, list[Job]] = {}
+            for job in jobs:
+                if job.cancelled:
+                    continue
+                if job.json_schema is not None or job.sampling.seed is not None:
+                    self._run_guided(job)
+                else:
+                    batches.setdefault(job.sampling, []).append(job)
+            for sampling, group in batches.items():
+                self._run(sampling, group)
+
+    def _run(self, sampling: Sampling, jobs: list[Job]) -> None:
+        rows = [(job, i) for job in jobs for i in range(job.n)]  # batch row -> (job, sample index)
+        texts = ["" for _ in rows]  # decoded so far, for stop strings
+        stopped = [False] * len(rows)
+
+        def finish(row: int, reason: str) -> bool:
+            job, i = rows[row]
+            job.samples[i].finish_reason = reason
+            stopped[row] = True
+            if all(s.finish_reason for s in job.samples):
+                job.done.set()
+            return True
+
+        def on_step(step) -> bool:
+            row = step.batch_id
+            if stopped[row]:
+                return True
+            job, i = rows[row]
+            sample = job.samples[i]
+            sample.token_ids.append(int(step.token_id))
+            sample.logprobs.append(float(step.log_prob) if step.log_prob is not None else math.nan)
+            if sampling.top_logprobs:
+                sample.top.append(_top(step.logits, sampling.top_logprobs))
+            if job.on_token is not None:
+                job.on_token(i, sample)
+            if job.cancelled:
+                return finish(row, "abort")
+            if step.token_id in self.eos_ids and not sampling.ignore_eos:
+                return finish(row, "stop")
+            if job.stop:
+                texts[row] = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+                if any(s in texts[row] for s in job.stop):
+                    return finish(row, "stop")
+            if len(sample.token_ids) >= job.max_tokens:
+                return finish(row, "length")
+            return False
+
+        try:
+            prompts = [self.tokenizer.convert_ids_to_tokens(job.prompt_ids) for job, _ in rows]
+            with self._swap:
+                self._generator.generate_batch(
+                    prompts,
+                    max_length=max(job.max_tokens for job in jobs),
+                    # Greedy is CTranslate2's top-k of 1; its temperature must stay positive.
+                    sampling_topk=1 if sampling.temperature == 0 else sampling.top_k,
+                    sampling_topp=sampling.top_p,
+                    sampling_temperature=sampling.temperature or 1.0,
+                    end_token=[] if sampling.ignore_eos else self.eos_ids,
+                    include_prompt_in_result=False,
+                    return_scores=True,
+                    return_logits_vocab=bool(sampling.top_logprobs),
+                    callback=on_step,
+                )
+            for row in range(len(rows)):
+                if not stopped[row]:  # the batch's max_length or an end token ignored by this row
+                    finish(row, "length")
+        except Exception as exc:  # a request must never hang on an engine error
+            logger.exception("generation failed")
+            for job in jobs:
+                job.error = f"generation failed: {exc}"
+                job.done.set()
+
+    def _run_guided(self, job: Job) -> None:
+        """Generate a job through transformers on the same weights, one job at a time: slower than a batch.
+
+        For what CTranslate2 cannot do: restrict the next token (job.json_schema: RULER's judge, forced
+        tool calls; xgrammar, the grammar engine vLLM uses, masks what the schema forbids), and repeat a
+        seeded request (its sampler's generators are seeded once per thread, not per call)."""
+        import torch
+        import xgrammar
+        from xgrammar.contrib.hf import LogitsProcessor
+
+        try:
+            if self._grammars is None and job.json_schema is not None:
+                info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size)
+                self._grammars = xgrammar.GrammarCompiler(info)
+            processors = []
+            if job.json_schema is not None:
+                grammar = (
+                    self._grammars.compile_json_schema(json.dumps(job.json_schema))
+                    if job.json_schema
+                    else self._grammars.compile_builtin_json_grammar()
+                )
+                processors.append(LogitsProcessor(grammar))
+            sampling = job.sampling
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(self.threads or os.cpu_count() or 1)
+            try:
+                with self._swap, torch.no_grad():
+                    out = self._model.generate(
+                        torch.tensor([job.prompt_ids] * job.n),
+                        attention_mask=torch.ones(job.n, len(job.prompt_ids), dtype=torch.long),
+                        max_new_tokens=job.max_tokens,
+                        do_sample=sampling.temperature > 0,
+                        temperature=sampling.temperature or None,
+                        top_p=sampling.top_p,
+                        top_k=sampling.top_k or None,
+                        logits_processor=processors,
+                        eos_token_id=self.eos_ids,
+                        min_new_tokens=job.max_tokens if sampling.ignore_eos else None,
+                        pad_token_id=self.eos_ids[0],
+                        output_logits=True,
+                        return_dict_in_generate=True,
+                    )
+            finally:
+                torch.set_num_threads(threads)
+            new = out.sequences[:, len(job.prompt_ids) :]
+            raw = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # (n, steps, vocab), before the mask
+            for i, sample in enumerate(job.samples):
+                for k, token in enumerate(new[i].tolist()):
+                    sample.token_ids.append(int(token))
+                    sample.logprobs.append(float(raw[i, k, token]))
+                    if sampling.top_logprobs:
+                        sample.top.append(_top(raw[i, k].numpy(), sampling.top_logprobs))
+                    if token in self.eos_ids and not sampling.ignore_eos:
+                        break
+                    if job.stop and any(
+                        s in self.tokenizer.decode(sample.token_ids, skip_special_tokens=True) for s in job.stop
+                    ):
+                        sample.finish_reason = "stop"
+                        break
+                ended = sample.token_ids and sample.token_ids[-1] in self.eos_ids and not sampling.ignore_eos
+                sample.finish_reason = sample.finish_reason or ("stop" if ended else "length")
+                if job.on_token is not None:
+                    job.on_token(i, sample)
+        except Exception as exc:  # a request must never hang on an engine error
+            logger.exception("guided generation failed")
+            job.error = f"generation failed: {exc}"
+        job.done.set()
+
+
+def _top(logits, k: int) -> list[tuple[int, float]]:
+    """The k most likely tokens at a step and their log-probs, from the step's logits (1, vocab)."""
+    import numpy as np
+
+    values = np.asarray(logits, dtype=np.float32).reshape(-1)
+    shifted = values - values.max()
+    logprobs = shifted - np.log(np.exp(shifted).sum())
+    best = np.argpartition(-logprobs, k)[:k] if k < logprobs.size else np.arange(logprobs.size)
+    best = best[np.argsort(-logprobs[best])]
+    return [(int(i), float(logprobs[i])) for i in best]

@@ -1,0 +1,206 @@
+"""artweb's CTranslate2 server (the CPU inference path for processors without bf16 units) against the
+default model: what the trainer relies on (log-probs, token ids, finish reasons), the OpenAI features
+rollouts and serving use, its key, and how a worker picks it. The interface it shares with vLLM (rollouts,
+tools, adapters, restarts) is tested against both servers in test_vllm.py."""
+
+import json
+
+import httpx
+import pytest
+
+from rollouts.runtime import cpu_probe
+from rollouts.runtime.ct2_entry import _settled
+
+pytestmark = pytest.mark.vllm
+
+QUESTION = [{"role": "user", "content": "Name three fruits."}]
+
+
+def _chat(server, **body):
+    body = {"model": server.ensure_base(), "messages": QUESTION, "max_tokens": 16, **body}
+    return httpx.post(f"{server.base_url}/chat/completions", json=body, headers=server.headers, timeout=300)
+
+
+def test_its_logprobs_are_the_models_own_before_temperature(ct2_server, vllm_model_dir):
+    """Checked against transformers in float32: the trainer's importance ratios take these as the
+    sampler's log-probs, and vLLM reports them before temperature too."""
+    import torch
+    import transformers
+
+    answer = _chat(ct2_server, temperature=0.5, logprobs=True, return_token_ids=True)
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    [choice] = data["choices"]
+    ids, logprobs = choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+    assert len(ids) == len(logprobs) == data["usage"]["completion_tokens"] > 0
+    prompt = data["prompt_token_ids"]
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    raw = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+    scaled = torch.log_softmax(logits / 0.5, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(logprobs), raw, atol=2e-3)
+    assert not torch.allclose(torch.tensor(logprobs), scaled, atol=2e-3)
+
+
+def test_an_answer_that_ends_keeps_its_end_token_and_one_cut_short_says_length(ct2_server):
+    tokenizer_eos = 2  # SmolLM2's <|im_end|>
+    ended = _chat(ct2_server, temperature=0, max_tokens=200, return_token_ids=True).json()["choices"][0]
+    assert ended["finish_reason"] == "stop" and ended["token_ids"][-1] == tokenizer_eos
+    assert "<|im_end|>" not in ended["message"]["content"]
+    cut = _chat(ct2_server, temperature=0, max_tokens=3, return_token_ids=True).json()["choices"][0]
+    assert cut["finish_reason"] == "length" and len(cut["token_ids"]) == 3
+    assert ended["token_ids"][:3] == cut["token_ids"]  # greedy: the same start
+
+
+def test_a_stop_string_ends_the_answer_before_it(ct2_server):
+    full = _chat(ct2_server, temperature=0, max_tokens=40).json()["choices"][0]["message"]["content"]
+    stop = full.split()[2]
+    cut = _chat(ct2_server, temperature=0, max_tokens=40, stop=[stop]).json()["choices"][0]
+    assert cut["finish_reason"] == "stop" and stop not in cut["message"]["content"]
+    assert full.startswith(cut["message"]["content"])
+
+
+def test_a_streamed_answer_is_the_answer(ct2_server):
+    plain = _chat(ct2_server, temperature=0, max_tokens=24, return_token_ids=True, logprobs=True).json()["choices"][0]
+    body = {
+        "model": ct2_server.ensure_base(),
+        "messages": QUESTION,
+        "max_tokens": 24,
+        "temperature": 0,
+        "stream": True,
+        "logprobs": True,
+        "return_token_ids": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks = []
+    with httpx.stream(
+        "POST", f"{ct2_server.base_url}/chat/completions", json=body, headers=ct2_server.headers, timeout=300
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]
+    assert len(deltas) > 3  # sent as it was sampled, not in one piece
+    assert "".join(d["delta"].get("content") or "" for d in deltas) == plain["message"]["content"]
+    assert [t for d in deltas for t in d.get("token_ids") or []] == plain["token_ids"]
+    streamed_logprobs = [e["logprob"] for d in deltas for e in (d["logprobs"] or {}).get("content", [])]
+    assert streamed_logprobs == pytest.approx([e["logprob"] for e in plain["logprobs"]["content"]], abs=1e-4)
+    assert deltas[-1]["finish_reason"] == plain["finish_reason"]
+    assert chunks[-1]["usage"]["completion_tokens"] == len(plain["token_ids"])
+
+
+def test_samples_of_one_seed_repeat_and_n_gives_n(ct2_server):
+    one = _chat(ct2_server, temperature=1.0, seed=11, n=3, max_tokens=12).json()["choices"]
+    again = _chat(ct2_server, temperature=1.0, seed=11, n=3, max_tokens=12).json()["choices"]
+    assert len(one) == 3 and [c["message"]["content"] for c in one] == [c["message"]["content"] for c in again]
+    assert len({c["message"]["content"] for c in one}) > 1  # three samples, not one repeated
+
+
+def test_top_logprobs_rank_the_alternatives(ct2_server):
+    [choice] = _chat(ct2_server, temperature=1.0, logprobs=True, top_logprobs=3, max_tokens=6).json()["choices"]
+    for entry in choice["logprobs"]["content"]:
+        top = [t["logprob"] for t in entry["top_logprobs"]]
+        assert len(top) == 3 and top == sorted(top, reverse=True)
+        assert entry["logprob"] <= top[0] + 1e-4
+
+
+def test_a_named_tool_choice_answers_with_that_call(ct2_server):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup_capital",
+                "parameters": {"type": "object", "properties": {"country": {"type": "string"}}},
+            },
+        }
+    ]
+    [choice] = _chat(
+        ct2_server,
+        messages=[{"role": "user", "content": "What is the capital of Peru?"}],
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "lookup_capital"}},
+        temperature=0,
+        max_tokens=40,
+        return_token_ids=True,
+        logprobs=True,
+    ).json()["choices"]
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "lookup_capital" and isinstance(json.loads(call["function"]["arguments"]), dict)
+    # The call's opening was forced, and is part of the trained answer with the model's own log-probs.
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["content"])
+    assert all(e["logprob"] <= 0 for e in choice["logprobs"]["content"])
+    unknown = _chat(ct2_server, tools=tools, tool_choice={"type": "function", "function": {"name": "other"}})
+    assert unknown.status_code == 400 and "other" in unknown.json()["error"]["message"]
+
+
+def test_bad_requests_say_what_to_fix(ct2_server):
+    missing = _chat(ct2_server, model="run-9@9")
+    assert missing.status_code == 404 and "run-9@9" in missing.json()["error"]["message"]
+    too_long = _chat(ct2_server, max_tokens=5000)
+    assert too_long.status_code == 400 and "maximum context length is 2048" in too_long.json()["error"]["message"]
+    for field, value in (("temperature", -1), ("n", 0), ("top_p", 2), ("stop", [3]), ("messages", "hi")):
+        answer = _chat(ct2_server, **{field: value})
+        assert answer.status_code == 400 and field in answer.json()["error"]["message"], (field, answer.text)
+
+
+def test_every_route_but_health_needs_its_key(ct2_server):
+    root = ct2_server.root_url
+    routes = [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/artweb/load"),
+        ("GET", "/docs"),
+        ("OPTIONS", "/v1/chat/completions"),
+    ]
+    with httpx.Client(base_url=root, timeout=30) as client:
+        for method, path in routes:
+            for headers in ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": ct2_server.api_key}):
+                assert client.request(method, path, headers=headers).status_code == 401, (method, path, headers)
+        assert client.get("/health").status_code == 200
+        assert client.get("/v1/models", headers=ct2_server.headers).json()["data"][0]["id"] == ct2_server.ensure_base()
+    assert ct2_server.api_key not in " ".join(ct2_server.command())
+
+
+def test_a_text_completion_answers_too(ct2_server):
+    body = {"model": ct2_server.ensure_base(), "prompt": "The capital of France is", "max_tokens": 5, "temperature": 0}
+    answer = httpx.post(f"{ct2_server.base_url}/completions", json=body, headers=ct2_server.headers, timeout=120)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"]
+
+
+def test_text_waiting_for_a_stop_string_or_a_character_is_held_back():
+    assert _settled("Hello wor", ["world!"]) == "Hello "
+    assert _settled("caf\ufffd", []) == "caf"
+    assert _settled("plain", ["xyz"]) == "plain"
+
+
+# --- which server a worker starts ----------------------------------------------------------------------
+
+
+def test_the_probe_picks_a_server_by_the_speed_of_each_dtype(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_gflops(dtype, seconds=0.25):
+        calls.append(str(dtype))
+        return {"torch.bfloat16": 5.0, "torch.float32": 20.0}[str(dtype)]
+
+    monkeypatch.setattr(cpu_probe, "_gflops", fake_gflops)
+    choice = cpu_probe.choose("auto", cache_file=tmp_path / "probe.json")
+    assert choice.engine == "ctranslate2" and "bf16 5.0" in choice.reason
+    assert cpu_probe.choose("auto", cache_file=tmp_path / "probe.json") == choice
+    assert len(calls) == 2  # measured once, then read from the file
+
+    monkeypatch.setattr(cpu_probe, "_gflops", lambda dtype, seconds=0.25: 60.0 if "bfloat16" in str(dtype) else 20.0)
+    assert cpu_probe.choose("auto", cache_file=tmp_path / "other.json").engine == "vllm"
+    assert cpu_probe.choose("vllm", cache_file=None).engine == "vllm"
+    with pytest.raises(ValueError, match="one of auto, vllm, ctranslate2"):
+        cpu_probe.choose("llama", cache_file=None)
+
+
+def test_the_real_probe_measures_both_dtypes():
+    choice = cpu_probe.measure()
+    assert choice.bf16_gflops > 0 and choice.fp32_gflops > 0
+    assert choice.engine == ("vllm" if choice.bf16_gflops > choice.fp32_gflops else "ctranslate2")
