@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.cpu_isa import ISA_ENV, cpu_flags, reexec_with
 from rollouts.runtime.jail import OPT_OUT, Jail, JailConfig, JailLimits
 from rollouts.runtime.sandbox import (
     FALLBACKS_DIR,
@@ -243,6 +244,15 @@ def main() -> None:
         help="the key of the server on --base-url (default: $VLLM_API_KEY)",
     )
     parser.add_argument("--adapter-mode", default="auto", choices=["auto", "merged", "lora"])
+    parser.add_argument(
+        "--engine", default="vllm", choices=["vllm", "ctranslate2"], help="the inference server to start"
+    )
+    parser.add_argument(
+        "--isa",
+        default="native",
+        choices=sorted(ISA_ENV),
+        help="take another processor's code paths (bench/cpu_isa.py)",
+    )
     parser.add_argument("--concurrency", default="4,8,16")
     parser.add_argument("--rollouts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
@@ -251,9 +261,11 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("ARTWEB_DATA_DIR", str(REPO / "data")))
     parser.add_argument("--startup-only", action="store_true", help="measure start-up only; no inference server")
     args = parser.parse_args()
+    reexec_with(args.isa)
     sampling = {"max_tokens": args.tokens, "temperature": 1.0, "ignore_eos": True}
     levels = [int(c) for c in args.concurrency.split(",")]
-    print(f"{cpu_name()}, {os.cpu_count()} cores", flush=True)
+    print(f"{cpu_name()}, {os.cpu_count()} cores; flags: {cpu_flags()} (code paths: {args.isa})", flush=True)
+    print(f"inference server: {args.base_url or args.engine}", flush=True)
     jail_ms, plain_ms = jail_startup()
     print(
         f"jail start-up: {jail_ms:.1f} ms median (cgroup, staging, bwrap, /bin/true), plain subprocess "
@@ -271,6 +283,17 @@ def main() -> None:
 
     server = None
     base_url, base_name, api_key = args.base_url, args.model, args.api_key
+    if base_url is None and args.engine == "ctranslate2":
+        from rollouts.runtime.ct2_server import CT2Server
+        from training.engine.default_model import ensure_default_model
+
+        model_dir = str(ensure_default_model(Path(args.data_dir)).path)
+        server = CT2Server(model_dir, max_model_len=2048, log_dir=tempfile.mkdtemp(prefix="artweb-bench-"))
+        print(f"starting the CTranslate2 server, log in {server.log_dir}", flush=True)
+        started = time.perf_counter()
+        server.start()
+        print(f"CTranslate2 server up in {time.perf_counter() - started:.0f} s", flush=True)
+        base_url, base_name, api_key = server.base_url, server.ensure_base(), server.api_key
     if base_url is None:
         from rollouts.runtime.vllm_server import VLLMServer
         from training.engine.default_model import ensure_default_model

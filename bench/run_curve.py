@@ -159,6 +159,8 @@ def run_artweb(
         ARTWEB_VLLM_PORT=str(stack.free_port()),
         ARTWEB_VLLM_ENFORCE_EAGER=os.environ.get("ARTWEB_VLLM_ENFORCE_EAGER", "0"),
         ARTWEB_HEARTBEAT_SECONDS="15",
+        # The server the worker picks for this processor, as under `make run` (the tests pin vLLM).
+        ARTWEB_INFERENCE_ENGINE=os.environ.get("ARTWEB_INFERENCE_ENGINE", "auto"),
     )
     # Pool, threads and preloads as `make run` starts its GPU worker.
     worker = stack.start(

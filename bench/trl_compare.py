@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learning-rate", type=float, default=2e-4)
     p.add_argument("--samples", type=int, default=16, help="held-out answers per scenario")
     p.add_argument("--work", type=Path, default=None, help="folder for logs and adapters (default: a temp dir)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "trl_compare.md")
+    p.add_argument("--out", type=Path, default=None, help="default: bench/results/trl_compare[_<isa>].md")
     p.add_argument(
         "--isa",
         choices=sorted(ISA_ENV),
@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     reexec_with(args.isa)  # before anything loads torch, whose kernels the code paths choose
+    suffix = "" if args.isa == "native" else f"_{args.isa}"
+    args.out = args.out or REPO / "bench" / "results" / f"trl_compare{suffix}.md"
     args.inference = inference_path()
     print(f"CPU: {machine()}\nflags: {cpu_flags()} (code paths: {args.isa})\ninference: {args.inference}", flush=True)
     command = "python -m bench.trl_compare " + shlex.join(argv if argv is not None else sys.argv[1:])

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 ENGINES = ("vllm", "ctranslate2")
 # Flags that decide which kernels the inference servers can use.
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "avx_vnni")
+# Environment settings that limit which instruction sets PyTorch, oneDNN, MKL and CTranslate2 use.
+CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA")
 # One decode step's products for 16 sequences of a small model: (rows, inner, outer).
 SHAPES = ((16, 576, 1536), (16, 1536, 576), (16, 576, 4096))
 
@@ -98,7 +100,9 @@ def choose(setting: str, *, cache_file: str | os.PathLike | None) -> Choice:
         raise ValueError(f"ARTWEB_INFERENCE_ENGINE is one of auto, {', '.join(ENGINES)}; got {setting!r}")
     import torch
 
-    key = json.dumps({**cpu_identity(), "torch": torch.__version__}, sort_keys=True)
+    # Settings that cap the kernels' instruction sets choose other code paths on the same processor.
+    caps = {k: os.environ[k] for k in CAPS if os.environ.get(k)}
+    key = json.dumps({**cpu_identity(), "torch": torch.__version__, **caps}, sort_keys=True)
     path = Path(cache_file) if cache_file else None
     kept = {}
     if path is not None and path.exists():

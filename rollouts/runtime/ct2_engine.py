@@ -31,9 +31,10 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-# How long the batcher waits after a first request for the others of the same wave (the group of a
-# step's rollouts arrives within a few milliseconds), before it starts a batch.
-GATHER_S = 0.005
+# How the batcher gathers a batch (see Engine._gather): a step's rollouts send their requests within
+# tens of milliseconds of each other, from several sandbox processes.
+GATHER_QUIET_S = 0.05
+GATHER_MAX_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,10 @@ class Engine:
             )
         # The generator has read its files; the directory only held them for the load.
         shutil.rmtree(target, ignore_errors=True)
-        return time.perf_counter() - t0
+        _release_memory()
+        seconds = time.perf_counter() - t0
+        logger.info("loaded %s in %.2f s", weights_dir or "the base weights", seconds)
+        return seconds
 
     def _spec(self, model):
         from ctranslate2.converters.transformers import _MODEL_LOADERS
@@ -180,15 +184,22 @@ class Engine:
         self._queue.put(job)
         return job
 
+    def _gather(self) -> list[Job]:
+        """The next batch's jobs: the first to arrive, and those that follow it closely (until none came
+        for GATHER_QUIET_S, at most GATHER_MAX_S after the first). A batch runs to its longest answer
+        before the next one starts, so a request that just misses one waits for all of it."""
+        jobs = [self._queue.get()]
+        deadline = time.monotonic() + GATHER_MAX_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                jobs.append(self._queue.get(timeout=min(GATHER_QUIET_S, left)))
+            except queue.Empty:
+                break
+        return jobs
+
     def _loop(self) -> None:
         while True:
-            jobs = [self._queue.get()]
-            time.sleep(GATHER_S)
-            while True:
-                try:
-                    jobs.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            jobs = self._gather()
             batches: dict[Sampling, list[Job]] = {}
             for job in jobs:
                 if job.cancelled:
@@ -237,6 +248,7 @@ class Engine:
                 return finish(row, "length")
             return False
 
+        started = time.perf_counter()
         try:
             prompts = [self.tokenizer.convert_ids_to_tokens(job.prompt_ids) for job, _ in rows]
             with self._swap:
@@ -256,6 +268,13 @@ class Engine:
             for row in range(len(rows)):
                 if not stopped[row]:  # the batch's max_length or an end token ignored by this row
                     finish(row, "length")
+            logger.info(
+                "batch of %d sequences (%d requests): %d tokens in %.2f s",
+                len(rows),
+                len(jobs),
+                sum(len(job.samples[i].token_ids) for job, i in rows),
+                time.perf_counter() - started,
+            )
         except Exception as exc:  # a request must never hang on an engine error
             logger.exception("generation failed")
             for job in jobs:
@@ -331,6 +350,18 @@ class Engine:
             logger.exception("guided generation failed")
             job.error = f"generation failed: {exc}"
         job.done.set()
+
+
+def _release_memory() -> None:
+    """Give back what a load freed (a copy of the model, the converted weights, the old generator): glibc
+    keeps freed blocks in its arenas, and each load leaves a few hundred MB there otherwise."""
+    import ctypes
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator returns memory its own way
+        pass
 
 
 def _top(logits, k: int) -> list[tuple[int, float]]:

@@ -23,6 +23,26 @@ from rollouts.runtime.ct2_engine import Engine, Job, Sampling
 from rollouts.runtime.vllm_entry import RequireApiKey
 
 MAX_N = 64
+# Arguments of apply_chat_template that the server sets itself: a request's chat_template_kwargs may not.
+TEMPLATE_ARGUMENTS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 MAX_TOP_LOGPROBS = 20
 
 
@@ -143,6 +163,13 @@ class Server:
                 for n, f in functions.items()
             ]
             forced = ("required", None, {"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+        extra = body.get("chat_template_kwargs") or {}
+        if not isinstance(extra, dict) or set(extra) & TEMPLATE_ARGUMENTS:
+            raise RequestError(
+                f"chat_template_kwargs must be an object of the template's own variables, none of "
+                f"{', '.join(sorted(TEMPLATE_ARGUMENTS))}",
+                param="chat_template_kwargs",
+            )
         messages = [_arguments_as_objects(m) for m in messages]
         try:
             ids = self.tokenizer.apply_chat_template(
@@ -151,7 +178,7 @@ class Server:
                 chat_template=self.template,
                 add_generation_prompt=body.get("add_generation_prompt", True),
                 tokenize=True,
-                **(body.get("chat_template_kwargs") or {}),
+                **extra,
             )
         except Exception as exc:  # a template error is the request's (a role it cannot render, ...)
             raise RequestError(
@@ -536,7 +563,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not os.environ.get("ARTWEB_INFERENCE_API_KEY"):
         raise SystemExit("Set ARTWEB_INFERENCE_API_KEY: this server answers only callers that hold it.")
+    import logging
+
     import uvicorn
+
+    # One line per batch and per weight load in the server's log (its size, tokens, seconds).
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     app = build_app(Server(args))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)

@@ -141,7 +141,16 @@ def test_bad_requests_say_what_to_fix(ct2_server):
     assert missing.status_code == 404 and "run-9@9" in missing.json()["error"]["message"]
     too_long = _chat(ct2_server, max_tokens=5000)
     assert too_long.status_code == 400 and "maximum context length is 2048" in too_long.json()["error"]["message"]
-    for field, value in (("temperature", -1), ("n", 0), ("top_p", 2), ("stop", [3]), ("messages", "hi")):
+    bad = (
+        ("temperature", -1),
+        ("n", 0),
+        ("top_p", 2),
+        ("stop", [3]),
+        ("messages", "hi"),
+        ("response_format", {"type": "yaml"}),
+        ("chat_template_kwargs", {"tokenize": False}),  # the server's own arguments stay its own
+    )
+    for field, value in bad:
         answer = _chat(ct2_server, **{field: value})
         assert answer.status_code == 400 and field in answer.json()["error"]["message"], (field, answer.text)
 
