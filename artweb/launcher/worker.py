@@ -8,7 +8,8 @@ theirs from here, so a step timed by the benchmark is a step the product runs.
   inherits it), is the number of physical cores this worker may use, PyTorch's own default made explicit.
 - Preloads (LD_PRELOAD): the libraries vLLM's CPU build asks for "for best performance", where they are
   installed: Intel's OpenMP runtime (libiomp5, installed with the CPU stack) and TCMalloc. They reach the
-  trainer and the vLLM server; never the sandbox, whose environment is built from nothing.
+  trainer and the inference server; never the sandbox, whose environment is built from nothing. With
+  libiomp5, KMP_AFFINITY=none: its default pins a forked child (the pool child) to one CPU.
 
 Every setting already in the environment wins; ARTWEB_WORKER_PRELOAD=none turns the preloads off.
 """
@@ -49,6 +50,11 @@ def gpu_worker_env(env: dict[str, str], *, prefix: str = sys.prefix) -> dict[str
         wanted = [lib for lib in preload_libraries(prefix) if Path(lib).name not in present]
         if wanted:
             out["LD_PRELOAD"] = ":".join([*wanted, *filter(None, [present])])
+    if "libiomp5" in out.get("LD_PRELOAD", ""):
+        # Intel's OpenMP, once a process has run parallel work, pins every process it forks to one CPU:
+        # the pool child that trains, and the inference server that child starts, ran on one core of
+        # two (seen with the prefork pool). "none" leaves the placement to the kernel.
+        out.setdefault("KMP_AFFINITY", "none")
     return out
 
 
