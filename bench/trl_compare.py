@@ -118,7 +118,8 @@ def worker_settings() -> str:
     env = gpu_worker_env(dict(os.environ))
     return (
         f"celery {' '.join(GPU_WORKER_OPTIONS)}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, "
-        f"LD_PRELOAD={env.get('LD_PRELOAD') or '(none)'}"
+        f"LD_PRELOAD={':'.join(Path(lib).name for lib in env.get('LD_PRELOAD', '').split(':') if lib) or '(none)'}"
+        + (f", KMP_AFFINITY={env['KMP_AFFINITY']}" if env.get("KMP_AFFINITY") else "")
     )
 
 

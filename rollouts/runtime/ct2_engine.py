@@ -126,11 +126,14 @@ class Engine:
 
     # --- weights -------------------------------------------------------------------------------------
 
-    def load(self, weights_dir: str | None) -> float:
-        """Serve the base weights (None) or the merged weights in weights_dir; return the seconds taken.
-        Waits for the batch in progress; batches queued meanwhile run on the new weights."""
+    def load(self, weights_dir: str | None, *, adapter_dir: str | None = None) -> float:
+        """Serve the base weights (None), the merged weights in weights_dir, or the base weights with the
+        LoRA adapter in adapter_dir folded in (in float32, the policy a float32 trainer holds); return the
+        seconds taken. Waits for the batch in progress; batches queued meanwhile run on the new weights."""
         import torch
         from safetensors.torch import load_file
+
+        from rollouts.runtime.merge import merge_state
 
         t0 = time.perf_counter()
         if weights_dir is None and self._base_state is not None:
@@ -139,12 +142,16 @@ class Engine:
             state = {}
             for path in sorted(Path(weights_dir or self.model_dir).glob("*.safetensors")):
                 state.update(load_file(str(path)))
+        if adapter_dir is not None:
+            state = merge_state(state, adapter_dir, dtype=torch.float32)
+        if weights_dir is not None or adapter_dir is not None:
             missing = self._names - set(state)
             # Tied embeddings: a checkpoint may omit the output layer that shares the input's weights.
             missing.discard("lm_head.weight")
             if missing:
                 raise ValueError(
-                    f"{weights_dir} lacks {len(missing)} of the model's weights, e.g. {sorted(missing)[:3]}"
+                    f"{weights_dir or self.model_dir} lacks {len(missing)} of the model's weights, "
+                    f"e.g. {sorted(missing)[:3]}"
                 )
         target = self.work_dir / f"weights-{time.monotonic_ns()}"
         # Under the lock from here: the batch in progress finishes on the old weights, and nothing generates
@@ -167,7 +174,7 @@ class Engine:
         shutil.rmtree(target, ignore_errors=True)
         _release_memory()
         seconds = time.perf_counter() - t0
-        logger.info("loaded %s in %.2f s", weights_dir or "the base weights", seconds)
+        logger.info("loaded %s in %.2f s", adapter_dir or weights_dir or "the base weights", seconds)
         return seconds
 
     def _spec(self, model):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import time
@@ -420,18 +421,24 @@ class Server:
         return events()
 
     async def load(self, body: dict) -> dict:
-        name = body.get("name")
-        weights = body.get("weights_dir")
-        if not isinstance(name, str) or not name or (weights is not None and not isinstance(weights, str)):
-            raise RequestError("give name (a string) and weights_dir (a directory, or null for the base model)")
-        if weights is not None and not Path(weights).is_dir():
-            raise RequestError(f"{weights} is not a directory", param="weights_dir")
+        """Serve other weights under `name`: merged ones (weights_dir), an adapter to fold into the base
+        weights here (adapter_dir), or the base model (neither)."""
+        name, weights, adapter = body.get("name"), body.get("weights_dir"), body.get("adapter_dir")
+        if not isinstance(name, str) or not name:
+            raise RequestError("give name (a string), and weights_dir or adapter_dir (a directory) or neither")
+        for field, value in (("weights_dir", weights), ("adapter_dir", adapter)):
+            if value is not None and (not isinstance(value, str) or not Path(value).is_dir()):
+                raise RequestError(f"{field} must be a directory, got {value!r}", param=field)
+        if weights is not None and adapter is not None:
+            raise RequestError("give weights_dir or adapter_dir, not both")
         async with self._load_lock:
             loop = asyncio.get_running_loop()
             try:
-                seconds = await loop.run_in_executor(None, self.engine.load, weights)
-            except ValueError as exc:
-                raise RequestError(str(exc), param="weights_dir") from exc
+                seconds = await loop.run_in_executor(
+                    None, functools.partial(self.engine.load, weights, adapter_dir=adapter)
+                )
+            except ValueError as exc:  # MergeError too: an adapter that does not fit this model
+                raise RequestError(str(exc), param="adapter_dir" if adapter else "weights_dir") from exc
             self.served = name
         return {"name": name, "seconds": round(seconds, 3)}
 

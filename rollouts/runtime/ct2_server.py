@@ -11,14 +11,17 @@ CPU worker has), started in the project's directory so that `python -m` finds th
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from rollouts.runtime.inference_server import InferenceServer
 from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, template_supports_tools
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+logger = logging.getLogger(__name__)
 
 
 class CT2Server(InferenceServer):
@@ -103,3 +106,15 @@ class CT2Server(InferenceServer):
 
     def _swap_weights(self, name: str, weights_dir: str | None) -> None:
         self._post("/artweb/load", {"name": name, "weights_dir": weights_dir})
+
+    def load_adapter(self, name: str, path: str) -> str:
+        """Serve a LoRA checkpoint directory under `name`: the server folds it into the base weights itself,
+        in float32 and in memory (no merged copy written and read back, as other servers need)."""
+        path = str(path)
+        with self._lock:
+            t0 = time.perf_counter()
+            self._post("/artweb/load", {"name": name, "adapter_dir": path})
+            self._loaded = (name, path)
+            self.adapters = {name: path}
+            logger.info("serving %s after %.1f s", name, time.perf_counter() - t0)
+            return name

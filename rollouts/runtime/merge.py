@@ -40,19 +40,14 @@ def _scale(config: dict, module: str, rank: int) -> float:
     return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
 
 
-def merge_adapter(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Write base + adapter as one safetensors file in out_dir (created); return out_dir.
-
-    Base tensors keep their dtype; each delta is computed in float32 before the cast, so a small
-    update is not lost to bf16 rounding of the product.
-    """
+def merge_state(base: dict, adapter_dir: str | os.PathLike, *, dtype=None) -> dict:
+    """base (name -> tensor) with the adapter in adapter_dir folded in: W + scale · B·A, each delta computed
+    in float32. Tensors keep their dtype, or become `dtype` when one is given."""
     import torch
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
-    base_dir, adapter_dir, out_dir = Path(base_dir), Path(adapter_dir), Path(out_dir)
+    adapter_dir = Path(adapter_dir)
     config = _adapter_config(adapter_dir)
-
     lora: dict[str, dict[str, torch.Tensor]] = {}  # base weight name -> {"A": (r, in), "B": (out, r)}
     with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="pt") as fh:
         for key in fh.keys():
@@ -64,18 +59,32 @@ def merge_adapter(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, o
             lora.setdefault(f"{module}.weight", {})[rest[0]] = fh.get_tensor(key).float()
 
     merged: dict[str, torch.Tensor] = {}
-    for weights_file in sorted(base_dir.glob("*.safetensors")):
-        with safe_open(str(weights_file), framework="pt") as fh:
-            for key in fh.keys():
-                tensor = fh.get_tensor(key)
-                pair = lora.pop(key, None)
-                if pair is not None:
-                    a, b = pair["A"], pair["B"]
-                    scale = _scale(config, key.removesuffix(".weight"), a.shape[0])
-                    tensor = (tensor.float() + scale * (b @ a)).to(tensor.dtype)
-                merged[key] = tensor.contiguous()
+    for key, tensor in base.items():
+        target = dtype or tensor.dtype
+        pair = lora.pop(key, None)
+        if pair is not None:
+            a, b = pair["A"], pair["B"]
+            scale = _scale(config, key.removesuffix(".weight"), a.shape[0])
+            tensor = tensor.float() + scale * (b @ a)
+        merged[key] = tensor.to(target).contiguous()
     if lora:
         raise MergeError(f"Adapter layers with no matching base weight: {sorted(lora)[:5]}")
+    return merged
+
+
+def merge_adapter(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Write base + adapter as one safetensors file in out_dir (created); return out_dir.
+
+    Base tensors keep their dtype; each delta is computed in float32 before the cast, so a small
+    update is not lost to bf16 rounding of the product.
+    """
+    from safetensors.torch import load_file, save_file
+
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    base = {}
+    for weights_file in sorted(base_dir.glob("*.safetensors")):
+        base.update(load_file(str(weights_file)))
+    merged = merge_state(base, adapter_dir)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / (WEIGHT_FILE + ".part")

@@ -17,7 +17,10 @@ QUESTION = [{"role": "user", "content": "Name three fruits."}]
 
 
 def _chat(server, **body):
-    body = {"model": server.ensure_base(), "messages": QUESTION, "max_tokens": 16, **body}
+    # The base model unless the test names another (asking for the base would load its weights back).
+    body = {"messages": QUESTION, "max_tokens": 16, **body}
+    if body.get("model") is None:
+        body["model"] = server.ensure_base()
     return httpx.post(f"{server.base_url}/chat/completions", json=body, headers=server.headers, timeout=300)
 
 
@@ -213,3 +216,43 @@ def test_the_real_probe_measures_both_dtypes():
     choice = cpu_probe.measure()
     assert choice.bf16_gflops > 0 and choice.fp32_gflops > 0
     assert choice.engine == ("vllm" if choice.bf16_gflops > choice.fp32_gflops else "ctranslate2")
+
+
+def test_an_adapter_folded_in_by_the_server_answers_as_its_merged_copy(ct2_server, tmp_path):
+    """The server folds a step's adapter into the base weights itself (float32, in memory); the merged
+    copy other servers load (rollouts.runtime.merge, bf16) gives the same greedy answer, within bf16's
+    rounding of the log-probs."""
+    from rollouts.runtime.merge import merge_adapter
+    from tests.rollouts.runtime.adapters import make_adapter
+
+    adapter = make_adapter(tmp_path / "step1", seed=1, std=0.05)
+    folded = _chat(
+        ct2_server,
+        model=ct2_server.ensure_adapter("run-7@1", str(adapter)),
+        temperature=0,
+        max_tokens=4,
+        logprobs=True,
+        return_token_ids=True,
+    )
+    merged_dir = merge_adapter(ct2_server.model_path, adapter, tmp_path / "merged")
+    copied = _chat(
+        ct2_server,
+        model=ct2_server.load_merged("run-7@1-merged", str(adapter), str(merged_dir)),
+        temperature=0,
+        max_tokens=4,
+        logprobs=True,
+        return_token_ids=True,
+    )
+    one, other = folded.json()["choices"][0], copied.json()["choices"][0]
+    assert one["token_ids"] == other["token_ids"]
+    assert [e["logprob"] for e in one["logprobs"]["content"]] == pytest.approx(
+        [e["logprob"] for e in other["logprobs"]["content"]], abs=0.05
+    )
+    bad = httpx.post(
+        f"{ct2_server.root_url}/artweb/load",
+        json={"name": "x", "adapter_dir": str(tmp_path)},
+        headers=ct2_server.headers,
+        timeout=60,
+    )
+    assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
+    ct2_server.ensure_base()
