@@ -8,7 +8,8 @@ than fp32 ones, vLLM is the faster server (on an Intel Xeon with AMX: vLLM 150-1
 CTranslate2's ~100 for 16 rollouts of the default model), otherwise CTranslate2 is (the AVX2 code
 paths: vLLM 22-35 tok/s, CTranslate2 ~100; bench/results/cpu_paths.md).
 
-The result is kept in a JSON file keyed by the processor's model, its flags and torch's version, so
+The result is kept in a JSON file keyed by the processor's model, its flags, torch's version and the
+kernels torch picks, so
 a worker probes once per machine (about a second). ARTWEB_INFERENCE_ENGINE overrides it.
 """
 
@@ -27,8 +28,6 @@ logger = logging.getLogger(__name__)
 ENGINES = ("vllm", "ctranslate2")
 # Flags that decide which kernels the inference servers can use.
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "avx_vnni")
-# Environment settings that limit which instruction sets PyTorch, oneDNN, MKL and CTranslate2 use.
-CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA")
 # One decode step's products for 16 sequences of a small model: (rows, inner, outer).
 SHAPES = ((16, 576, 1536), (16, 1536, 576), (16, 576, 4096))
 
@@ -100,9 +99,10 @@ def choose(setting: str, *, cache_file: str | os.PathLike | None) -> Choice:
         raise ValueError(f"ARTWEB_INFERENCE_ENGINE is one of auto, {', '.join(ENGINES)}; got {setting!r}")
     import torch
 
-    # Settings that cap the kernels' instruction sets choose other code paths on the same processor.
-    caps = {k: os.environ[k] for k in CAPS if os.environ.get(k)}
-    key = json.dumps({**cpu_identity(), "torch": torch.__version__, **caps}, sort_keys=True)
+    # The kernels PyTorch picks: a setting that caps them (ATEN_CPU_CAPABILITY) takes other code paths on
+    # the same processor, and a result measured one way must not be read back the other.
+    kernels = torch.backends.cpu.get_cpu_capability()
+    key = json.dumps({**cpu_identity(), "torch": torch.__version__, "kernels": kernels}, sort_keys=True)
     path = Path(cache_file) if cache_file else None
     kept = {}
     if path is not None and path.exists():

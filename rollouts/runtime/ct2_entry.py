@@ -21,41 +21,18 @@ import uuid
 from pathlib import Path
 
 from rollouts.runtime.ct2_engine import Engine, Job, Sampling
-from rollouts.runtime.vllm_entry import RequireApiKey
-
-MAX_N = 64
-# Arguments of apply_chat_template that the server sets itself: a request's chat_template_kwargs may not.
-TEMPLATE_ARGUMENTS = frozenset(
-    {
-        "conversation",
-        "messages",
-        "tools",
-        "documents",
-        "chat_template",
-        "add_generation_prompt",
-        "continue_final_message",
-        "tokenize",
-        "padding",
-        "truncation",
-        "max_length",
-        "return_tensors",
-        "return_dict",
-        "return_assistant_tokens_mask",
-        "tokenizer_kwargs",
-    }
+from rollouts.runtime.ct2_openai import (
+    MAX_N,
+    MAX_TOP_LOGPROBS,
+    TEMPLATE_ARGUMENTS,
+    RequestError,
+    arguments_as_objects,
+    assistant_message,
+    error_body,
+    json_schema_of,
+    settled_text,
 )
-MAX_TOP_LOGPROBS = 20
-
-
-class RequestError(Exception):
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param = status, param
-
-
-def error_body(message: str, status: int, param: str | None = None) -> dict:
-    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}.get(status, "InternalServerError")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+from rollouts.runtime.vllm_entry import RequireApiKey
 
 
 class Server:
@@ -127,7 +104,7 @@ class Server:
             max_tokens=limit or room,
             sampling=sampling,
             stop=stop,
-            json_schema=_json_schema(body.get("response_format")) if call_schema is None else call_schema,
+            json_schema=json_schema_of(body.get("response_format")) if call_schema is None else call_schema,
         )
         if call_schema is not None and body.get("response_format") not in (None, {"type": "text"}):
             raise RequestError(
@@ -171,7 +148,7 @@ class Server:
                 f"{', '.join(sorted(TEMPLATE_ARGUMENTS))}",
                 param="chat_template_kwargs",
             )
-        messages = [_arguments_as_objects(m) for m in messages]
+        messages = [arguments_as_objects(m) for m in messages]
         try:
             ids = self.tokenizer.apply_chat_template(
                 messages,
@@ -211,37 +188,6 @@ class Server:
             return {"content": entries}
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries]}
 
-    def _message(self, text: str, tools, forced: tuple | None = None) -> tuple[dict, bool]:
-        """The assistant message for a generated text, with its tool calls: the Hermes ones when the request
-        offered tools, or the forced call's JSON; (message, has tool calls)."""
-        calls = []
-        if forced is not None:
-            try:
-                made = json.loads(text)
-            except ValueError:
-                made = None  # cut short by max_tokens: no call, the text stays content
-            if forced[0] == "named" and made is not None:
-                made = [{"name": forced[1], "parameters": made}]
-            for call in made or []:
-                calls.append(_call(call["name"], call["parameters"]))
-            if calls:
-                return {"role": "assistant", "content": None, "tool_calls": calls}, True
-            return {"role": "assistant", "content": text, "tool_calls": []}, False
-        if tools and "<tool_call>" in text:
-            # Each call is the JSON object after an opening tag; a closing tag may be missing at the end.
-            for raw in text.split("<tool_call>")[1:]:
-                try:
-                    parsed, _ = json.JSONDecoder().raw_decode(raw.strip())
-                    name, arguments = parsed["name"], parsed.get("arguments", {})
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    calls = []
-                    break  # not a well-formed call: the text stays content, as vLLM's parser leaves it
-                calls.append(_call(name, arguments))
-        if calls:
-            content = text.split("<tool_call>", 1)[0].strip() or None
-            return {"role": "assistant", "content": content, "tool_calls": calls}, True
-        return {"role": "assistant", "content": text, "tool_calls": []}, False
-
     def _text(self, sample, stop: list[str]) -> str:
         text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
         for s in stop:
@@ -266,7 +212,7 @@ class Server:
         await self._run(job)
         choices = []
         for index, sample in enumerate(job.samples):
-            message, called = self._message(self._text(sample, job.stop), tools, forced)
+            message, called = assistant_message(self._text(sample, job.stop), tools, forced)
             choice = {
                 "index": index,
                 "message": message,
@@ -365,7 +311,7 @@ class Server:
                             continue
                         text = self._text(sample, job.stop)
                         # Hold back a partly decoded character and what may be the start of a stop string.
-                        safe = text if sample.finish_reason else _settled(text, job.stop)
+                        safe = text if sample.finish_reason else settled_text(text, job.stop)
                         if len(safe) <= len(sent_text[index]) and not want["logprobs"]:
                             continue
                         new_ids = sample.token_ids[sent_tokens[index] :]
@@ -387,7 +333,7 @@ class Server:
                     text = self._text(sample, job.stop)
                     finish = sample.finish_reason
                     if tools:
-                        message, called = self._message(text, tools, forced)
+                        message, called = assistant_message(text, tools, forced)
                         delta = {"content": message["content"]}
                         if called:
                             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
@@ -441,62 +387,6 @@ class Server:
                 raise RequestError(str(exc), param="adapter_dir" if adapter else "weights_dir") from exc
             self.served = name
         return {"name": name, "seconds": round(seconds, 3)}
-
-
-def _call(name: str, arguments) -> dict:
-    return {
-        "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
-        "type": "function",
-        "function": {"name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)},
-    }
-
-
-def _json_schema(response_format) -> dict | None:
-    """The schema OpenAI's response_format asks for: None for free text, {} for any JSON object."""
-    if response_format is None:
-        return None
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {}
-    if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
-        if isinstance(schema, dict):
-            return schema
-    raise RequestError(
-        'response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
-        '"json_schema": {"name": ..., "schema": {...}}}',
-        param="response_format",
-    )
-
-
-def _settled(text: str, stop: list[str]) -> str:
-    """The part of a growing text that can be sent: no trailing replacement character (a byte sequence
-    the next token completes) and nothing that could be the beginning of a stop string."""
-    text = text.rstrip("\ufffd")
-    for s in stop:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                return text[:-k]
-    return text
-
-
-def _arguments_as_objects(message: dict) -> dict:
-    """Tool calls' arguments come as JSON text; chat templates render them as objects."""
-    calls = message.get("tool_calls")
-    if not calls:
-        return message
-    fixed = []
-    for call in calls:
-        fn = dict(call.get("function") or {})
-        if isinstance(fn.get("arguments"), str):
-            try:
-                fn["arguments"] = json.loads(fn["arguments"])
-            except ValueError:
-                pass
-        fixed.append({**call, "function": fn})
-    return {**message, "tool_calls": fixed}
 
 
 def build_app(server: Server):

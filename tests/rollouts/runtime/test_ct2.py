@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from rollouts.runtime import cpu_probe
-from rollouts.runtime.ct2_entry import _settled
+from rollouts.runtime.ct2_openai import settled_text
 
 pytestmark = pytest.mark.vllm
 
@@ -184,9 +184,9 @@ def test_a_text_completion_answers_too(ct2_server):
 
 
 def test_text_waiting_for_a_stop_string_or_a_character_is_held_back():
-    assert _settled("Hello wor", ["world!"]) == "Hello "
-    assert _settled("caf\ufffd", []) == "caf"
-    assert _settled("plain", ["xyz"]) == "plain"
+    assert settled_text("Hello wor", ["world!"]) == "Hello "
+    assert settled_text("caf\ufffd", []) == "caf"
+    assert settled_text("plain", ["xyz"]) == "plain"
 
 
 # --- which server a worker starts ----------------------------------------------------------------------
