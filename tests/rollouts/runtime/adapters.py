@@ -11,6 +11,8 @@ def make_adapter(out_dir: Path, *, seed: int, std: float, rank: int = 8) -> Path
     from tests.fixtures.vllm import default_model_dir
 
     model = AutoModelForCausalLM.from_pretrained(str(default_model_dir()), dtype=torch.float32)
+    # PEFT draws lora_A from torch's global generator: seed it too, or the same seed gives another adapter.
+    torch.manual_seed(seed)
     config = LoraConfig(
         r=rank,
         lora_alpha=2 * rank,

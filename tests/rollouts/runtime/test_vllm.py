@@ -173,7 +173,8 @@ def test_ruler_scores_a_group_with_the_base_model_as_judge(inference_server):
         assert t["metrics"]["ruler_score"] == t["reward"]
 
 
-def _greedy(server, model: str) -> str:
+def _greedy(server, model: str, *, logprobs: bool = False):
+    """The greedy answer's text, or with logprobs=True (token ids, log-probs) of each generated token."""
     response = httpx.post(
         f"{server.base_url}/chat/completions",
         timeout=300,
@@ -183,23 +184,32 @@ def _greedy(server, model: str) -> str:
             "messages": [{"role": "user", "content": "Name three fruits."}],
             "max_tokens": 12,
             "temperature": 0.0,
+            "logprobs": logprobs,
+            "return_token_ids": logprobs,
         },
     )
     assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["message"]["content"]
+    choice = response.json()["choices"][0]
+    if not logprobs:
+        return choice["message"]["content"]
+    return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
 
 
 def test_it_serves_a_steps_adapter_and_gives_the_base_back(inference_server, tmp_path):
     from tests.rollouts.runtime.adapters import make_adapter
 
-    base_answer = _greedy(inference_server, inference_server.ensure_base())
+    base_ids, base_logprobs = _greedy(inference_server, inference_server.ensure_base(), logprobs=True)
     adapter = make_adapter(tmp_path / "step1", seed=1, std=0.05)
     name = inference_server.ensure_adapter("run-1@1", str(adapter))
     assert name == "run-1@1" and inference_server.loaded_adapter_paths() == {str(adapter)}
-    assert _greedy(inference_server, name) != base_answer
+    # The adapter moves the model: another answer, or the same one at other probabilities. (A small random
+    # adapter need not change a greedy answer on every processor; its log-probs always move.)
+    ids, logprobs = _greedy(inference_server, name, logprobs=True)
+    assert ids != base_ids or max(abs(a - b) for a, b in zip(logprobs, base_logprobs, strict=True)) > 0.01
     inference_server.retire_adapters(keep=set())
     assert inference_server.loaded_adapter_paths() == set()
-    assert _greedy(inference_server, inference_server.ensure_base()) == base_answer
+    ids, logprobs = _greedy(inference_server, inference_server.ensure_base(), logprobs=True)
+    assert ids == base_ids and logprobs == pytest.approx(base_logprobs, abs=1e-3)
 
 
 def test_it_restarts_a_dead_server(inference_server):
