@@ -105,6 +105,7 @@ def step_rows(run) -> list[dict]:
                 "reward_mean": s.reward_mean,
                 "val_reward": s.val_reward,
                 "seconds": s.timings.get("step", s.duration_s),
+                "ended_at": s.created_at.timestamp(),  # the step's record is written as it ends
                 "timings": s.timings,
                 "completion_tokens": completion,
                 "tokens_trained": s.metrics.get("tokens_trained", 0),

@@ -141,10 +141,33 @@ def _median(values):
     return statistics.median(values) if values else float("nan")
 
 
+def _paired(res: dict) -> str:
+    """The held-out reward's paired difference artweb - TRL over the held-out scenarios, with its standard
+    error: the two are within noise when the difference is within one standard error of zero."""
+    a, t = res["artweb"]["per_scenario"], res["trl"]["per_scenario"]
+    diffs = [x - y for x, y in zip(a, t, strict=True)]
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    verdict = "no worse than TRL's" if mean >= -se else "worse than TRL's"
+    return (
+        f"Held-out reward, artweb - TRL, paired over the {len(diffs)} held-out scenarios: {mean:+.3f} "
+        f"(standard error {se:.3f}): {verdict} (target: a difference within one standard error, or better)."
+    )
+
+
+def _cycle(steps: list[dict]) -> float:
+    """Median seconds from one step's end to the next's (steps 2+)."""
+    ends = [s["ended_at"] for s in steps if "ended_at" in s]
+    return _median([b - a for a, b in zip(ends, ends[1:], strict=False)]) if len(ends) > 1 else float("nan")
+
+
 def report(args, artweb: dict, trl: dict, heldout: dict, updates: dict, command: str) -> str:
     a_steps, t_steps = artweb["steps"], trl["steps"]
     a_step_s = _median([s["seconds"] for s in a_steps])
     t_step_s = _median([s["seconds"] for s in t_steps])
+    # What a user waits per step: one step's end to the next's, so all that runs between two steps' own
+    # timers counts too (artweb: the step's commit, alert rules, the next task's dispatch).
+    a_cycle_s, t_cycle_s = _cycle(a_steps), _cycle(t_steps)
     a_roll = _median([s["completion_tokens"] / s["timings"]["rollouts"] for s in a_steps])
     t_roll = _median([s["completion_tokens"] / s["generate_seconds"] for s in t_steps])
     a_train = _median([s["tokens_trained"] / s["timings"]["train"] for s in a_steps])
@@ -192,6 +215,7 @@ def report(args, artweb: dict, trl: dict, heldout: dict, updates: dict, command:
         "| | artweb | TRL |",
         "|---|---:|---:|",
         f"| wall time per step, median (s) | {a_step_s:.1f} | {t_step_s:.1f} |",
+        f"| one step's end to the next's, median of steps 2+ (s) | {a_cycle_s:.1f} | {t_cycle_s:.1f} |",
         f"| rollout tokens/s (completion tokens / generation time), median | {a_roll:.0f} | {t_roll:.0f} |",
         f"| trained tokens/s (completion tokens / update time), median | {a_train:.0f} | {t_train:.0f} |",
         f"| peak resident memory (GiB) | {artweb['peak_rss_gb']:.1f} (worker tree: {mem}) | {trl['peak_rss_gb']:.1f} |",
@@ -200,6 +224,11 @@ def report(args, artweb: dict, trl: dict, heldout: dict, updates: dict, command:
         f"| held-out reward before (base model) | {res['base']['reward_mean']:.3f} | {res['base']['reward_mean']:.3f} |",
         f"| held-out reward after {args.steps} steps | {res['artweb']['reward_mean']:.3f} | "
         f"{res['trl']['reward_mean']:.3f} |",
+        "",
+        f"Step-time ratio artweb / TRL: **{a_step_s / t_step_s:.2f}** (wall time per step); "
+        f"{a_cycle_s / t_cycle_s:.2f} (one step's end to the next's). Target: at most 0.4.",
+        "",
+        _paired(res),
         "",
         f"Held-out reward: {heldout['scenarios']} held-out scenarios x {heldout['samples']} answers each, sampled at "
         "temperature 1 with transformers `generate` from the base model and from each final adapter (one "

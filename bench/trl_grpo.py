@@ -165,6 +165,7 @@ def train(args) -> dict:
 
         def on_step_end(self, _args, state, control, **kw):
             steps[-1]["seconds"] = time.perf_counter() - self.t
+            steps[-1]["ended_at"] = time.time()
             steps[-1]["step"] = state.global_step
 
         def on_log(self, _args, state, control, logs=None, **kw):

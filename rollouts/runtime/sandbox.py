@@ -500,7 +500,7 @@ class _BatchFiles:
 # took the run, the run ended) is killed and removed, at the latest after PRESTART_MAX_AGE_S.
 
 PRESTART_MAX_AGE_S = 900.0  # an unused pre-started batch is discarded after this long
-PRESTART_NICE = 19  # CPU priority of a pre-started jailed batch until its hand-over
+PRESTART_NICE = 19  # CPU priority of a pre-started jailed batch until its hand-over (in the idle class)
 PRESTART_CAPACITY = 2  # pre-started batches one worker process holds at most (a GPU worker runs one run)
 
 

@@ -11,6 +11,7 @@ progress), reloads it from the checkpoint.
 from __future__ import annotations
 
 import atexit
+import gc
 import hashlib
 import logging
 import os
@@ -111,15 +112,18 @@ def inference_server(base_model):
 def release_memory() -> None:
     """Hand the memory a step freed back to the system. Each step loads and drops whole copies of the
     weights (the merge of a merged-mode adapter, a trainer reloaded for another run); glibc keeps such
-    freed blocks in its arenas, so without this the worker's resident memory ratchets up over a run."""
+    freed blocks in its arenas, so without this the worker's resident memory ratchets up over a run.
+
+    The trim (0.1-0.2 s on 2 cores) runs on a thread of its own: ctypes lets go of the GIL, so the next
+    step starts meanwhile instead of waiting on it."""
     import ctypes
-    import gc
 
     gc.collect()
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc: its allocator returns memory its own way
-        pass
+        return
+    threading.Thread(target=trim, args=(0,), name="malloc-trim", daemon=True).start()
 
 
 def server_died() -> bool:
@@ -237,6 +241,9 @@ def trainer_for(run, *, checkpoint_dir: str | None):
         chat_template=Path(template).read_text() if template else None,
     )
     trainer.load(checkpoint_dir)
+    # The model, its tokenizer and the libraries they pulled in are a large graph that lives as long as the
+    # trainer; freezing it takes it out of every later collection (release_memory's took ~0.35 s a step).
+    gc.freeze()
     _trainer, _trainer_key = trainer, key
     return trainer
 
@@ -253,6 +260,7 @@ def trainer_close() -> None:
             _trainer.close()
         except Exception:
             logger.warning("trainer close failed", exc_info=True)
+        gc.unfreeze()  # what the old trainer held in cycles can be collected again
     _trainer, _trainer_key = None, None
 
 

@@ -32,6 +32,7 @@ async def rollout(model, scenario):
     started = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19]) / ticks
     uptime = float(open("/proc/uptime").read().split()[0])
     out = {"preloaded": PRELOADED, "age_s": uptime - started, "nice": os.getpriority(os.PRIO_PROCESS, 0),
+           "policy": os.sched_getscheduler(0),
            "step": os.environ["ARTWEB_STEP"], "pid_ns": os.readlink("/proc/self/ns/pid"),
            "tmp_left": os.path.exists("/tmp/left-behind"), "module_left": hasattr(builtins, "left_behind"),
            "files": sorted(os.listdir("/batch"))}
@@ -108,6 +109,8 @@ def test_it_hands_the_prestarted_batch_to_the_runs_next_batch_only(probe):
     waiting = traces(held("run-1"))
     assert waiting["pids"]
     assert all(os.getpriority(os.PRIO_PROCESS, pid) == PRESTART_NICE for pid in waiting["pids"])
+    # The idle class: it runs only on a core that nothing else of the machine wants.
+    assert all(os.sched_getscheduler(pid) == os.SCHED_IDLE for pid in waiting["pids"])
     assert list((waiting["root"] / "shared").glob("sandbox-*/*")) == []  # no user code or data before the hand-over
 
     other_run = probe(2, step=5)  # another run, same shape: never gets run 1's processes
@@ -119,7 +122,7 @@ def test_it_hands_the_prestarted_batch_to_the_runs_next_batch_only(probe):
     second = probe(1, step=2)
     assert second["preloaded"] is True  # the SDK and the OpenAI client were imported before the batch
     assert second["age_s"] >= 1.0  # in the process started at the end of the first batch
-    assert second["nice"] == 0  # normal priority from the hand-over on
+    assert (second["nice"], second["policy"]) == (0, os.SCHED_OTHER)  # normal priority from the hand-over on
     assert second["step"] == "2"  # the batch's own environment, given at the hand-over
     assert second["files"] == ["batch.json", "rollout.py"]
     # A jail of its own: nothing the first batch's code did is there.
