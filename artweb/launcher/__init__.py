@@ -300,6 +300,9 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
                 "--no-access-log",
                 "--lifespan",
                 "off",
+                # An open page's live-update socket would otherwise hold Ctrl-C up until the launcher kills it.
+                "--timeout-graceful-shutdown",
+                "5",
             ],
         )
         supervisor.spawn(
