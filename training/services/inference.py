@@ -165,7 +165,7 @@ def _new_server(base_model, *, port: int | None, adapter_mode: str):
         max_model_len=base_model.max_length,
         extra_args=conf["VLLM_EXTRA_ARGS"].split() if conf["VLLM_EXTRA_ARGS"] else [],
         enforce_eager=conf["VLLM_ENFORCE_EAGER"],
-        kv_cache_gb=conf["VLLM_KV_CACHE_GB"],
+        kv_cache_gb=conf["VLLM_KV_CACHE_GB"] or (1 if conf["DEVICE"] == "cpu" else 2),
         adapter_mode=adapter_mode,
         log_dir=str(Path(settings.DATA_DIR) / "logs"),
     )

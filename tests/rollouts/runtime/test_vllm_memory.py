@@ -79,3 +79,21 @@ def test_an_interpreter_that_does_not_start_is_named_in_the_error(tmp_path):
     server = VLLMServer(str(tmp_path), python=str(tmp_path / "no-such-python"))
     with pytest.raises((VLLMError, OSError)):
         server.command()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("device", "setting", "expected"),
+    [("cpu", None, 1), ("cuda", None, 2), ("cpu", 3, 3), ("cuda", 4, 4)],
+)
+def test_the_worker_sizes_the_kv_cache_by_device_unless_told(
+    settings, vllm_model_dir, tmp_path, device, setting, expected
+):
+    """On a CPU the cache is resident from the server's start, so it defaults to 1 GiB (a step of 24 rollouts
+    of the default model uses ~60 MB of it); ARTWEB_VLLM_KV_CACHE_GB wins on either."""
+    from training.services import base_model_register, inference
+
+    model = base_model_register(name="m", source=str(vllm_model_dir), local_path=str(vllm_model_dir))
+    settings.ARTWEB = {**settings.ARTWEB, "DEVICE": device, "VLLM_KV_CACHE_GB": setting, "INFERENCE_ENGINE": "vllm"}
+    server = inference._new_server(model, port=None, adapter_mode="merged")
+    assert server.kv_cache_gb == expected
