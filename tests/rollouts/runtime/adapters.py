@@ -11,15 +11,17 @@ def make_adapter(out_dir: Path, *, seed: int, std: float, rank: int = 8) -> Path
     from tests.fixtures.vllm import default_model_dir
 
     model = AutoModelForCausalLM.from_pretrained(str(default_model_dir()), dtype=torch.float32)
-    # PEFT draws lora_A from torch's global generator: seed it too, or the same seed gives another adapter.
-    torch.manual_seed(seed)
     config = LoraConfig(
         r=rank,
         lora_alpha=2 * rank,
         task_type="CAUSAL_LM",
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     )
-    peft_model = get_peft_model(model, config)
+    # PEFT draws lora_A from torch's global generator: seeded here, or the same seed gives another adapter;
+    # forked, so the caller's random state is left as it was.
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(model, config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
