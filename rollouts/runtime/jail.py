@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import resource
 import shutil
@@ -38,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 # Paths inside the jail.
 GUEST_ROOT = "/opt/artweb"  # the SDK and the guest program
@@ -142,11 +145,30 @@ class _Cgroup:
         except (OSError, ValueError):
             return 0
 
-    def kill_all(self) -> None:
-        """SIGKILL whatever is left in the cgroup (the pid namespace's end normally took it already)."""
+    def renice(self, nice: int = 0) -> None:
+        """Every thread in the cgroup to the normal scheduling class at CPU priority `nice` (both are a
+        thread's own in Linux)."""
+        for pid in self.pids():
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:  # exited meanwhile
+                continue
+            for tid in tids:
+                try:
+                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+                except OSError:
+                    pass
+
+    def kill_all(self, wait_s: float = 10.0) -> None:
+        """SIGKILL whatever is left in the cgroup (the pid namespace's end normally took it already) and
+        wait until it is gone. A killed process still needs the CPU to exit: one of the idle class (a
+        pre-started batch) gets next to none on busy cores, so it goes back to the normal class first."""
+        self.renice(0)
         if self.v2:
             _write_try(self.dirs["unified"] / "cgroup.kill", 1)
-        for _ in range(50):
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
             pids = self.pids()
             if not pids:
                 return
@@ -156,6 +178,7 @@ class _Cgroup:
                 except ProcessLookupError:
                     pass
             time.sleep(0.02)
+        logger.warning("processes %s of sandbox cgroup %s outlived SIGKILL for %.0f s", sorted(pids), self.dirs, wait_s)
 
     def remove(self) -> None:
         self.kill_all()
@@ -570,19 +593,8 @@ class Jail:
         )
 
     def renice(self, nice: int = 0) -> None:
-        """Every thread of the batch to the normal scheduling class at CPU priority `nice` (both are a
-        thread's own in Linux)."""
-        for pid in self.cgroup.pids():
-            try:
-                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-            except OSError:  # exited meanwhile
-                continue
-            for tid in tids:
-                try:
-                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-                    os.setpriority(os.PRIO_PROCESS, tid, nice)
-                except OSError:
-                    pass
+        """Every thread of the batch to the normal scheduling class at CPU priority `nice`."""
+        self.cgroup.renice(nice)
 
     def close(self) -> None:
         self.cgroup.remove()

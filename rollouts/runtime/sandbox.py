@@ -585,6 +585,8 @@ class _StartedBatch:
         self._closed = True
         if self.expiry is not None:
             self.expiry.cancel()
+        if self.jail is not None:
+            self.jail.renice()  # a pre-started batch is of the idle class: killed so, it could take seconds to exit
         for box in self.boxes:
             box.cleanup()
         if self.jail is not None:
