@@ -12,10 +12,15 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "rollouts" / "examples"
 
 
 @pytest.fixture
-def stack_env(transactional_db, tmp_path, vllm_model_dir):
-    """Environment for worker/web processes: the test database, a fresh data dir, a free vLLM port."""
+def stack_env(request, transactional_db, tmp_path, vllm_model_dir):
+    """Environment for worker/web processes: the test database, a fresh data dir, a free inference port and
+    the inference server: vLLM, or the one a test names with `@pytest.mark.inference_engine(name)`."""
+    marker = request.node.get_closest_marker("inference_engine")
     return stack.stack_env(
-        db_name=connection.settings_dict["NAME"], data_dir=tmp_path / "data", ARTWEB_VLLM_PORT=str(stack.free_port())
+        db_name=connection.settings_dict["NAME"],
+        data_dir=tmp_path / "data",
+        ARTWEB_VLLM_PORT=str(stack.free_port()),
+        ARTWEB_INFERENCE_ENGINE=marker.args[0] if marker else "vllm",
     )
 
 

@@ -31,8 +31,8 @@ def stack_env(*, db_name: str, data_dir: Path, **extra: str) -> dict[str, str]:
         ARTWEB_HEARTBEAT_SECONDS="2",
         ARTWEB_VLLM_ENFORCE_EAGER="1",  # no graph compilation: the server starts in well under a minute
         ARTWEB_VLLM_KV_CACHE_GB="1",
-        # The same server on every machine, whatever its processor would get (the CTranslate2 server's
-        # whole-system test names it itself).
+        # The same server on every machine, whatever its processor would get (a test names another with
+        # the inference_engine marker).
         ARTWEB_INFERENCE_ENGINE="vllm",
         PYTHONUNBUFFERED="1",
     )

@@ -1,5 +1,5 @@
 """The views that say whether a run is learning, on a real run: the shipped example trained by a real GPU
-worker (vLLM CPU server, jailed sandbox, PEFT trainer), the pages open in headless Chromium against the
+worker (CTranslate2 server, jailed sandbox, PEFT trainer), the pages open in headless Chromium against the
 ASGI server while it trains, then a re-score of the finished run by a real default-queue worker.
 
 Each page must follow the run live (its WebSocket), not only show what was there when it loaded.
@@ -50,6 +50,7 @@ def _default_worker(env, log_dir):
     )
 
 
+@pytest.mark.inference_engine("ctranslate2")  # the views do not depend on the server; it starts in seconds
 def test_the_heatmap_monitor_and_reward_health_follow_a_real_run_and_a_rescore_agrees(
     example_run_inputs, stack_env, procs, tmp_path, monkeypatch
 ):

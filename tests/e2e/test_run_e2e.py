@@ -1,7 +1,9 @@
 """Whole-system runs with the real parts: PostgreSQL, Redis, a Celery worker process that starts a vLLM
 CPU server with the default model, the sandboxed example task, the PEFT trainer, and a WebSocket client
 connected to the ASGI server. The fault tests start their workers as `make run` does (prefork pool) and
-never call the sweep: the workers' own sweepers recover."""
+never call the sweep: the workers' own sweepers recover. Where what is tested does not depend on the
+inference server, the workers start the CTranslate2 one (`inference_engine`), which starts in seconds
+where vLLM's CPU build takes half a minute or more; the vLLM server's own failure has its test here."""
 
 import signal
 import time
@@ -70,11 +72,12 @@ def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, so
     assert sock.of_type("status")[-1]["status"] == "completed"
 
 
+@pytest.mark.inference_engine("ctranslate2")
 def test_a_run_trains_on_the_ctranslate2_server(example_run_inputs, stack_env, procs, tmp_path):
     """The CPU inference path for processors without bf16 units (ARTWEB_INFERENCE_ENGINE, as the probe
     picks it there): the worker starts artweb's CTranslate2 server, each step's policy is served merged,
     and the trainer gets token ids and log-probs from it, validation included."""
-    env = {**stack_env, "ARTWEB_INFERENCE_ENGINE": "ctranslate2"}
+    env = stack_env
     procs.append(stack.start_gpu_worker(env, tmp_path / "logs", pool="prefork"))
     run = run_create(name="e2e-ct2", config={**SMALL, "num_steps": 2, "val_every": 2}, **example_run_inputs)
     stack.wait_for(
@@ -97,6 +100,7 @@ def test_a_run_trains_on_the_ctranslate2_server(example_run_inputs, stack_env, p
             assert len(message["token_ids"]) == len(message["logprobs"]) > 0
 
 
+@pytest.mark.inference_engine("ctranslate2")  # the recovery does not depend on the server; it starts in seconds
 def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, stack_env, procs, tmp_path):
     run = run_create(name="fault", config={**SMALL, "val_every": 0}, **example_run_inputs)
     first = stack.start_gpu_worker(stack_env, tmp_path / "logs", name="worker-a", pool="prefork")
@@ -145,6 +149,7 @@ def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, 
     assert RunEvent.objects.filter(run=run, kind="requeued").count() == 1
 
 
+@pytest.mark.inference_engine("ctranslate2")  # the recovery does not depend on the server; it starts in seconds
 def test_pause_resume_lease_loss_and_cancel_with_a_live_worker(example_run_inputs, stack_env, procs, tmp_path):
     from datetime import timedelta
 
@@ -258,6 +263,7 @@ def _running(proc: stack.Proc, name: str) -> bool:
     return False
 
 
+@pytest.mark.inference_engine("ctranslate2")  # the recovery does not depend on the server; it starts in seconds
 def test_a_pool_child_killed_mid_step_is_replaced_at_once(example_run_inputs, stack_env, procs, tmp_path):
     """The GPU worker as the launcher starts it (prefork): its pool child is SIGKILLed in the middle of step 2.
     The parent starts a new child, the step's message comes back to it, and it takes the dead child's
@@ -391,6 +397,7 @@ def _pings(client) -> bool:
         return False
 
 
+@pytest.mark.inference_engine("ctranslate2")  # the recovery does not depend on the server; it starts in seconds
 def test_redis_restarted_mid_run_loses_nothing(example_run_inputs, stack_env, procs, tmp_path):
     """The worker's broker and channel layer is a Redis that is killed in the middle of step 2 and started
     again empty 3 s later. The run is dispatched by the worker's own sweep (it is created without a
@@ -428,6 +435,7 @@ def test_redis_restarted_mid_run_loses_nothing(example_run_inputs, stack_env, pr
         private.kill()
 
 
+@pytest.mark.inference_engine("ctranslate2")  # the recovery does not depend on the server; it starts in seconds
 def test_postgresql_unavailable_mid_run_loses_nothing(example_run_inputs, stack_env, procs, tmp_path):
     """What a PostgreSQL restart looks like to the worker, on the shared server the tests use: every
     connection to the run's database is dropped in the middle of step 2 and new ones are refused for 5 s."""
