@@ -65,7 +65,8 @@ def merge_state(base: dict, adapter_dir: str | os.PathLike, *, dtype=None) -> di
         if pair is not None:
             a, b = pair["A"], pair["B"]
             scale = _scale(config, key.removesuffix(".weight"), a.shape[0])
-            tensor = tensor.float() + scale * (b @ a)
+            # A float32 copy (never the base's own tensor) with the product accumulated into it in one pass.
+            tensor = tensor.to(torch.float32, copy=True).addmm_(b, a, alpha=scale)
         merged[key] = tensor.to(target).contiguous()
     if lora:
         raise MergeError(f"Adapter layers with no matching base weight: {sorted(lora)[:5]}")

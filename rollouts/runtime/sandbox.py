@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import queue
 import resource
 import selectors
 import shutil
@@ -227,7 +228,7 @@ def run_rollouts(
         on_trajectory,
     )
     if request.warm_key and request.prestart_next:
-        prestarted.add(request.warm_key, shape)
+        prestarted.add_soon(request.warm_key, shape)
     return results
 
 
@@ -597,8 +598,9 @@ class _StartedBatch:
 class PrestartedBatches:
     """The batches this process started ahead, at most one per key and `capacity` in all.
 
-    The processes are started from the calling thread: bwrap's --die-with-parent follows the thread that
-    forked it, so a short-lived thread would take them down with it.
+    add() starts the processes from the calling thread, add_soon() from this process's pre-starting thread,
+    which lives as long as the process: bwrap's --die-with-parent follows the thread that forked it, so a
+    short-lived thread would take them down with it.
     """
 
     def __init__(self, capacity: int = PRESTART_CAPACITY, max_age_s: float = PRESTART_MAX_AGE_S) -> None:
@@ -606,11 +608,46 @@ class PrestartedBatches:
         self.max_age_s = max_age_s
         self._lock = threading.Lock()
         self._by_key: dict[str, _StartedBatch] = {}
+        self._pending: dict[str, threading.Event] = {}  # keys whose add_soon() has not finished
+        self._jobs: queue.SimpleQueue | None = None
+        self._starter_pid: int | None = None  # the process the pre-starting thread runs in
+
+    def add_soon(self, key: str, shape: BatchShape) -> None:
+        """add() on the pre-starting thread; returns at once (the fork and the jail's set-up, 0.1-0.2 s, are
+        then off the caller's path). take() and discard() of the key wait for it."""
+        done = threading.Event()
+        with self._lock:
+            if self._starter_pid != os.getpid():  # none yet, or a fork of the process that had it
+                self._jobs = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._start_loop, args=(self._jobs,), name="sandbox-prestart", daemon=True
+                ).start()
+                self._starter_pid = os.getpid()
+            self._pending[key] = done
+            self._jobs.put((key, shape, done))
+
+    def _start_loop(self, jobs: queue.SimpleQueue) -> None:
+        while True:
+            key, shape, done = jobs.get()
+            try:
+                self.add(key, shape)
+            finally:
+                with self._lock:
+                    if self._pending.get(key) is done:
+                        del self._pending[key]
+                done.set()
+
+    def _wait_pending(self, key: str | None, timeout_s: float = 60.0) -> None:
+        with self._lock:
+            waiting = [done for k, done in self._pending.items() if key is None or k == key]
+        for done in waiting:
+            if not done.wait(timeout_s):
+                logger.warning("the sandbox batch pre-started for %s took over %.0f s", key, timeout_s)
 
     def add(self, key: str, shape: BatchShape) -> None:
         """Pre-start a batch of `shape` for the key's next batch. A failure is logged, never raised: that
         batch then starts cold."""
-        self.discard(key)
+        self._close(key)  # not discard(): add_soon() runs this while the key is pending
         try:
             batch = _StartedBatch.start(shape, prefix="artweb-batch-", ahead=True)
         except Exception:
@@ -629,6 +666,7 @@ class PrestartedBatches:
     def take(self, key: str, shape: BatchShape) -> _StartedBatch | None:
         """The batch pre-started for `key`, if it has this shape and is still whole; it leaves the pool
         either way, so it is never offered twice."""
+        self._wait_pending(key)
         with self._lock:
             batch = self._by_key.pop(key, None)
         if batch is None:
@@ -641,11 +679,17 @@ class PrestartedBatches:
         return None
 
     def keys(self) -> list[str]:
+        """The keys that hold a pre-started batch, once the add_soon() calls in progress are done."""
+        self._wait_pending(None)
         with self._lock:
             return list(self._by_key)
 
     def discard(self, key: str | None = None) -> None:
-        """Close the batch pre-started for `key` (None: all of them)."""
+        """Close the batch pre-started for `key` (None: all of them), once any add_soon() of it is done."""
+        self._wait_pending(key)
+        self._close(key)
+
+    def _close(self, key: str | None) -> None:
         with self._lock:
             batches = [self._by_key.pop(k) for k in list(self._by_key) if key is None or k == key]
         for batch in batches:

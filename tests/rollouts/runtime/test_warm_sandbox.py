@@ -76,6 +76,7 @@ def probe(request_for):
 
 def held(key: str) -> sandbox._StartedBatch:
     """The batch pre-started for `key` (looked at from outside, never handed to anyone by this)."""
+    assert key in prestarted.keys()  # once its pre-start, which a batch leaves to another thread, is done
     return prestarted._by_key[key]
 
 
@@ -130,6 +131,30 @@ def test_it_hands_the_prestarted_batch_to_the_runs_next_batch_only(probe):
     assert (second["tmp_left"], second["module_left"]) == (False, False)
     assert prestarted.keys() == []
     assert_gone(waiting)  # closed with its batch, like any other
+
+
+def test_a_batch_prestarted_from_a_thread_that_ended_stays_alive_for_the_next_batch(request_for):
+    """add_soon() returns at once and forks on the process's own pre-starting thread, which lives as long as
+    the process (the kernel's parent-death signal, which bwrap's --die-with-parent uses, is tied to the
+    thread that forked): the batch is alive for the key's next batch after the caller's thread ended."""
+    import threading
+
+    pool = PrestartedBatches()
+    shape, _ = sandbox._rollout_shape(request_for(PROBE, scenarios=[{"i": 0}], group_size=1, sandboxes=1))
+    try:
+        caller = threading.Thread(target=pool.add_soon, args=("run-1", shape))
+        caller.start()
+        caller.join()
+        assert pool.keys() == ["run-1"]  # waits for the pre-start itself
+        where = traces(pool._by_key["run-1"])
+        time.sleep(1.0)
+        assert where["pids"] and all(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in where["pids"])
+        batch = pool.take("run-1", shape)
+        assert batch is not None and batch.alive()
+        batch.close()
+        assert_gone(where)
+    finally:
+        pool.discard()
 
 
 def test_it_never_offers_a_prestarted_batch_twice(probe):
