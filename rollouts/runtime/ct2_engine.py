@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import itertools
 import json
 import logging
 import math
@@ -159,8 +160,10 @@ class Engine:
         with self._swap:
             with torch.no_grad():
                 self._model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
-            # The converter takes the model apart as it goes (it frees each layer once converted): a copy.
-            spec = self._spec(copy.deepcopy(self._model))
+            # The converter takes the model's module tree apart as it goes (it deletes each layer's attention
+            # and MLP once converted) but never changes a tensor: it gets a copy of the tree that shares them.
+            tensors = itertools.chain(self._model.parameters(), self._model.buffers())
+            spec = self._spec(copy.deepcopy(self._model, {id(t): t for t in tensors}))
             spec.validate()
             spec.optimize(quantization=self.compute_type)
             target.mkdir(parents=True)

@@ -256,3 +256,23 @@ def test_an_adapter_folded_in_by_the_server_answers_as_its_merged_copy(ct2_serve
     )
     assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
     ct2_server.ensure_base()
+
+
+def test_after_a_load_both_of_its_generators_serve_the_new_policy(ct2_server, tmp_path):
+    """A load converts the policy for CTranslate2 from the model the server keeps in memory, which also answers
+    what CTranslate2 cannot (a seeded request, here): greedy answers from both agree after the load, so the
+    conversion left that model's weights as they were, and both differ from the base model's."""
+    from tests.rollouts.runtime.adapters import make_adapter
+
+    def greedy(model: str, **extra) -> tuple[list[int], list[float]]:
+        body = dict(model=model, temperature=0, max_tokens=6, logprobs=True, return_token_ids=True, **extra)
+        choice = _chat(ct2_server, **body).json()["choices"][0]
+        return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+
+    base = greedy(ct2_server.ensure_base())
+    name = ct2_server.ensure_adapter("run-8@1", str(make_adapter(tmp_path / "step1", seed=3, std=0.08)))
+    batched, seeded = greedy(name), greedy(name, seed=11)
+    assert batched[0] == seeded[0]
+    assert batched[1] == pytest.approx(seeded[1], abs=0.02)
+    assert not (batched[0] == base[0] and batched[1] == pytest.approx(base[1], abs=0.01))  # the adapter moved it
+    ct2_server.ensure_base()
