@@ -42,7 +42,7 @@ def grpo_config(args, out_dir: Path):
 
     from training.engine.backends import resolve_dtype
 
-    dtype = resolve_dtype("auto", args.device)
+    dtype = resolve_dtype(args.dtype, args.device)
     extra = {}
     if args.gradient_checkpointing != "trl-default":  # TRL's default is on; artweb's engine's is off
         extra["gradient_checkpointing"] = args.gradient_checkpointing == "on"
@@ -290,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation", choices=GENERATION_MODES, default="transformers")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float32"],
+        default="auto",
+        help="the model's weights; auto: the benchmark's rule (bf16 where the processor has bf16 units)",
+    )
     p.add_argument(
         "--gradient-checkpointing",
         choices=["trl-default", "on", "off"],
