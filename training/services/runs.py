@@ -32,9 +32,11 @@ def run_event(*, run: Run, kind: str, message: str = "", data: dict | None = Non
     return event
 
 
+@transaction.atomic
 def run_transition(*, run: Run, from_statuses, to_status: str, message: str = "", actor=None, **fields) -> bool:
     """Move run to to_status if it is in one of from_statuses. Returns False (and writes nothing) if
-    another actor got there first."""
+    another actor got there first. The status and its event are committed together: nobody reads one
+    without the other."""
     if isinstance(from_statuses, str):
         from_statuses = (from_statuses,)
     now = timezone.now()

@@ -125,6 +125,26 @@ def test_a_transition_happens_once(alice):
     assert RunEvent.objects.filter(run=run, kind="status").count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_status_and_its_event_are_committed_together(alice, monkeypatch):
+    """Outside any transaction of the caller's (as a worker ends a run): when the event cannot be written,
+    the status does not change either, so nobody ever reads a status without its event."""
+    from training.services import runs
+
+    run = RunFactory(owner=alice, status=S.RUNNING)
+
+    def failing_event(**kwargs):
+        raise RuntimeError("the event table is unavailable")
+
+    monkeypatch.setattr(runs, "run_event", failing_event)
+    with pytest.raises(RuntimeError):
+        run_transition(run=Run.objects.get(id=run.id), from_statuses=S.RUNNING, to_status=S.CANCELLED)
+    assert Run.objects.get(id=run.id).status == S.RUNNING
+    monkeypatch.undo()
+    assert run_transition(run=Run.objects.get(id=run.id), from_statuses=S.RUNNING, to_status=S.CANCELLED)
+    assert RunEvent.objects.filter(run=run, kind="status", data__to=S.CANCELLED).count() == 1
+
+
 def test_retention_keeps_latest_best_and_promoted_and_refuses_the_resume_point(alice, tmp_path):
     run = RunFactory(owner=alice, status=S.RUNNING, config={"keep_last_checkpoints": 1, "keep_best_checkpoints": 1})
     ckpts = {}
