@@ -599,8 +599,8 @@ class PrestartedBatches:
     """The batches this process started ahead, at most one per key and `capacity` in all.
 
     add() starts the processes from the calling thread, add_soon() from this process's pre-starting thread,
-    which lives as long as the process: bwrap's --die-with-parent follows the thread that forked it, so a
-    short-lived thread would take them down with it.
+    which lives as long as the process: the parent-death signal bwrap's --die-with-parent asks for is tied
+    by the kernel to the thread that forked (prctl(2)), and a thread that never ends cannot fire it early.
     """
 
     def __init__(self, capacity: int = PRESTART_CAPACITY, max_age_s: float = PRESTART_MAX_AGE_S) -> None:

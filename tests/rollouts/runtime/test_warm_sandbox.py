@@ -135,8 +135,8 @@ def test_it_hands_the_prestarted_batch_to_the_runs_next_batch_only(probe):
 
 def test_a_batch_prestarted_from_a_thread_that_ended_stays_alive_for_the_next_batch(request_for):
     """add_soon() returns at once and forks on the process's own pre-starting thread, which lives as long as
-    the process (the kernel's parent-death signal, which bwrap's --die-with-parent uses, is tied to the
-    thread that forked): the batch is alive for the key's next batch after the caller's thread ended."""
+    the process: the batch is alive, and handed over, after the caller's thread ended. (The synchronous
+    add() from a short-lived thread passes this too on the kernels seen so far.)"""
     import threading
 
     pool = PrestartedBatches()
