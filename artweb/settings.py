@@ -216,6 +216,9 @@ ARTWEB = {
     "VLLM_PYTHON": env.str("ARTWEB_VLLM_PYTHON", default=""),
     "VLLM_PORT": env.int("ARTWEB_VLLM_PORT", default=8100),
     "VLLM_EXTRA_ARGS": env.str("ARTWEB_VLLM_EXTRA_ARGS", default=""),
+    # The GPUs the inference server runs on (its CUDA_VISIBLE_DEVICES), e.g. "1" on a two-GPU host whose
+    # worker trains on ARTWEB_DEVICE=cuda:0; empty: the worker's own.
+    "VLLM_CUDA_DEVICES": env.str("ARTWEB_VLLM_CUDA_DEVICES", default=""),
     # Eager mode skips graph compilation: minutes faster to start on CPU, slower to generate.
     "VLLM_ENFORCE_EAGER": env.bool("ARTWEB_VLLM_ENFORCE_EAGER", default=False),
     # None: 1 GiB on a CPU (a step of 24 rollouts of the default model uses ~60 MB of it; each GiB more is a

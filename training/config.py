@@ -116,6 +116,13 @@ class RunConfig(BaseModel):
         "model, which the worker serves beside the run's; endpoint:<name> for one of your judge "
         "endpoints (an OpenAI-compatible server elsewhere, set up on the Models page).",
     )
+    overlap_rollouts: bool = Field(
+        False,
+        description="Roll out the next step while this one trains: faster steps on data one policy version "
+        "old (policy_lag 1 in the step's metrics; sampler_kl shows the gap). Needs an inference server that "
+        "serves several adapters at once (vLLM's runtime LoRA adapters, the GPU default); elsewhere steps "
+        "run in order and the run's log says so.",
+    )
     seed: int = Field(0, ge=0, le=MAX_INT, description="Seed for scenario sampling and training.")
     keep_last_checkpoints: int = Field(2, ge=1, le=1000, description="Retention: newest checkpoints kept.")
     keep_best_checkpoints: int = Field(1, ge=0, le=1000, description="Retention: best by validation reward kept.")

@@ -100,6 +100,35 @@ def test_a_run_trains_on_the_ctranslate2_server(example_run_inputs, stack_env, p
             assert len(message["token_ids"]) == len(message["logprobs"]) > 0
 
 
+def test_overlapped_rollouts_run_one_policy_behind_on_vllms_runtime_adapters(
+    example_run_inputs, stack_env, procs, tmp_path
+):
+    """overlap_rollouts on a real worker and vLLM serving runtime LoRA adapters (the GPU default; here the CPU
+    build told ARTWEB_VLLM_ADAPTER_MODE=lora): each step after the first trains on the batch rolled out during
+    the update before it, one policy version behind, and says so in its metrics."""
+    env = {**stack_env, "ARTWEB_VLLM_ADAPTER_MODE": "lora"}
+    procs.append(stack.start_gpu_worker(env, tmp_path / "logs", pool="prefork"))
+    config = {**SMALL, "num_steps": 3, "val_every": 3, "overlap_rollouts": True}
+    run = run_create(name="e2e-overlap", config=config, **example_run_inputs)
+    stack.wait_for(
+        lambda: Run.objects.get(id=run.id).status in Run.FINAL_STATUSES,
+        timeout=900,
+        interval=2,
+        procs=procs,
+        what="the run to finish",
+    )
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, (run.error, procs[-1].tail())
+    steps = list(Step.objects.filter(run=run).order_by("step"))
+    assert [s.metrics["policy_lag"] for s in steps] == [0, 1, 1]
+    assert all("rollouts_ahead" in s.timings for s in steps[1:]) and "rollouts_ahead" not in steps[0].timings
+    assert steps[2].val_reward is not None and all(s.metrics["tokens_trained"] > 0 for s in steps)
+    assert not run.events.filter(kind="overlap_unavailable").exists()
+    for traj in run.trajectories.filter(group__split="train", group__step=3, error=""):
+        for message in (m for m in traj.messages if m["role"] == "assistant"):
+            assert len(message["token_ids"]) == len(message["logprobs"]) > 0
+
+
 @pytest.mark.inference_engine("ctranslate2")  # the recovery does not depend on the server; it starts in seconds
 def test_a_killed_worker_is_replaced_and_no_step_runs_twice(example_run_inputs, stack_env, procs, tmp_path):
     run = run_create(name="fault", config={**SMALL, "val_every": 0}, **example_run_inputs)

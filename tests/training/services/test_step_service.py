@@ -80,6 +80,7 @@ class FakeServer:
     base_url = "http://127.0.0.1:9/v1"
     api_key = "k"
     merged = True
+    engine = "vLLM"
     base_model_name = "SmolLM2-135M-Instruct"
 
     def __init__(self):

@@ -2,6 +2,7 @@
 
 - leases: the run's lease (worker name + heartbeat) and the Heartbeat thread;
 - batch: the step's scenarios, its RULER judge and its rollouts in the sandbox;
+- ahead: the next step's rollouts, run during this step's update (RunConfig.overlap_rollouts);
 - groups: the scored groups written (and sent to the run page), their figures, the advantages;
 - commit: the step's record, exactly once, then its message and exports;
 - recovery: a step that lost its database or inference server, queued again;

@@ -99,6 +99,30 @@ def rollouts_run(
     "judge_server" (getting a judge server ready) and "ruler" (seconds the judge spent on the groups,
     summed over groups, which are judged while other groups' rollouts still run). warm: a step's training
     batch, which takes the sandbox pre-started for it and pre-starts the next step's."""
+    request = rollouts_request(run, cfg, scenarios, model_name, server, group_size, timings=timings, warm=warm)
+    results = run_rollouts(request, should_stop=hb.should_stop)
+    if timings is not None and cfg.use_ruler:
+        timings["ruler"] = sum(group.judge_s for group in results)
+    return results
+
+
+def rollouts_request(
+    run: Run,
+    cfg: RunConfig,
+    scenarios: list[Scenario],
+    model_name: str,
+    server,
+    group_size: int,
+    *,
+    timings: dict[str, float] | None = None,
+    warm: bool = False,
+    batch_step: int | None = None,
+) -> RolloutRequest:
+    """The sandbox's request for a batch against `model_name` (rollouts_run's arguments; the database
+    work, judge server included, is done here, so that the batch itself can run on another thread).
+    batch_step: the training step the batch is for (default: the run's next), which decides whether a
+    warm batch pre-starts a sandbox for one more."""
+    batch_step = run.steps_done + 1 if batch_step is None else batch_step
     jail = inference.jail_config()
     if not jail.jailed:
         sandbox_unjailed_warn(run=run)
@@ -109,7 +133,7 @@ def rollouts_run(
         extra_models[judge] = upstream
         if timings is not None:
             timings["judge_server"] = time.perf_counter() - t
-    request = RolloutRequest(
+    return RolloutRequest(
         script=run.script_version.content,
         reward=run.reward_version.content if run.reward_version else None,
         scenarios=[s.data for s in scenarios],
@@ -131,9 +155,5 @@ def rollouts_run(
         extra_models=extra_models,
         ruler=cfg.use_ruler,
         warm_key=f"run-{run.id}" if warm else None,
-        prestart_next=warm and run.steps_done + 1 < run.num_steps,
+        prestart_next=warm and batch_step < run.num_steps,
     )
-    results = run_rollouts(request, should_stop=hb.should_stop)
-    if timings is not None and cfg.use_ruler:
-        timings["ruler"] = sum(group.judge_s for group in results)
-    return results

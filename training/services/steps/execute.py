@@ -30,9 +30,10 @@ from training.models import Checkpoint, Run, TrajectoryGroup
 from training.services import inference
 from training.services.alerts import run_alerts_check
 from training.services.logs import run_log
-from training.services.runs import run_transition
+from training.services.runs import run_event, run_transition
 from training.services.serving_gate import serving_paused
-from training.services.steps.batch import rollouts_run, scenarios_sample
+from training.services.steps.ahead import ahead_discard, ahead_policies, ahead_start, ahead_take
+from training.services.steps.batch import rollouts_request, rollouts_run, scenarios_sample
 from training.services.steps.commit import step_commit
 from training.services.steps.errors import StepAborted, StepFailed
 from training.services.steps.groups import advantages_store, groups_persist, reward_stats
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 
 S = Run.Status
+AHEAD_UNAVAILABLE_EVENT = "overlap_unavailable"
 
 
 def _checkpoint_dir(run: Run, step: int) -> Path:
@@ -110,6 +112,7 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
                 )
             _execute(run, cfg, next_step, server, hb)
     except StepAborted as exc:
+        ahead_discard(run_id)
         logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
         # Groups it persisted before stopping were never trained on: kept, marked (only while ours).
         if Run.objects.filter(id=run_id, worker=me).exists():
@@ -122,11 +125,13 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
         # The database went away (restarted, unreachable): the step is not at fault. Nothing was committed
         # that a new attempt would repeat (the step's record is one transaction); try it again.
         logger.warning("run %s step %s: lost the database (%s); the step will be tried again", run_id, next_step, exc)
+        ahead_discard(run_id)
         inference.trainer_close()  # it may have trained an update whose step was never recorded
         requeue_after_database_loss(run_id, next_step, me)
         return
     except Exception as exc:
         logger.exception("run %s step %s failed", run_id, next_step)
+        ahead_discard(run_id)
         inference.trainer_close()
         # What the attempt persisted stays, marked: a retry writes the step's groups anew beside it.
         TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(failed_attempt=True)
@@ -158,12 +163,20 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         if hb.lost:
             raise StepAborted("lease lost")
 
-    # 1. Rollouts against the current policy.
+    # 1. Rollouts against the current policy, or the batch rolled out ahead during the last update.
     t = time.perf_counter()
-    policy = _policy_model_name(run, server)
-    scenarios = scenarios_sample(run, cfg, step, "train", cfg.scenarios_per_step)
+    ahead = ahead_take(run_id=run.id, step=step, policies=lambda: _served(server))
     try:
-        results = rollouts_run(run, cfg, scenarios, policy, server, hb, cfg.group_size, timings=timings, warm=True)
+        if ahead is not None:
+            policy, scenarios, lag = ahead.policy, ahead.scenarios, 1
+            results = ahead.wait(hb.should_stop)
+            timings["rollouts_ahead"] = ahead.seconds or 0.0
+            if cfg.use_ruler:
+                timings["ruler"] = sum(group.judge_s for group in results)
+        else:
+            policy, lag = _policy_model_name(run, server), 0
+            scenarios = scenarios_sample(run, cfg, step, "train", cfg.scenarios_per_step)
+            results = rollouts_run(run, cfg, scenarios, policy, server, hb, cfg.group_size, timings=timings, warm=True)
     except TooManyErrors as exc:
         failed = sum(1 for g in exc.groups for t in g.trajectories if t.get("error"))
         groups_persist(run, step, "train", scenarios, exc.groups, me=hb.me, failed=True)
@@ -184,6 +197,10 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
             f"kept under step {step} in the trajectory inspector. First error:\n"
             f"{_first_error(results)[:2000]}"
         )
+
+    # The next step's batch, against the policy that sampled this one, while this step trains.
+    if cfg.overlap_rollouts and step < run.num_steps:
+        _start_ahead(run, cfg, step + 1, server)
 
     # 2. Persist the groups (replacing any left by a crashed attempt of this step).
     t = time.perf_counter()
@@ -224,7 +241,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         t = time.perf_counter()
         new_name = adapter_name(run, step)
         server.ensure_adapter(new_name, str(ckpt_dir))
-        server.retire_adapters(keep={new_name})
+        server.retire_adapters(keep={new_name} | ahead_policies(run.id))
         inference.adapters_loaded_publish()
         timings["adapter_load"] = time.perf_counter() - t
         check()
@@ -239,6 +256,8 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         # 6. The step's record: exactly once.
         timings["step"] = time.perf_counter() - t_step
         metrics = {**{k: v for k, v in stats.items() if v is not None}, **_numeric(train_metrics)}
+        if cfg.overlap_rollouts:
+            metrics["policy_lag"] = lag
         if val_reward is not None:
             metrics["val_reward"] = val_reward
         step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir, info)
@@ -248,6 +267,30 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
             shutil.rmtree(ckpt_dir, ignore_errors=True)
         raise
     run_alerts_check(run=run, step=step)
+
+
+def _served(server) -> set[str]:
+    return {server.base_model_name, *server.adapters}
+
+
+def _start_ahead(run: Run, cfg: RunConfig, next_step: int, server) -> None:
+    """Start `next_step`'s rollouts in a thread against the current policy, where the server can serve it
+    while the next policy is loaded beside it; otherwise say once in the run's log why steps run in order."""
+    if server.merged:
+        if not run.events.filter(kind=AHEAD_UNAVAILABLE_EVENT).exists():
+            message = (
+                "overlap_rollouts is on, but this worker's inference server holds one set of weights at a time "
+                f"({server.engine}, adapters merged), so it cannot roll out the next step against this policy "
+                "while loading the next: steps run one after the other. Serve runtime LoRA adapters "
+                "(ARTWEB_VLLM_ADAPTER_MODE=lora, the default on a GPU) to overlap them."
+            )
+            run_event(run=run, kind=AHEAD_UNAVAILABLE_EVENT, message=message)
+            run_log(run_id=run.id, step=next_step - 1, level="WARNING", message=message)
+        return
+    policy = _policy_model_name(run, server)
+    scenarios = scenarios_sample(run, cfg, next_step, "train", cfg.scenarios_per_step)
+    request = rollouts_request(run, cfg, scenarios, policy, server, cfg.group_size, warm=True, batch_step=next_step)
+    ahead_start(run_id=run.id, step=next_step, policy=policy, scenarios=scenarios, request=request)
 
 
 def _first_error(results) -> str:
@@ -274,7 +317,15 @@ def _validate(run: Run, cfg: RunConfig, step: int, model_name: str, server, hb: 
 
 
 def _finish_if_requested(run: Run, me: str, reason: str | None = None) -> bool:
-    """Apply a pending cancel or pause, or complete the run when all steps are done. True if it stopped."""
+    """Apply a pending cancel or pause, or complete the run when all steps are done. True if it stopped
+    (and then no batch rolled out ahead for it is kept)."""
+    stopped = _finish(run, me, reason)
+    if stopped:
+        ahead_discard(run.id)
+    return stopped
+
+
+def _finish(run: Run, me: str, reason: str | None) -> bool:
     run.refresh_from_db()
     if run.cancel_requested or reason == "cancel":
         run_transition(
