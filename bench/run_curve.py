@@ -125,6 +125,7 @@ def run_artweb(
     val_scenarios: int = 8,
     timeout: float = 1800,
     seed: int = 0,
+    overlap_rollouts: bool = False,
 ) -> dict:
     """One run of the example task on a fresh worker; its steps, phase timings and peak memory."""
     model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
@@ -140,6 +141,7 @@ def run_artweb(
         "val_scenarios": val_scenarios,
         "seed": seed,
         "train": {"learning_rate": learning_rate},
+        "overlap_rollouts": overlap_rollouts,
     }
     run = run_create(
         owner=user,
@@ -247,6 +249,11 @@ def main() -> int:
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--val-every", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument(
+        "--overlap-rollouts",
+        action="store_true",
+        help="the run's overlap_rollouts (needs runtime adapters: ARTWEB_VLLM_ADAPTER_MODE=lora on a CPU)",
+    )
     args = parser.parse_args()
     result = run_artweb(
         steps=args.steps,
@@ -256,6 +263,7 @@ def main() -> int:
         learning_rate=args.learning_rate,
         val_every=args.val_every,
         timeout=args.timeout,
+        overlap_rollouts=args.overlap_rollouts,
     )
     print_curve(result)
     return 0 if result["status"] == Run.Status.COMPLETED else 1
