@@ -281,8 +281,9 @@ def _start_ahead(run: Run, cfg: RunConfig, next_step: int, server) -> None:
             message = (
                 "overlap_rollouts is on, but this worker's inference server holds one set of weights at a time "
                 f"({server.engine}, adapters merged), so it cannot roll out the next step against this policy "
-                "while loading the next: steps run one after the other. Serve runtime LoRA adapters "
-                "(ARTWEB_VLLM_ADAPTER_MODE=lora, the default on a GPU) to overlap them."
+                "while the next one loads: steps run one after the other. Overlapping needs runtime LoRA "
+                "adapters (ARTWEB_VLLM_ADAPTER_MODE=lora), a GPU worker's default; on a CPU they generate many "
+                "times slower than merged weights, so there it would not pay."
             )
             run_event(run=run, kind=AHEAD_UNAVAILABLE_EVENT, message=message)
             run_log(run_id=run.id, step=next_step - 1, level="WARNING", message=message)
