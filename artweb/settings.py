@@ -221,9 +221,9 @@ ARTWEB = {
     "VLLM_CUDA_DEVICES": env.str("ARTWEB_VLLM_CUDA_DEVICES", default=""),
     # Eager mode skips graph compilation: minutes faster to start on CPU, slower to generate.
     "VLLM_ENFORCE_EAGER": env.bool("ARTWEB_VLLM_ENFORCE_EAGER", default=False),
-    # None: 1 GiB on a CPU (a step of 24 rollouts of the default model uses ~60 MB of it; each GiB more is a
-    # GiB more resident in the worker's tree), 2 on a GPU.
-    "VLLM_KV_CACHE_GB": env.int("ARTWEB_VLLM_KV_CACHE_GB", default=None),
+    # None: 0.25 GiB on a CPU (a step of 24 rollouts of the default model uses ~60 MB of it; the whole cache
+    # is resident in the worker's tree from the server's start), 2 on a GPU. Fractions allowed.
+    "VLLM_KV_CACHE_GB": env.float("ARTWEB_VLLM_KV_CACHE_GB", default=None),
     # "auto": merged weights on the CPU build, runtime LoRA on GPU (see rollouts.runtime.vllm_server).
     "VLLM_ADAPTER_MODE": env.str("ARTWEB_VLLM_ADAPTER_MODE", default="auto"),
     # The inference server of a CPU worker: "auto" (measured per processor, rollouts.runtime.cpu_probe),

@@ -165,6 +165,8 @@ def run_artweb(
         # The server the worker picks for this processor, as under `make run` (the tests pin vLLM).
         ARTWEB_INFERENCE_ENGINE=os.environ.get("ARTWEB_INFERENCE_ENGINE", "auto"),
     )
+    if "ARTWEB_VLLM_KV_CACHE_GB" not in os.environ:
+        env.pop("ARTWEB_VLLM_KV_CACHE_GB", None)  # the server's KV cache as under `make run`, not the tests' size
     # Pool, threads and preloads as `make run` starts its GPU worker.
     worker = stack.start(
         "gpu-worker", gpu_worker_command(f"gpu-worker-{stack.free_port()}@%h"), gpu_worker_env(env), work / "logs"
@@ -209,6 +211,10 @@ def print_curve(result: dict) -> None:
         val = "" if s["val_reward"] is None else f"{s['val_reward']:10.3f}"
         reward = s["reward_mean"] if s["reward_mean"] is not None else float("nan")
         print(f"{s['step']:4d}  {reward:11.3f}  {val:>10}  {s['seconds']:6.1f}")
+    by_process = ", ".join(
+        f"{k} {v:.2f}" for k, v in sorted(result["peak_rss_by_process_gb"].items(), key=lambda kv: -kv[1])
+    )
+    print(f"peak resident memory of the worker's tree: {result['peak_rss_gb']:.2f} GiB ({by_process})")
     if not steps:
         return
     rewards = [s["reward_mean"] for s in steps if s["reward_mean"] is not None]

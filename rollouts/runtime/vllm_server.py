@@ -37,7 +37,7 @@ TOOLS_TEMPLATE = Path(__file__).resolve().parent / "templates" / "chatml_tools.j
 ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"
 # The name vLLM itself serves in merged mode; people use the base model's or the policy's name.
 MERGED_SERVED_NAME = "artweb-loaded-weights"
-# Options that size the GPU build's memory; when extra_args name one, kv_cache_gb is not passed.
+# Options that size the server's memory; when extra_args name one, kv_cache_gb is not passed.
 GPU_MEMORY_FLAGS = ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
 
 # One error type for either server; the name stays for callers that catch it.
@@ -85,8 +85,8 @@ class VLLMServer(InferenceServer):
         """model_path: a local model directory (or a Hugging Face id when the hub is reachable).
 
         python: the interpreter with vLLM installed (default: this one). adapter_mode: "auto",
-        "merged" or "lora" (see the module docstring). kv_cache_gb: the KV cache's size in GiB, on either build
-        (on a GPU, unless extra_args size the server's memory themselves).
+        "merged" or "lora" (see the module docstring). kv_cache_gb: the KV cache's size in GiB, a fraction
+        allowed, on either build (unless extra_args size the server's memory themselves).
         chat_template: a Jinja file; None uses the model's own, or artweb's ChatML-with-tools
         template when the model's cannot render tools. work_dir holds merged weights (default: a
         temporary directory removed by stop()). api_key: what every caller must send as "Authorization:
@@ -147,6 +147,7 @@ class VLLMServer(InferenceServer):
             self._write_aliases([self.base_model_name])
 
     def command(self) -> list[str]:
+        self._probe()  # an interpreter that does not start is named here, before any server is started
         args = [
             self.python,
             str(ENTRY),
@@ -175,23 +176,17 @@ class VLLMServer(InferenceServer):
             args += ["--chat-template", template]
         if self.enforce_eager:
             args += ["--enforce-eager"]
-        if not self.cpu_build and not any(a.split("=")[0] in GPU_MEMORY_FLAGS for a in self.extra_args):
-            # The GPU build takes 90% of the card by default (--gpu-memory-utilization 0.9), and the worker's
-            # trainer shares that card: it would find too little left, and a server restarted while the trainer
-            # holds its memory would refuse to start. A KV cache of a fixed size leaves the card to the trainer.
+        if not any(a.split("=")[0] in GPU_MEMORY_FLAGS for a in self.extra_args):
+            # A KV cache of a fixed size. The GPU build would take 90% of the card (--gpu-memory-utilization
+            # 0.9), and the worker's trainer shares that card: it would find too little left, and a server
+            # restarted while the trainer holds its memory would refuse to start. On the CPU build the cache is
+            # resident from the start, so its size is memory the worker's tree holds throughout.
             args += ["--kv-cache-memory-bytes", str(int(self.kv_cache_gb * 2**30))]
         return args + self.extra_args
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
-        if self.cpu_build and not float(self.kv_cache_gb).is_integer():
-            raise VLLMError(
-                f"The CPU build of vLLM sizes its KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE); "
-                f"kv_cache_gb={self.kv_cache_gb} is not one: give {max(1, round(self.kv_cache_gb))} instead."
-            )
         env.update(
-            # A whole number: the CPU build reads it with int() and refuses "1.0".
-            VLLM_CPU_KVCACHE_SPACE=str(int(self.kv_cache_gb)),
             VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             # /collective_rpc (in-place weight reload) is a development endpoint of vLLM's server.
             VLLM_SERVER_DEV_MODE="1" if self.merged else "0",

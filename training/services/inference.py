@@ -29,6 +29,11 @@ from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_su
 
 logger = logging.getLogger(__name__)
 
+# The inference server's KV cache on a CPU, in GiB, unless ARTWEB_VLLM_KV_CACHE_GB says otherwise: the CPU
+# build holds all of it resident from its start. A step of the shipped example (24 rollouts of the default
+# model) uses about 60 MB; 0.25 GiB holds some 11k tokens of it (bench/results/kv_cache_cpu.md).
+CPU_KV_CACHE_GB = 0.25
+
 _lock = threading.Lock()
 _server = None  # an InferenceServer: rollouts.runtime.vllm_server.VLLMServer or ct2_server.CT2Server
 _engine: tuple[tuple[str, str], cpu_probe.Choice] | None = None  # (device, setting) -> the server it starts
@@ -165,7 +170,7 @@ def _new_server(base_model, *, port: int | None, adapter_mode: str):
         max_model_len=base_model.max_length,
         extra_args=conf["VLLM_EXTRA_ARGS"].split() if conf["VLLM_EXTRA_ARGS"] else [],
         enforce_eager=conf["VLLM_ENFORCE_EAGER"],
-        kv_cache_gb=conf["VLLM_KV_CACHE_GB"] or (1 if conf["DEVICE"] == "cpu" else 2),
+        kv_cache_gb=conf["VLLM_KV_CACHE_GB"] or (CPU_KV_CACHE_GB if conf["DEVICE"] == "cpu" else 2),
         adapter_mode=adapter_mode,
         log_dir=str(Path(settings.DATA_DIR) / "logs"),
         extra_env={"CUDA_VISIBLE_DEVICES": conf["VLLM_CUDA_DEVICES"]} if conf["VLLM_CUDA_DEVICES"] else None,

@@ -42,17 +42,13 @@ def test_the_operators_own_memory_setting_wins(tmp_path):
         assert command[-len(extra) :] == extra
 
 
-def test_the_cpu_build_sizes_its_kv_cache_through_its_environment(tmp_path):
-    server = VLLMServer(str(tmp_path), kv_cache_gb=3)  # this environment's vLLM: the CPU build
+def test_the_cpu_build_gets_a_kv_cache_of_the_configured_size_fractions_included(tmp_path):
+    server = VLLMServer(str(tmp_path), kv_cache_gb=0.25)  # this environment's vLLM: the CPU build
     assert server.cpu_build
-    assert "--kv-cache-memory-bytes" not in server.command()
-    assert server.environment()["VLLM_CPU_KVCACHE_SPACE"] == "3"
-
-
-def test_the_cpu_build_gets_whole_gib_and_a_fraction_is_refused_with_what_to_give(tmp_path):
-    assert VLLMServer(str(tmp_path), kv_cache_gb=2.0).environment()["VLLM_CPU_KVCACHE_SPACE"] == "2"
-    with pytest.raises(VLLMError, match="whole GiB.*give 2 instead"):
-        VLLMServer(str(tmp_path), kv_cache_gb=1.5).environment()
+    command = server.command()
+    assert command[command.index("--kv-cache-memory-bytes") + 1] == str(2**28)
+    # Not the legacy VLLM_CPU_KVCACHE_SPACE, which takes whole GiB only (and would override the flag).
+    assert server.environment().get("VLLM_CPU_KVCACHE_SPACE") == os.environ.get("VLLM_CPU_KVCACHE_SPACE")
 
 
 def test_auto_serves_adapters_at_runtime_on_a_gpu_host_and_merged_on_the_cpu_build(tmp_path):
@@ -75,8 +71,6 @@ def test_a_gpu_host_without_flashinfer_samples_in_pytorch(tmp_path):
 def test_an_interpreter_that_does_not_start_is_named_in_the_error(tmp_path):
     import pytest
 
-    from rollouts.runtime.vllm_server import VLLMError
-
     server = VLLMServer(str(tmp_path), python=str(tmp_path / "no-such-python"))
     with pytest.raises((VLLMError, OSError)):
         server.command()
@@ -85,13 +79,13 @@ def test_an_interpreter_that_does_not_start_is_named_in_the_error(tmp_path):
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     ("device", "setting", "expected"),
-    [("cpu", None, 1), ("cuda", None, 2), ("cpu", 3, 3), ("cuda", 4, 4)],
+    [("cpu", None, 0.25), ("cuda", None, 2), ("cpu", 0.5, 0.5), ("cuda", 4, 4)],
 )
 def test_the_worker_sizes_the_kv_cache_by_device_unless_told(
     settings, vllm_model_dir, tmp_path, device, setting, expected
 ):
-    """On a CPU the cache is resident from the server's start, so it defaults to 1 GiB (a step of 24 rollouts
-    of the default model uses ~60 MB of it); ARTWEB_VLLM_KV_CACHE_GB wins on either."""
+    """On a CPU the cache is resident from the server's start, so it defaults to 0.25 GiB (a step of 24
+    rollouts of the default model uses ~60 MB of it); ARTWEB_VLLM_KV_CACHE_GB wins on either."""
     from training.services import base_model_register, inference
 
     model = base_model_register(name="m", source=str(vllm_model_dir), local_path=str(vllm_model_dir))
