@@ -211,10 +211,10 @@ def print_curve(result: dict) -> None:
         val = "" if s["val_reward"] is None else f"{s['val_reward']:10.3f}"
         reward = s["reward_mean"] if s["reward_mean"] is not None else float("nan")
         print(f"{s['step']:4d}  {reward:11.3f}  {val:>10}  {s['seconds']:6.1f}")
-    by_process = ", ".join(
-        f"{k} {v:.2f}" for k, v in sorted(result["peak_rss_by_process_gb"].items(), key=lambda kv: -kv[1])
-    )
-    print(f"peak resident memory of the worker's tree: {result['peak_rss_gb']:.2f} GiB ({by_process})")
+    if "peak_rss_gb" in result:  # a run this module started (bench.step_phases reads one it did not)
+        by_process = sorted(result["peak_rss_by_process_gb"].items(), key=lambda kv: -kv[1])
+        listed = ", ".join(f"{name} {gb:.2f}" for name, gb in by_process)
+        print(f"peak resident memory of the worker's tree: {result['peak_rss_gb']:.2f} GiB ({listed})")
     if not steps:
         return
     rewards = [s["reward_mean"] for s in steps if s["reward_mean"] is not None]
