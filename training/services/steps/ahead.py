@@ -38,7 +38,6 @@ class Ahead:
     run_id: int
     step: int  # the step whose batch this is
     policy: str  # the model name it rolls out against
-    scenario_ids: list[int]
     scenarios: list = field(repr=False, default_factory=list)
     results: list | None = None
     error: BaseException | None = None
@@ -75,7 +74,7 @@ _ahead: dict[int, Ahead] = {}
 def ahead_start(*, run_id: int, step: int, policy: str, scenarios: list, request: RolloutRequest) -> Ahead:
     """Start step `step`'s batch in a thread; any earlier batch ahead for the run is stopped first."""
     ahead_discard(run_id)
-    ahead = Ahead(run_id=run_id, step=step, policy=policy, scenario_ids=[s.id for s in scenarios], scenarios=scenarios)
+    ahead = Ahead(run_id=run_id, step=step, policy=policy, scenarios=scenarios)
     ahead.thread = threading.Thread(
         target=ahead._run, args=(request,), daemon=True, name=f"rollouts-ahead-run-{run_id}"
     )
@@ -86,15 +85,16 @@ def ahead_start(*, run_id: int, step: int, policy: str, scenarios: list, request
     return ahead
 
 
-def ahead_take(*, run_id: int, step: int, policies: Callable[[], set[str]]) -> Ahead | None:
+def ahead_take(*, run_id: int, step: int, served: set[str]) -> Ahead | None:
     """The batch ahead for this run's `step`, if this process has one whose policy the server still
-    serves (policies(): the names it serves); any other batch ahead for the run is dropped."""
+    serves (`served`: the model names it answers to); any other batch ahead for the run is dropped."""
     with _lock:
         ahead = _ahead.pop(run_id, None)
     if ahead is None:
         return None
-    if ahead.step != step or ahead.policy not in policies():
-        logger.info("run %s: dropping the batch ahead for step %s (now at step %s)", run_id, ahead.step, step)
+    if ahead.step != step or ahead.policy not in served:
+        why = f"for step {ahead.step}" if ahead.step != step else f"sampled by {ahead.policy}, no longer served"
+        logger.info("run %s step %s: dropping the batch ahead (%s)", run_id, step, why)
         _stop(ahead)
         return None
     return ahead

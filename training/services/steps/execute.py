@@ -165,7 +165,9 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
 
     # 1. Rollouts against the current policy, or the batch rolled out ahead during the last update.
     t = time.perf_counter()
-    ahead = ahead_take(run_id=run.id, step=step, policies=lambda: _served(server))
+    ahead = None
+    if cfg.overlap_rollouts:
+        ahead = ahead_take(run_id=run.id, step=step, served={server.base_model_name, *server.adapters})
     try:
         if ahead is not None:
             policy, scenarios, lag = ahead.policy, ahead.scenarios, 1
@@ -267,10 +269,6 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
             shutil.rmtree(ckpt_dir, ignore_errors=True)
         raise
     run_alerts_check(run=run, step=step)
-
-
-def _served(server) -> set[str]:
-    return {server.base_model_name, *server.adapters}
 
 
 def _start_ahead(run: Run, cfg: RunConfig, next_step: int, server) -> None:
