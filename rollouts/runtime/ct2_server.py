@@ -3,7 +3,7 @@
 The same interface as VLLMServer (rollouts.runtime.inference_server): start, stop, restart after a
 death, serve the base model or a step's policy under its name. Policies are served merged (the adapter
 folded into the base weights), one at a time, as on vLLM's CPU build; the server converts them to its
-own format in memory on each load (about 2 s for the default model).
+own format in memory on each load (about 1 s for the default model).
 
 The server runs in the worker's own interpreter (it needs ctranslate2, torch and transformers, which a
 CPU worker has), started in the project's directory so that `python -m` finds the entry.
