@@ -16,6 +16,7 @@ reports them by default (checked against transformers in tests/rollouts/runtime/
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import itertools
@@ -135,42 +136,61 @@ class Engine:
         LoRA adapter in adapter_dir folded in (in float32, the policy a float32 trainer holds); return the
         seconds taken. Waits for the batch in progress; batches queued meanwhile run on the new weights."""
         import torch
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
-        from rollouts.runtime.merge import merge_state
+        from rollouts.runtime.merge import MergeError, fold, read_adapter
 
         t0 = time.perf_counter()
-        if weights_dir is None and self._base_state is not None:
-            state = self._base_state
-        else:
-            state = {}
-            for path in sorted(Path(weights_dir or self.model_dir).glob("*.safetensors")):
-                state.update(load_file(str(path)))
-        if adapter_dir is not None:
-            state = merge_state(state, adapter_dir, dtype=torch.float32)
-        if weights_dir is not None or adapter_dir is not None:
-            missing = self._names - set(state)
+        lora = read_adapter(adapter_dir) if adapter_dir is not None else {}
+        source = weights_dir or self.model_dir
+        with contextlib.ExitStack() as files:
+            # The weights are read one at a time, each into the model's own tensor: no second copy of the
+            # model, whole, in memory during a load.
+            if weights_dir is None and self._base_state is not None:
+                found = dict.fromkeys(self._base_state)
+                read = self._base_state.__getitem__
+                shape = lambda name: tuple(self._base_state[name].shape)  # noqa: E731
+            else:
+                found = {}
+                for path in sorted(Path(source).glob("*.safetensors")):
+                    fh = files.enter_context(safe_open(str(path), framework="pt"))
+                    found.update(dict.fromkeys(fh.keys(), fh))
+                read = lambda name: found[name].get_tensor(name)  # noqa: E731
+                shape = lambda name: tuple(found[name].get_slice(name).get_shape())  # noqa: E731
+            missing = self._names - set(found)
             # Tied embeddings: a checkpoint may omit the output layer that shares the input's weights.
             missing.discard("lm_head.weight")
             if missing:
-                raise ValueError(
-                    f"{weights_dir or self.model_dir} lacks {len(missing)} of the model's weights, "
-                    f"e.g. {sorted(missing)[:3]}"
-                )
-        # Under the lock from here: the batch in progress finishes on the old weights, and nothing generates
-        # on a mix of the two (the model in memory also answers guided requests, see _run_guided).
-        with self._swap:
-            with torch.no_grad():
-                self._model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False)
-            # The converter takes the model's module tree apart as it goes (it deletes each layer's attention
-            # and MLP once converted) but never changes a tensor: it gets a copy of the tree that shares them.
-            tensors = itertools.chain(self._model.parameters(), self._model.buffers())
-            spec = self._spec(copy.deepcopy(self._model, {id(t): t for t in tensors}))
-            spec.validate()
-            spec.optimize(quantization=self.compute_type)
-            self._generator = None  # its memory back before the next one loads
-            self._generator = self._generator_of(spec)
-            del spec
+                raise ValueError(f"{source} lacks {len(missing)} of the model's weights, e.g. {sorted(missing)[:3]}")
+            if unmatched := set(lora) - set(found):
+                raise MergeError(f"Adapter layers with no matching base weight: {sorted(unmatched)[:5]}")
+            own = self._model.state_dict()  # the model's tensors themselves, not copies
+            names = self._names & set(found)
+            for name in sorted(names):  # all checked before anything is written
+                if shape(name) != tuple(own[name].shape):
+                    raise ValueError(
+                        f"{source}: {name} has shape {shape(name)}, the model's is {tuple(own[name].shape)}"
+                    )
+            # Under the lock from here: the batch in progress finishes on the old weights, and nothing
+            # generates on a mix of the two (the model in memory also answers guided requests, see
+            # _run_guided).
+            with self._swap:
+                with torch.no_grad():
+                    for name in names:
+                        if name in lora:
+                            fold(own[name], read(name), lora[name])
+                        else:
+                            own[name].copy_(read(name))
+                # The converter takes the model's module tree apart as it goes (it deletes each layer's
+                # attention and MLP once converted) but never changes a tensor: it gets a copy of the tree
+                # that shares them.
+                tensors = itertools.chain(self._model.parameters(), self._model.buffers())
+                spec = self._spec(copy.deepcopy(self._model, {id(t): t for t in tensors}))
+                spec.validate()
+                spec.optimize(quantization=self.compute_type)
+                self._generator = None  # its memory back before the next one loads
+                self._generator = self._generator_of(spec)
+                del spec
         _release_memory()
         seconds = time.perf_counter() - t0
         logger.info("loaded %s in %.2f s", adapter_dir or weights_dir or "the base weights", seconds)

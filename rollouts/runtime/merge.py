@@ -40,15 +40,14 @@ def _scale(config: dict, module: str, rank: int) -> float:
     return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
 
 
-def merge_state(base: dict, adapter_dir: str | os.PathLike, *, dtype=None) -> dict:
-    """base (name -> tensor) with the adapter in adapter_dir folded in: W + scale · B·A, each delta computed
-    in float32. Tensors keep their dtype, or become `dtype` when one is given."""
+def read_adapter(adapter_dir: str | os.PathLike) -> dict:
+    """The adapter in adapter_dir as base weight name -> (A (r, in), B (out, r), scale), in float32."""
     import torch
     from safetensors import safe_open
 
     adapter_dir = Path(adapter_dir)
     config = _adapter_config(adapter_dir)
-    lora: dict[str, dict[str, torch.Tensor]] = {}  # base weight name -> {"A": (r, in), "B": (out, r)}
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
     with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="pt") as fh:
         for key in fh.keys():
             # "base_model.model.<module>.lora_A.weight" (an adapter name may follow lora_A in older files)
@@ -56,17 +55,37 @@ def merge_state(base: dict, adapter_dir: str | os.PathLike, *, dtype=None) -> di
             if not rest:
                 continue
             module = module.removeprefix("base_model.model.")
-            lora.setdefault(f"{module}.weight", {})[rest[0]] = fh.get_tensor(key).float()
+            pairs.setdefault(f"{module}.weight", {})[rest[0]] = fh.get_tensor(key).float()
+    lora = {}
+    for key, pair in pairs.items():
+        if set(pair) != {"A", "B"}:
+            raise MergeError(f"{key.removesuffix('.weight')} has lora_{next(iter(pair))} but not its pair")
+        a, b = pair["A"], pair["B"]
+        lora[key] = (a, b, _scale(config, key.removesuffix(".weight"), a.shape[0]))
+    return lora
 
+
+def fold(target, base, layer: tuple) -> None:
+    """target (a float32 tensor of base's shape) = base + scale · B·A, accumulated in one pass."""
+    a, b, scale = layer
+    target.copy_(base).addmm_(b, a, alpha=scale)
+
+
+def merge_state(base: dict, adapter_dir: str | os.PathLike, *, dtype=None) -> dict:
+    """base (name -> tensor) with the adapter in adapter_dir folded in: W + scale · B·A, each delta computed
+    in float32. Tensors keep their dtype, or become `dtype` when one is given."""
+    import torch
+
+    lora = read_adapter(adapter_dir)
     merged: dict[str, torch.Tensor] = {}
     for key, tensor in base.items():
         target = dtype or tensor.dtype
-        pair = lora.pop(key, None)
-        if pair is not None:
-            a, b = pair["A"], pair["B"]
-            scale = _scale(config, key.removesuffix(".weight"), a.shape[0])
-            # A float32 copy (never the base's own tensor) with the product accumulated into it in one pass.
-            tensor = tensor.to(torch.float32, copy=True).addmm_(b, a, alpha=scale)
+        layer = lora.pop(key, None)
+        if layer is not None:
+            # A float32 copy (never the base's own tensor) with the product accumulated into it.
+            folded = torch.empty(tensor.shape, dtype=torch.float32)
+            fold(folded, tensor, layer)
+            tensor = folded
         merged[key] = tensor.to(target).contiguous()
     if lora:
         raise MergeError(f"Adapter layers with no matching base weight: {sorted(lora)[:5]}")

@@ -4,6 +4,7 @@ rollouts and serving use, its key, and how a worker picks it. The interface it s
 tools, adapters, restarts) is tested against both servers in test_vllm.py."""
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -317,3 +318,45 @@ def test_a_policy_is_written_as_ctranslate2_writes_it_and_no_copy_stays(ct2_serv
     assert after == before  # the base weights written back by write_model_bin answer as the first load's
     policy = ct2_server.work_dir / "engine" / "policy"
     assert sorted(p.name for p in policy.iterdir()) == ["config.json", "vocabulary.json"]
+
+
+def test_weights_that_do_not_fit_are_refused_before_the_served_policy_changes(ct2_server, tmp_path):
+    """A load writes the weights into the served model one at a time, so everything is checked first: a
+    checkpoint lacking weights, one of another shape, an adapter for layers this model has not. Each is
+    refused with what is wrong, and the policy served before answers as it did."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    def greedy() -> list[int]:
+        return _chat(ct2_server, temperature=0, max_tokens=6, return_token_ids=True).json()["choices"][0]["token_ids"]
+
+    def load(**body) -> httpx.Response:
+        return httpx.post(
+            f"{ct2_server.root_url}/artweb/load", json={"name": "bad", **body}, headers=ct2_server.headers, timeout=120
+        )
+
+    before = greedy()
+    weights = load_file(str(next(Path(ct2_server.model_path).glob("*.safetensors"))))
+    (tmp_path / "partial").mkdir()
+    save_file({"model.norm.weight": weights["model.norm.weight"]}, str(tmp_path / "partial" / "model.safetensors"))
+    refused = load(weights_dir=str(tmp_path / "partial"))
+    assert refused.status_code == 400 and "lacks" in refused.json()["error"]["message"]
+
+    (tmp_path / "reshaped").mkdir()
+    save_file({**weights, "model.norm.weight": torch.ones(7)}, str(tmp_path / "reshaped" / "model.safetensors"))
+    refused = load(weights_dir=str(tmp_path / "reshaped"))
+    assert refused.status_code == 400
+    assert "model.norm.weight has shape (7,)" in refused.json()["error"]["message"]
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4}))
+    save_file(
+        {
+            "base_model.model.model.layers.99.mlp.up_proj.lora_A.weight": torch.zeros(2, 576),
+            "base_model.model.model.layers.99.mlp.up_proj.lora_B.weight": torch.zeros(1536, 2),
+        },
+        str(tmp_path / "other" / "adapter_model.safetensors"),
+    )
+    refused = load(adapter_dir=str(tmp_path / "other"))
+    assert refused.status_code == 400 and "layers.99.mlp.up_proj" in refused.json()["error"]["message"]
+    assert greedy() == before
