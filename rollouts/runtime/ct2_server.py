@@ -99,6 +99,11 @@ class CT2Server(InferenceServer):
         # Loads run on the event loop's worker threads, one glibc arena each: without a cap, every load's
         # freed copies of the weights stay spread over new arenas (seen: 7.9 GB resident after a dozen).
         env.setdefault("MALLOC_ARENA_MAX", "2")
+        # What a load frees stays with the process for the next load (Engine.__init__): weights up to
+        # 32 MiB come from the heap rather than their own mappings (glibc's largest threshold), and the
+        # heap keeps up to 1 GiB free at its top instead of giving it back at once.
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
         env.update(self.extra_env)
         # In the environment, not on the command line, where any local user could read it (ps, /proc).
         env["ARTWEB_INFERENCE_API_KEY"] = self.api_key

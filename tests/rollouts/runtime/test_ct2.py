@@ -279,10 +279,10 @@ def test_after_a_load_both_of_its_generators_serve_the_new_policy(ct2_server, tm
     ct2_server.ensure_base()
 
 
-def test_a_policy_is_written_as_ctranslate2_writes_it_and_no_copy_stays(ct2_server, tmp_path):
+def test_a_policy_is_written_as_ctranslate2_writes_it_into_the_same_file(ct2_server, tmp_path):
     """Each load after the first writes the weights with write_model_bin, not CTranslate2's own writer
-    (1-2 s for this model against 0.1-0.2 s): both give the same bytes for the same model. Once loaded, the
-    policy's weights live in the generator only: the server's work directory keeps no copy of them."""
+    (1-2 s for this model against 0.1-0.2 s): both give the same bytes for the same model. Loads rewrite
+    one file in place, so its pages are reused: the work directory holds that file, not one per load."""
     import copy
     import itertools
 
@@ -311,13 +311,15 @@ def test_a_policy_is_written_as_ctranslate2_writes_it_and_no_copy_stays(ct2_serv
     answer = generator.generate_batch([prompt], max_length=4, sampling_topk=1, include_prompt_in_result=False)
     assert len(answer[0].sequences_ids[0]) == 4
 
+    policy = ct2_server.work_dir / "engine" / "policy"
     before = _chat(ct2_server, temperature=0, max_tokens=6, return_token_ids=True).json()["choices"][0]["token_ids"]
+    inode = (policy / "model.bin").stat().st_ino
     ct2_server.ensure_adapter("run-9@1", str(make_adapter(tmp_path / "step1", seed=5, std=0.08)))
     ct2_server.ensure_base()
     after = _chat(ct2_server, temperature=0, max_tokens=6, return_token_ids=True).json()["choices"][0]["token_ids"]
     assert after == before  # the base weights written back by write_model_bin answer as the first load's
-    policy = ct2_server.work_dir / "engine" / "policy"
-    assert sorted(p.name for p in policy.iterdir()) == ["config.json", "vocabulary.json"]
+    assert sorted(p.name for p in policy.iterdir()) == ["config.json", "model.bin", "vocabulary.json"]
+    assert (policy / "model.bin").stat().st_ino == inode
 
 
 def test_weights_that_do_not_fit_are_refused_before_the_served_policy_changes(ct2_server, tmp_path):
