@@ -106,6 +106,7 @@ class Engine:
         # a run.
         self._policy_dir = self.work_dir / "policy"
         shutil.rmtree(self._policy_dir, ignore_errors=True)
+        self._weights: int | None = None  # the descriptor of policy_dir's model.bin, once unlinked
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         # A float32 copy of the model in memory: each load puts a policy's weights into it and converts.
         self._model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -218,14 +219,22 @@ class Engine:
         stay in the page cache between loads (memory the kernel can take back), so a load writes into
         pages it already has instead of faulting in new ones: measured in a run, fresh pages made a load's
         write and read of the weights take 0.3-3 s instead of 0.2-0.4 s. The generator copies the weights
-        it reads; the file is not read again until the next load rewrites it.
+        it reads; the file is not read again until the next load rewrites it. On Linux the file has no name
+        once written: model.bin is a link to this process's descriptor of it.
         """
         weights = self._policy_dir / "model.bin"
-        if not weights.exists():
+        if self._weights is None and not weights.exists():
             self._policy_dir.mkdir(parents=True, exist_ok=True)
             spec.save(str(self._policy_dir))
+            if Path("/proc/self/fd").is_dir():
+                # The file lives as long as this process holds it open, not longer: a server killed
+                # without its stop() leaves no copy of the weights in its work directory.
+                self._weights = os.open(weights, os.O_RDWR)
+                weights.unlink()
+                weights.symlink_to(f"/proc/self/fd/{self._weights}")
         else:
-            with open(weights, "r+b") as fh:
+            with open(weights, "r+b") if self._weights is None else open(self._weights, "r+b", closefd=False) as fh:
+                fh.seek(0)  # the descriptor's offset is where the last load's writing ended
                 write_model_bin(spec, fh)
                 fh.truncate()
         return self._ct2.Generator(

@@ -4,6 +4,7 @@ rollouts and serving use, its key, and how a worker picks it. The interface it s
 tools, adapters, restarts) is tested against both servers in test_vllm.py."""
 
 import json
+import os
 from pathlib import Path
 
 import httpx
@@ -282,7 +283,8 @@ def test_after_a_load_both_of_its_generators_serve_the_new_policy(ct2_server, tm
 def test_a_policy_is_written_as_ctranslate2_writes_it_into_the_same_file(ct2_server, tmp_path):
     """Each load after the first writes the weights with write_model_bin, not CTranslate2's own writer
     (1-2 s for this model against 0.1-0.2 s): both give the same bytes for the same model. Loads rewrite
-    one file in place, so its pages are reused: the work directory holds that file, not one per load."""
+    one file in place, so its pages are reused. That file has no name: only the server holds it open, so a
+    server killed without its stop() leaves no copy of the weights behind."""
     import copy
     import itertools
 
@@ -313,13 +315,19 @@ def test_a_policy_is_written_as_ctranslate2_writes_it_into_the_same_file(ct2_ser
 
     policy = ct2_server.work_dir / "engine" / "policy"
     before = _chat(ct2_server, temperature=0, max_tokens=6, return_token_ids=True).json()["choices"][0]["token_ids"]
-    inode = (policy / "model.bin").stat().st_ino
+    link = os.readlink(policy / "model.bin")
+    assert link.startswith("/proc/self/fd/")
+    held = Path(f"/proc/{ct2_server._proc.pid}/fd/{link.rsplit('/', 1)[1]}")  # the server's descriptor
+    inode = held.stat().st_ino
     ct2_server.ensure_adapter("run-9@1", str(make_adapter(tmp_path / "step1", seed=5, std=0.08)))
     ct2_server.ensure_base()
     after = _chat(ct2_server, temperature=0, max_tokens=6, return_token_ids=True).json()["choices"][0]["token_ids"]
     assert after == before  # the base weights written back by write_model_bin answer as the first load's
     assert sorted(p.name for p in policy.iterdir()) == ["config.json", "model.bin", "vocabulary.json"]
-    assert (policy / "model.bin").stat().st_ino == inode
+    assert os.readlink(policy / "model.bin") == link
+    assert held.stat().st_ino == inode and held.stat().st_nlink == 0  # the same file, and no name of its own
+    assert held.stat().st_size > 100 * 2**20  # the weights are in it
+    assert sum(p.lstat().st_size for p in policy.iterdir()) < 2 * 2**20  # and not in the directory
 
 
 def test_weights_that_do_not_fit_are_refused_before_the_served_policy_changes(ct2_server, tmp_path):
