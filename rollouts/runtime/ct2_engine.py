@@ -106,7 +106,7 @@ class Engine:
         # a run.
         self._policy_dir = self.work_dir / "policy"
         shutil.rmtree(self._policy_dir, ignore_errors=True)
-        self._weights: int | None = None  # the descriptor of policy_dir's model.bin, once unlinked
+        self._weights: int | None = None  # this process's descriptor of policy_dir's model.bin
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         # A float32 copy of the model in memory: each load puts a policy's weights into it and converts.
         self._model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -178,26 +178,25 @@ class Engine:
             # Under the lock from here: the batch in progress finishes on the old weights, and nothing
             # generates on a mix of the two (the model in memory also answers guided requests, see
             # _run_guided).
+            stages: dict[str, float] = {}
+
+            def lap(stage: str) -> None:
+                stages[stage] = time.perf_counter() - t0 - sum(stages.values())
+
             with self._swap:
-                stages = {"waiting": time.perf_counter() - t0}
+                lap("waiting")
                 with torch.no_grad():
                     for name in names:
                         if name in lora:
                             fold(own[name], read(name), lora[name])
                         else:
                             own[name].copy_(read(name))
-                stages["weights"] = time.perf_counter() - t0 - sum(stages.values())
-                # The converter takes the model's module tree apart as it goes (it deletes each layer's
-                # attention and MLP once converted) but never changes a tensor: it gets a copy of the tree
-                # that shares them.
-                tensors = itertools.chain(self._model.parameters(), self._model.buffers())
-                spec = self._spec(copy.deepcopy(self._model, {id(t): t for t in tensors}))
-                spec.validate()
-                spec.optimize(quantization=self.compute_type)
-                stages["conversion"] = time.perf_counter() - t0 - sum(stages.values())
+                lap("weights")
+                spec = convert(self._model, self.tokenizer, self.compute_type)
+                lap("conversion")
                 self._generator = None  # its memory goes to the next one
                 self._generator = self._generator_of(spec)
-                stages["generator"] = time.perf_counter() - t0 - sum(stages.values())
+                lap("generator")
                 del spec
         gc.collect()  # the converted module tree's cycles; their memory stays with the process (see __init__)
         seconds = time.perf_counter() - t0
@@ -223,31 +222,23 @@ class Engine:
         once written: model.bin is a link to this process's descriptor of it.
         """
         weights = self._policy_dir / "model.bin"
-        if self._weights is None and not weights.exists():
+        if self._weights is None:
             self._policy_dir.mkdir(parents=True, exist_ok=True)
             spec.save(str(self._policy_dir))
+            self._weights = os.open(weights, os.O_RDWR)
             if Path("/proc/self/fd").is_dir():
                 # The file lives as long as this process holds it open, not longer: a server killed
                 # without its stop() leaves no copy of the weights in its work directory.
-                self._weights = os.open(weights, os.O_RDWR)
                 weights.unlink()
                 weights.symlink_to(f"/proc/self/fd/{self._weights}")
         else:
-            with open(weights, "r+b") if self._weights is None else open(self._weights, "r+b", closefd=False) as fh:
+            with open(self._weights, "r+b", closefd=False) as fh:
                 fh.seek(0)  # the descriptor's offset is where the last load's writing ended
                 write_model_bin(spec, fh)
                 fh.truncate()
         return self._ct2.Generator(
             str(self._policy_dir), device="cpu", compute_type=self.compute_type, intra_threads=self.threads
         )
-
-    def _spec(self, model):
-        from ctranslate2.converters.transformers import _MODEL_LOADERS
-
-        loader = _MODEL_LOADERS.get(type(model.config).__name__)
-        if loader is None:
-            raise ValueError(f"CTranslate2 cannot convert {type(model.config).__name__} models")
-        return loader(model, self.tokenizer)
 
     # --- requests ------------------------------------------------------------------------------------
 
@@ -421,6 +412,22 @@ class Engine:
             logger.exception("guided generation failed")
             job.error = f"generation failed: {exc}"
         job.done.set()
+
+
+def convert(model, tokenizer, compute_type: str):
+    """CTranslate2's model spec of a transformers model, validated and in compute_type."""
+    from ctranslate2.converters.transformers import _MODEL_LOADERS
+
+    loader = _MODEL_LOADERS.get(type(model.config).__name__)
+    if loader is None:
+        raise ValueError(f"CTranslate2 cannot convert {type(model.config).__name__} models")
+    # The converter takes the module tree apart as it goes (it deletes each layer's attention and MLP once
+    # converted) but never changes a tensor: it gets a copy of the tree that shares them.
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    spec = loader(copy.deepcopy(model, {id(t): t for t in tensors}), tokenizer)
+    spec.validate()
+    spec.optimize(quantization=compute_type)
+    return spec
 
 
 # CTranslate2's model.bin, version 6 (what ctranslate2 4.x reads and writes): a header, then each

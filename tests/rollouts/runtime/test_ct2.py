@@ -285,23 +285,16 @@ def test_a_policy_is_written_as_ctranslate2_writes_it_into_the_same_file(ct2_ser
     (1-2 s for this model against 0.1-0.2 s): both give the same bytes for the same model. Loads rewrite
     one file in place, so its pages are reused. That file has no name: only the server holds it open, so a
     server killed without its stop() leaves no copy of the weights behind."""
-    import copy
-    import itertools
-
     import ctranslate2
     import torch
     import transformers
-    from ctranslate2.converters.transformers import _MODEL_LOADERS
 
-    from rollouts.runtime.ct2_engine import write_model_bin
+    from rollouts.runtime.ct2_engine import convert, write_model_bin
     from tests.rollouts.runtime.adapters import make_adapter
 
     model = transformers.AutoModelForCausalLM.from_pretrained(ct2_server.model_path, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(ct2_server.model_path)
-    tensors = itertools.chain(model.parameters(), model.buffers())
-    spec = _MODEL_LOADERS[type(model.config).__name__](copy.deepcopy(model, {id(t): t for t in tensors}), tokenizer)
-    spec.validate()
-    spec.optimize(quantization="float32")
+    spec = convert(model, tokenizer, "float32")
     spec.save(str(tmp_path))
     with open(tmp_path / "mine.bin", "wb") as fh:
         write_model_bin(spec, fh)
