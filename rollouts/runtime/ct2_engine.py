@@ -312,10 +312,17 @@ class Engine:
 
         started = time.perf_counter()
         try:
-            prompts = [self.tokenizer.convert_ids_to_tokens(job.prompt_ids) for job, _ in rows]
+            shared = _shared_prefix([job.prompt_ids for job, _ in rows])
+            start = self.tokenizer.convert_ids_to_tokens(rows[0][0].prompt_ids[:shared]) if shared else None
+            prompts = [self.tokenizer.convert_ids_to_tokens(job.prompt_ids[shared:]) for job, _ in rows]
             with self._swap:
                 self._generator.generate_batch(
                     prompts,
+                    # The start the rows share (a system prompt; a group's whole prompt) is run once for the
+                    # batch instead of once a row. Not kept between batches: one per distinct start would
+                    # pile up over a step's turns.
+                    static_prompt=start,
+                    cache_static_prompt=False,
                     max_length=max(job.max_tokens for job in jobs),
                     # Greedy is CTranslate2's top-k of 1; its temperature must stay positive.
                     sampling_topk=1 if sampling.temperature == 0 else sampling.top_k,
@@ -469,6 +476,19 @@ def write_model_bin(spec, fh) -> None:
     fh.write(struct.pack("<I", len(aliases)))
     for alias, name in aliases:
         fh.write(text(alias) + text(name))
+
+
+def _shared_prefix(prompts: list[list[int]]) -> int:
+    """How many leading tokens every prompt has in common, leaving each at least one of its own (a row's
+    decoding starts from its last prompt token); 0 for a single row, where there is nothing to share."""
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
 
 
 def _top(logits, k: int) -> list[tuple[int, float]]:

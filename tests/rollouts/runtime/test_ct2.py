@@ -49,6 +49,58 @@ def test_its_logprobs_are_the_models_own_before_temperature(ct2_server, vllm_mod
     assert not torch.allclose(torch.tensor(logprobs), scaled, atol=2e-3)
 
 
+def test_rows_that_share_a_start_get_the_logprobs_of_their_own_whole_prompt(ct2_server, vllm_model_dir):
+    """A batch runs the start its rows share once (CTranslate2's static prompt): here a system prompt
+    for two requests sent together, and each request's whole prompt but its last token for its n rows.
+    Every sample must still be scored as if its prompt had run alone."""
+    import threading
+
+    import torch
+    import transformers
+
+    system = {"role": "system", "content": "You answer in one short sentence."}
+    questions = ["Name three fruits.", "What colour is the sky?"]
+    answers: dict[str, dict] = {}
+
+    def ask(question: str) -> None:
+        messages = [system, {"role": "user", "content": question}]
+        answers[question] = _chat(
+            ct2_server, messages=messages, n=3, temperature=1.0, max_tokens=12, logprobs=True, return_token_ids=True
+        ).json()
+
+    ct2_server.ensure_base()
+    threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
+    assert all("prompt_token_ids" in a for a in answers.values()), answers
+    prompts = [answers[q]["prompt_token_ids"] for q in questions]
+    assert prompts[0][:5] == prompts[1][:5] and prompts[0] != prompts[1]  # a shared start, then their own
+    for question in questions:
+        data = answers[question]
+        assert len(data["choices"]) == 3, data
+        prompt = data["prompt_token_ids"]
+        for choice in data["choices"]:
+            ids, logprobs = choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+            expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+            assert torch.allclose(torch.tensor(logprobs), expected, atol=2e-3), question
+
+
+def test_the_shared_start_leaves_every_row_a_token_of_its_own():
+    from rollouts.runtime.ct2_engine import _shared_prefix
+
+    assert _shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert _shared_prefix([[1, 2, 3], [1, 2, 3]]) == 2  # identical prompts: each keeps its last token
+    assert _shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2
+    assert _shared_prefix([[7, 2], [1, 2]]) == 0
+    assert _shared_prefix([[1, 2, 3]]) == 0  # one row: nothing to share
+
+
 def test_an_answer_that_ends_keeps_its_end_token_and_one_cut_short_says_length(ct2_server):
     tokenizer_eos = 2  # SmolLM2's <|im_end|>
     ended = _chat(ct2_server, temperature=0, max_tokens=200, return_token_ids=True).json()["choices"][0]

@@ -79,6 +79,38 @@ def test_blocks_of_very_different_widths_go_to_separate_calls():
     assert [tuple(b.key_index.shape) for b in layout.buckets] == [(2, 64), (2, 4)]
 
 
+def test_on_a_cpu_keys_and_values_are_kept_once_per_head_they_have():
+    """Grouped heads (9 query heads reading 3 key/value heads, as in the default model) go to the CPU kernel
+    as they are: what the backward pass keeps holds each key/value head once, not once per query head
+    that reads it, and the answer is the repeated heads' answer."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from training.engine.attention import packed_attention
+
+    layout = PackedLayout.build([Block(0, 4), Block(4, 7, (0, 4)), Block(7, 9, (0, 4))], device="cpu")
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    torch.manual_seed(0)
+    query = torch.randn(1, 9, 9, 8, requires_grad=True)
+    key, value = torch.randn(1, 3, 9, 8, requires_grad=True), torch.randn(1, 3, 9, 8, requires_grad=True)
+    kept: list[torch.Size] = []
+
+    def keep(tensor):
+        kept.append(tensor.shape)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        out, _ = packed_attention(module, query, key, value, None, scaling=8**-0.5, packed_layout=layout)
+    keys_kept = [shape for shape in kept if len(shape) == 4 and shape[2] == layout.widest]
+    assert keys_kept and all(shape[1] == 3 for shape in keys_kept), kept
+
+    module.num_key_value_groups = 1  # the same heads, repeated by hand
+    repeated, _ = packed_attention(
+        module, query, repeat_kv(key, 3), repeat_kv(value, 3), None, scaling=8**-0.5, packed_layout=layout
+    )
+    torch.testing.assert_close(out, repeated)
+
+
 def test_the_planner_counts_a_shared_prompt_once_per_micro_batch():
     # Prompt of 10 shared by the three sequences of group 0; each has 5 tokens of its own.
     group = [seq(list(range(10)) + [100 + k] * 5, 10) for k in range(3)]
