@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from training.engine.activations import fuse_gated_mlps
 from training.engine.config import TrainConfig
 
 
@@ -68,6 +69,9 @@ def load_peft(cfg: TrainConfig, base_model_path: str, device: str, seed: int = 0
     # PEFT freezes the base and, with a half-precision base, keeps the adapter in fp32
     # (autocast_adapter_dtype), so small Adam updates are not rounded away.
     model = get_peft_model(base, lora)
+    if str(device) == "cpu":
+        # Less memory kept for the backward pass where memory is the machine's own; GPU runs as measured.
+        fuse_gated_mlps(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return LoadedModel(model=model, tokenizer=tokenizer)
