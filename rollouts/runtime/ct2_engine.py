@@ -481,9 +481,9 @@ def write_model_bin(spec, fh) -> None:
 def _shared_prefix(prompts: list[list[int]]) -> int:
     """How many leading tokens every prompt has in common, leaving each at least one of its own (a row's
     decoding starts from its last prompt token); 0 for a single row, where there is nothing to share."""
-    from training.engine.batching import common_prefix_length  # the trainer's packing shares prompts alike
-
-    return max(0, min(common_prefix_length(prompts), min(map(len, prompts), default=0) - 1))
+    if len(prompts) < 2:
+        return 0
+    return max(0, min(len(os.path.commonprefix(prompts)), min(map(len, prompts)) - 1))
 
 
 def _top(logits, k: int) -> list[tuple[int, float]]:
