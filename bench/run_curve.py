@@ -256,6 +256,9 @@ def main() -> int:
     parser.add_argument("--val-every", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument(
+        "--seed", type=int, default=0, help="the run's seed (its scenario sample and its adapter's start)"
+    )
+    parser.add_argument(
         "--overlap-rollouts",
         action="store_true",
         help="the run's overlap_rollouts (needs runtime adapters: ARTWEB_VLLM_ADAPTER_MODE=lora on a CPU)",
@@ -269,9 +272,11 @@ def main() -> int:
         learning_rate=args.learning_rate,
         val_every=args.val_every,
         timeout=args.timeout,
+        seed=args.seed,
         overlap_rollouts=args.overlap_rollouts,
     )
     print_curve(result)
+    print(f"final adapter: {result['adapter']}")
     return 0 if result["status"] == Run.Status.COMPLETED else 1
 
 
