@@ -57,20 +57,12 @@ def engine_update(
     model_dir: Path, groups: list[list[dict]], learning_rate: float, repeats: int, batch_file: Path
 ) -> dict:
     """Time the engine's update on `groups`; write the same batch as token ids for TRL to batch_file."""
+    from bench.trl_grpo import batch_of
     from training.engine import TrainConfig, make_trainer
-    from training.engine.advantages import compute_advantages
 
     trainer = make_trainer(TrainConfig(learning_rate=learning_rate), base_model_path=str(model_dir))
     trainer.load(None)
-    adv = compute_advantages(groups)
-    seqs = [s for s in trainer.tokenize_groups(groups, adv.values, adv.used) if s.n_trainable > 0]
-    batch = {"prompt_ids": [], "completion_ids": [], "advantages": []}
-    for s in seqs:
-        first = s.trainable.index(True)
-        last = len(s.trainable) - s.trainable[::-1].index(True)
-        batch["prompt_ids"].append(s.input_ids[:first])
-        batch["completion_ids"].append(s.input_ids[first:last])
-        batch["advantages"].append(s.advantage)
+    batch = batch_of(trainer, groups)
     batch_file.write_text(json.dumps(batch))
     times, trained = [], 0
     for _ in range(repeats + 1):
@@ -83,7 +75,7 @@ def engine_update(
         "median_seconds": median,
         "tokens_trained": trained,
         "trained_tokens_per_second": trained / median,
-        "sequences": len(seqs),
+        "sequences": len(batch["advantages"]),
     }
 
 

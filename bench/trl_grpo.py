@@ -256,6 +256,24 @@ def update(args) -> dict:
     }
 
 
+def batch_of(trainer, groups: list[list[dict]]) -> dict:
+    """The sequences artweb's trainer would train on `groups`, as the prompt ids, completion ids and
+    advantages that `update --batch` reads."""
+    from training.engine.advantages import compute_advantages
+
+    adv = compute_advantages(groups)
+    batch = {"prompt_ids": [], "completion_ids": [], "advantages": []}
+    for s in trainer.tokenize_groups(groups, adv.values, adv.used):
+        if s.n_trainable == 0:
+            continue
+        first = s.trainable.index(True)
+        last = len(s.trainable) - s.trainable[::-1].index(True)
+        batch["prompt_ids"].append(s.input_ids[:first])
+        batch["completion_ids"].append(s.input_ids[first:last])
+        batch["advantages"].append(s.advantage)
+    return batch
+
+
 def _tensors(batch: dict, pad_id: int) -> dict:
     """Left-padded prompts, right-padded completions, the way TRL lays out a generation batch."""
     import torch

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,23 +75,6 @@ def refresh_logprobs(trainer, groups: list[list[dict]]) -> None:
         trajectory["messages"][-1]["logprobs"] = logprobs
 
 
-def as_trl_batch(trainer, groups: list[list[dict]]) -> dict:
-    """The trained sequences as prompt ids, completion ids and advantages, for bench.trl_grpo's layout."""
-    from training.engine.advantages import compute_advantages
-
-    adv = compute_advantages(groups)
-    batch = {"prompt_ids": [], "completion_ids": [], "advantages": []}
-    for s in trainer.tokenize_groups(groups, adv.values, adv.used):
-        if s.n_trainable == 0:
-            continue
-        first = s.trainable.index(True)
-        last = len(s.trainable) - s.trainable[::-1].index(True)
-        batch["prompt_ids"].append(s.input_ids[:first])
-        batch["completion_ids"].append(s.input_ids[first:last])
-        batch["advantages"].append(s.advantage)
-    return batch
-
-
 def compare(a: dict, b: dict) -> tuple[float, float, float]:
     """Cosine between two sets of tensors taken as one vector, and the two norms."""
     dot = na = nb = 0.0
@@ -112,8 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = p.parse_args(argv)
-
-    import tempfile
 
     import torch
     from trl import GRPOTrainer
@@ -137,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     start = {n: p.detach().clone() for n, p in ours.model.named_parameters() if p.requires_grad}
     groups = sample_groups(ours, args.group_size, args.max_tokens, args.seed)
     refresh_logprobs(ours, groups)
-    batch = as_trl_batch(ours, groups)
+    batch = trl_grpo.batch_of(ours, groups)
     trained = sum(map(len, batch["completion_ids"]))
     print(f"batch: {len(batch['advantages'])} answers, {trained} trained tokens", flush=True)
 
