@@ -25,6 +25,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
+from rollouts.runtime.sandbox import prestarted
 from tests.factories import RolloutScriptVersionFactory, RunFactory
 from training.config import run_config_parse
 from training.engine import Cancelled
@@ -339,6 +340,29 @@ def wait_for(should_stop, seconds: float = 10.0) -> None:
         assert time.monotonic() < deadline, "the heartbeat never reported the change"
         time.sleep(0.05)
     raise Cancelled("stopped before the optimizer step")
+
+
+def test_the_next_batchs_sandbox_is_prestarted_after_the_update_not_beside_it(alice, world):
+    # Beside the update, the pre-start's imports would compete with it for the cores (its cgroup weighs as
+    # much as the whole worker, whatever its processes' priority).
+    run = make_run(alice)
+    key = f"run-{run.id}"
+    seen_during_update = []
+    world.during_update = lambda should_stop: seen_during_update.append(
+        (key in prestarted.keys(), key in prestarted._pending)
+    )
+    prestarted.discard()
+    try:
+        run = execute(run, step=1)
+        assert run.steps_done == 1
+        assert seen_during_update == [(False, False)]  # neither started nor starting while it trained
+        assert key in prestarted.keys()  # started once the update was done, for step 2's batch
+        run = execute(run, step=2)
+        assert run.steps_done == 2 and key in prestarted.keys()  # step 2 took it and pre-started step 3's
+        run = execute(run, step=3)
+        assert run.status == Run.Status.COMPLETED and key not in prestarted.keys()  # no step 4 to start for
+    finally:
+        prestarted.discard()
 
 
 def test_a_cancel_requested_while_the_update_trains_stops_the_step_and_keeps_its_rollouts(alice, world):

@@ -3,6 +3,7 @@ batch run in the sandbox against the current policy."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -100,6 +101,21 @@ def rollouts_run(
     summed over groups, which are judged while other groups' rollouts still run). warm: a step's training
     batch, which takes the sandbox pre-started for it and pre-starts the next step's."""
     request = rollouts_request(run, cfg, scenarios, model_name, server, group_size, timings=timings, warm=warm)
+    return rollouts_execute(request, cfg, hb, timings=timings)
+
+
+def rollouts_execute(
+    request: RolloutRequest,
+    cfg: RunConfig,
+    hb: Heartbeat,
+    *,
+    timings: dict[str, float] | None = None,
+    prestart: bool = True,
+):
+    """rollouts_run's batch from its request; prestart=False leaves the next batch's pre-start to the
+    caller (rollouts.runtime.sandbox.prestart_batch), at a moment of its choosing."""
+    if not prestart:
+        request = dataclasses.replace(request, prestart_next=False)
     results = run_rollouts(request, should_stop=hb.should_stop)
     if timings is not None and cfg.use_ruler:
         timings["ruler"] = sum(group.judge_s for group in results)

@@ -24,6 +24,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from artweb.dispatch import publish
 from artweb.logging import log_context
 from rollouts.runtime import Cancelled, TooManyErrors
+from rollouts.runtime.sandbox import prestart_batch
 from training import signals, task_names
 from training.config import RunConfig
 from training.models import Checkpoint, Run, TrajectoryGroup
@@ -33,7 +34,7 @@ from training.services.logs import run_log
 from training.services.runs import run_event, run_transition
 from training.services.serving_gate import serving_paused
 from training.services.steps.ahead import ahead_discard, ahead_policies, ahead_start, ahead_take
-from training.services.steps.batch import rollouts_request, rollouts_run, scenarios_sample
+from training.services.steps.batch import rollouts_execute, rollouts_request, rollouts_run, scenarios_sample
 from training.services.steps.commit import step_commit
 from training.services.steps.errors import StepAborted, StepFailed
 from training.services.steps.groups import advantages_store, groups_persist, reward_stats
@@ -165,7 +166,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
 
     # 1. Rollouts against the current policy, or the batch rolled out ahead during the last update.
     t = time.perf_counter()
-    ahead = None
+    ahead = request = None
     if cfg.overlap_rollouts:
         ahead = ahead_take(run_id=run.id, step=step, served={server.base_model_name, *server.adapters})
     try:
@@ -178,7 +179,9 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         else:
             policy, lag = _policy_model_name(run, server), 0
             scenarios = scenarios_sample(run, cfg, step, "train", cfg.scenarios_per_step)
-            results = rollouts_run(run, cfg, scenarios, policy, server, hb, cfg.group_size, timings=timings, warm=True)
+            request = rollouts_request(run, cfg, scenarios, policy, server, cfg.group_size, timings=timings, warm=True)
+            # The next batch's jail is pre-started after the update, not beside it (see rollouts.runtime.sandbox).
+            results = rollouts_execute(request, cfg, hb, timings=timings, prestart=False)
     except TooManyErrors as exc:
         failed = sum(1 for g in exc.groups for t in g.trajectories if t.get("error"))
         groups_persist(run, step, "train", scenarios, exc.groups, me=hb.me, failed=True)
@@ -229,6 +232,8 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         inference.trainer_close()  # its state may be mid-accumulation: reload from the checkpoint next time
         raise StepAborted(hb.stop_reason()) from exc
     timings["train"] = time.perf_counter() - t
+    if request is not None and request.prestart_next:
+        prestart_batch(request)
     advantages = train_metrics.pop("advantages", None) or []
     advantages_store(groups, advantages)
     stats.update(signals.advantage_stats(advantages))
