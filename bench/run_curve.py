@@ -41,7 +41,8 @@ PHASES = ("rollouts", "persist", "trainer_load", "train", "checkpoint", "adapter
 
 
 class PeakMemory:
-    """Samples the resident memory of a process and all its descendants once a second; keeps the peak."""
+    """Samples the resident memory of a process and all its descendants once a second; keeps the peak. A child
+    still running its parent's program (a fork before its exec) shares its parent's pages and is not counted."""
 
     def __init__(self, pid: int):
         self.pid, self.peak_gb, self.peak_by_name = pid, 0.0, {}
@@ -61,10 +62,21 @@ class PeakMemory:
             try:
                 root = psutil.Process(self.pid)
                 procs = [root, *root.children(recursive=True)]
-                rss = {}
+                names = {}
                 for p in procs:
                     try:
-                        rss[p.pid] = (p.name(), p.memory_info().rss / 2**30)
+                        names[p.pid] = (p.name(), p.ppid())
+                    except psutil.Error:
+                        continue
+                rss = {}
+                for p in procs:
+                    name, parent = names.get(p.pid, (None, None))
+                    # A fork that has not exec'd yet (the sandbox's start) shares its parent's pages
+                    # copy-on-write: counting them again would double them.
+                    if name is None or names.get(parent, (None,))[0] == name:
+                        continue
+                    try:
+                        rss[p.pid] = (name, p.memory_info().rss / 2**30)
                     except psutil.Error:
                         continue
             except psutil.Error:
