@@ -62,21 +62,20 @@ class PeakMemory:
             try:
                 root = psutil.Process(self.pid)
                 procs = [root, *root.children(recursive=True)]
-                names = {}
+                seen = {}
                 for p in procs:
                     try:
-                        names[p.pid] = (p.name(), p.ppid())
+                        seen[p.pid] = (p.name(), p.cmdline(), p.ppid())
                     except psutil.Error:
                         continue
                 rss = {}
-                for p in procs:
-                    name, parent = names.get(p.pid, (None, None))
-                    # A fork that has not exec'd yet (the sandbox's start) shares its parent's pages
-                    # copy-on-write: counting them again would double them.
-                    if name is None or names.get(parent, (None,))[0] == name:
+                for pid, (name, cmdline, parent) in seen.items():
+                    # A fork that has not exec'd yet (the sandbox's start) still runs its parent's command
+                    # line and shares its pages copy-on-write: counting them again would double them.
+                    if parent in seen and seen[parent][1] == cmdline:
                         continue
                     try:
-                        rss[p.pid] = (name, p.memory_info().rss / 2**30)
+                        rss[pid] = (name, psutil.Process(pid).memory_info().rss / 2**30)
                     except psutil.Error:
                         continue
             except psutil.Error:
