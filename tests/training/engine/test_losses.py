@@ -87,12 +87,35 @@ def test_chunked_token_logprobs_match_the_direct_computation():
     (expected_lp * weights).sum().backward()
     expected_grad, hidden.grad = hidden.grad.clone(), None
 
-    old_chunk, lp_module.CHUNK_ELEMENTS_CPU = lp_module.CHUNK_ELEMENTS_CPU, 3 * 50  # 3 rows a chunk: 3 chunks
-    try:
-        got_lp, got_ent = lp_module.token_logprobs(hidden, head, targets, with_entropy=True)
-        (got_lp * weights).sum().backward()
-    finally:
-        lp_module.CHUNK_ELEMENTS_CPU = old_chunk
-    torch.testing.assert_close(got_lp.double(), expected_lp, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got_ent.double(), expected_ent, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(hidden.grad, expected_grad, rtol=1e-5, atol=1e-6)
+    # 3 rows a chunk: 3 chunks; the probabilities kept for the backward (7 x 50 fit), then projected again.
+    for keep_budget, kept in ((7 * 50, True), (7 * 50 - 1, False)):
+        saved = lp_module.CHUNK_ELEMENTS_CPU, lp_module.KEEP_ELEMENTS_CPU
+        lp_module.CHUNK_ELEMENTS_CPU, lp_module.KEEP_ELEMENTS_CPU = 3 * 50, keep_budget
+        try:
+            assert lp_module.keeps_probabilities(hidden, head.weight) is kept
+            got_lp, got_ent = lp_module.token_logprobs(hidden, head, targets, with_entropy=True)
+            (got_lp * weights).sum().backward()
+        finally:
+            lp_module.CHUNK_ELEMENTS_CPU, lp_module.KEEP_ELEMENTS_CPU = saved
+        got_grad, hidden.grad = hidden.grad.clone(), None
+        torch.testing.assert_close(got_lp.double(), expected_lp, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got_ent.double(), expected_ent, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got_grad, expected_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_kept_probabilities_are_not_changed_by_the_backward():
+    """The backward scales a copy of the kept probabilities: a second backward through the same graph
+    (retain_graph) gives the same gradient as the first."""
+    from training.engine import logprobs as lp_module
+
+    torch.manual_seed(1)
+    head = torch.nn.Linear(8, 50, bias=False).requires_grad_(False)
+    hidden = torch.randn(5, 8, requires_grad=True)
+    targets = torch.randint(0, 50, (5,))
+    assert lp_module.keeps_probabilities(hidden, head.weight)
+    lp, _ = lp_module.token_logprobs(hidden, head, targets, with_entropy=False)
+    lp.sum().backward(retain_graph=True)
+    first, hidden.grad = hidden.grad.clone(), None
+    lp.sum().backward()
+    torch.testing.assert_close(hidden.grad, first)
+    assert first.abs().sum() > 0
