@@ -65,17 +65,17 @@ class PeakMemory:
                 seen = {}
                 for p in procs:
                     try:
-                        seen[p.pid] = (p.name(), p.cmdline(), p.ppid())
+                        seen[p.pid] = (p, p.name(), p.cmdline(), p.ppid())
                     except psutil.Error:
                         continue
                 rss = {}
-                for pid, (name, cmdline, parent) in seen.items():
+                for pid, (p, name, cmdline, parent) in seen.items():
                     # A fork that has not exec'd yet (the sandbox's start) still runs its parent's command
                     # line and shares its pages copy-on-write: counting them again would double them.
-                    if parent in seen and seen[parent][1] == cmdline:
+                    if parent in seen and seen[parent][2] == cmdline:
                         continue
                     try:
-                        rss[pid] = (name, psutil.Process(pid).memory_info().rss / 2**30)
+                        rss[pid] = (name, p.memory_info().rss / 2**30)
                     except psutil.Error:
                         continue
             except psutil.Error:

@@ -113,6 +113,8 @@ def test_kept_probabilities_are_not_changed_by_the_backward():
     hidden = torch.randn(5, 8, requires_grad=True)
     targets = torch.randint(0, 50, (5,))
     assert lp_module.keeps_probabilities(hidden, head.weight)
+    with torch.no_grad():  # the reference policy's log-probs: no backward, nothing to keep
+        assert not lp_module.keeps_probabilities(hidden, head.weight)
     lp, _ = lp_module.token_logprobs(hidden, head, targets, with_entropy=False)
     lp.sum().backward(retain_graph=True)
     first, hidden.grad = hidden.grad.clone(), None
