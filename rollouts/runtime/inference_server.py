@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from rollouts.runtime.merge import merge_adapter
+from rollouts.runtime.merge import merge_adapter, rewrite_merged
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class InferenceServer:
         self._own_work_dir = work_dir is None
         self.adapters: dict[str, str] = {}  # name -> adapter directory, as served now
         self._loaded: tuple[str, str] | None = None  # merged mode: (name, adapter path) in the weights
+        self._merged_dir: Path | None = None  # merged mode: the last merged copy this server wrote
         self._proc: subprocess.Popen | None = None
         self._log_file = None
         self._lock = threading.RLock()
@@ -244,12 +245,25 @@ class InferenceServer:
                 self.adapters[name] = path
                 return name
             target = self.work_dir / "merged" / _safe(name)
-            shutil.rmtree(target, ignore_errors=True)
             t0 = time.perf_counter()
-            merge_adapter(self.model_path, path, target)
+            if not self._rewrite_merged(target, path):
+                shutil.rmtree(target, ignore_errors=True)
+                merge_adapter(self.model_path, path, target)
+            self._merged_dir = target
             self._serve_weights(name, path, target)
             logger.info("serving %s (merged) after %.1f s", name, time.perf_counter() - t0)
             return name
+
+    def _rewrite_merged(self, target: Path, path: str) -> bool:
+        """Merged mode: write adapter `path` over the merged copy this server made last (moved to target
+        first), which the server no longer reads once its weights are loaded; False when there is none."""
+        own, self._merged_dir = self._merged_dir, None
+        if own is None or not own.is_dir():
+            return False
+        if own != target:
+            shutil.rmtree(target, ignore_errors=True)
+            own.rename(target)
+        return rewrite_merged(self.model_path, path, target)
 
     def load_merged(self, name: str, path: str, weights_dir: str) -> str:
         """Merged mode: serve weights already merged from adapter `path` (in weights_dir) as `name`.

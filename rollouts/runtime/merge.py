@@ -71,25 +71,41 @@ def fold(target, base, layer: tuple) -> None:
     target.copy_(base).addmm_(b, a, alpha=scale)
 
 
+def _merged(tensor, layer: tuple | None):
+    """tensor with the adapter layer folded in (a float32 copy; tensor itself when layer is None)."""
+    import torch
+
+    if layer is None:
+        return tensor
+    folded = torch.empty(tensor.shape, dtype=torch.float32)
+    fold(folded, tensor, layer)
+    return folded
+
+
+def _unmatched(names) -> MergeError:
+    return MergeError(f"Adapter layers with no matching base weight: {sorted(names)[:5]}")
+
+
 def merge_state(base: dict, adapter_dir: str | os.PathLike, *, dtype=None) -> dict:
     """base (name -> tensor) with the adapter in adapter_dir folded in: W + scale · B·A, each delta computed
     in float32. Tensors keep their dtype, or become `dtype` when one is given."""
-    import torch
-
     lora = read_adapter(adapter_dir)
-    merged: dict[str, torch.Tensor] = {}
-    for key, tensor in base.items():
-        target = dtype or tensor.dtype
-        layer = lora.pop(key, None)
-        if layer is not None:
-            # A float32 copy (never the base's own tensor) with the product accumulated into it.
-            folded = torch.empty(tensor.shape, dtype=torch.float32)
-            fold(folded, tensor, layer)
-            tensor = folded
-        merged[key] = tensor.to(target).contiguous()
+    merged = {
+        key: _merged(tensor, lora.pop(key, None)).to(dtype or tensor.dtype).contiguous() for key, tensor in base.items()
+    }
     if lora:
-        raise MergeError(f"Adapter layers with no matching base weight: {sorted(lora)[:5]}")
+        raise _unmatched(lora)
     return merged
+
+
+def load_base(base_dir: str | os.PathLike) -> dict:
+    """The base model's weights (name -> tensor, memory-mapped) from every safetensors file in base_dir."""
+    from safetensors.torch import load_file
+
+    base = {}
+    for weights_file in sorted(Path(base_dir).glob("*.safetensors")):
+        base.update(load_file(str(weights_file)))
+    return base
 
 
 def merge_adapter(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
@@ -98,13 +114,10 @@ def merge_adapter(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, o
     Base tensors keep their dtype; each delta is computed in float32 before the cast, so a small
     update is not lost to bf16 rounding of the product.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)
-    base = {}
-    for weights_file in sorted(base_dir.glob("*.safetensors")):
-        base.update(load_file(str(weights_file)))
-    merged = merge_state(base, adapter_dir)
+    merged = merge_state(load_base(base_dir), adapter_dir)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / (WEIGHT_FILE + ".part")
@@ -115,3 +128,71 @@ def merge_adapter(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, o
         if (base_dir / name).exists() and not (out_dir / name).exists():
             (out_dir / name).write_bytes((base_dir / name).read_bytes())
     return out_dir
+
+
+_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def _layout(fh) -> dict[str, tuple[str, list[int], int, int]] | None:
+    """A safetensors file's tensors as name -> (torch dtype name, shape, first byte, end byte), from its
+    header (an 8-byte little-endian length, then JSON); None when the header cannot be read."""
+    head = fh.read(8)
+    if len(head) != 8:
+        return None
+    size = int.from_bytes(head, "little")
+    try:
+        header = json.loads(fh.read(size))
+    except ValueError:
+        return None
+    header.pop("__metadata__", None)
+    start = 8 + size
+    return {
+        name: (
+            _DTYPES.get(info["dtype"], info["dtype"]),
+            info["shape"],
+            start + info["data_offsets"][0],
+            start + info["data_offsets"][1],
+        )
+        for name, info in header.items()
+    }
+
+
+def rewrite_merged(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, out_dir: str | os.PathLike) -> bool:
+    """Overwrite, in place, the weights file merge_adapter wrote to out_dir for this base (whichever adapter
+    it held) with base + the adapter in adapter_dir; every tensor is written, so nothing of the earlier
+    adapter remains. Return False, having written nothing, when out_dir holds no such file (another
+    base, another layout).
+
+    A step's policy then goes over the previous one's pages instead of into a new file: for the default
+    model on 2 cores 0.17 s against 0.5-0.8 s for merge_adapter, most of which is allocating and writing
+    a fresh 270 MB file."""
+    import mmap
+
+    import torch
+
+    lora = read_adapter(adapter_dir)
+    base = load_base(base_dir)
+    if lora.keys() - base.keys():
+        raise _unmatched(lora.keys() - base.keys())
+    try:
+        fh = open(Path(out_dir) / WEIGHT_FILE, "r+b")
+    except FileNotFoundError:
+        return False
+    with fh:
+        layout = _layout(fh)
+        fits = layout is not None and layout.keys() == base.keys()
+        for key, tensor in base.items() if fits else ():
+            dtype, shape, first, end = layout[key]
+            size = tensor.element_size()
+            if (dtype, list(shape)) != (str(tensor.dtype).removeprefix("torch."), list(tensor.shape)) or first % size:
+                fits = False
+                break
+        if not fits:
+            return False
+        with mmap.mmap(fh.fileno(), 0) as mapped:
+            data = torch.frombuffer(mapped, dtype=torch.uint8)
+            for key, tensor in base.items():
+                _, _, first, end = layout[key]
+                data[first:end].view(tensor.dtype).view(tensor.shape).copy_(_merged(tensor, lora.get(key)))
+            del data  # the map cannot close while a tensor views it
+    return True

@@ -212,6 +212,49 @@ def test_it_serves_a_steps_adapter_and_gives_the_base_back(inference_server, tmp
     assert ids == base_ids and logprobs == pytest.approx(base_logprobs, abs=1e-3)
 
 
+def _same(answer, other) -> bool:
+    """Two greedy answers (token ids, log-probs) of the same weights: the same tokens, log-probs within
+    the server's rounding."""
+    return answer[0] == other[0] and answer[1] == pytest.approx(other[1], abs=1e-3)
+
+
+def test_each_steps_merged_weights_go_over_the_previous_steps(vllm_server, tmp_path):
+    """In merged mode a step's weights are written over the last step's merged copy; what the server
+    answers must be what a copy merged from scratch gives, and rewriting the file must not reach the
+    weights the server has already loaded."""
+    from rollouts.runtime.merge import merge_adapter, rewrite_merged
+    from tests.rollouts.runtime.adapters import make_adapter
+
+    if not vllm_server.merged:
+        pytest.skip("this vLLM build serves adapters side by side (lora mode), not merged")
+    first = make_adapter(tmp_path / "step1", seed=11, std=0.05)
+    second = make_adapter(tmp_path / "step2", seed=12, std=0.05)
+    vllm_server.ensure_adapter("run-2@1", str(first))
+    answer_1 = _greedy(vllm_server, "run-2@1", logprobs=True)
+    merged = vllm_server.work_dir / "merged"
+    assert (merged / "run-2_1").is_dir()
+
+    vllm_server.ensure_adapter("run-2@2", str(second))
+    assert (merged / "run-2_2").is_dir() and not (merged / "run-2_1").exists()  # moved, then rewritten
+    answer_2 = _greedy(vllm_server, "run-2@2", logprobs=True)
+    assert not _same(answer_2, answer_1)
+
+    # The file written over while step 2 is served: the server still answers with step 2's weights.
+    assert rewrite_merged(vllm_server.model_path, first, merged / "run-2_2")
+    assert _same(_greedy(vllm_server, "run-2@2", logprobs=True), answer_2)
+
+    vllm_server.ensure_adapter("run-2@1", str(first))  # rewritten again: nothing of step 2 is left
+    assert _same(_greedy(vllm_server, "run-2@1", logprobs=True), answer_1)
+    assert (merged / "run-2_1").is_dir() and not (merged / "run-2_2").exists()
+    # Step 2 merged from scratch into a folder of its own gives the same answers.
+    vllm_server.load_merged(
+        "run-2@2-fresh", str(second), str(merge_adapter(vllm_server.model_path, second, tmp_path / "fresh"))
+    )
+    assert _same(_greedy(vllm_server, "run-2@2-fresh", logprobs=True), answer_2)
+
+    vllm_server.ensure_base()
+
+
 def test_it_restarts_a_dead_server(inference_server):
     import os
     import signal
