@@ -164,10 +164,8 @@ def rewrite_merged(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, 
     base, another layout).
 
     A step's policy then goes over the previous one's pages instead of into a new file: for the default
-    model on 2 cores 0.17 s against 0.5-0.8 s for merge_adapter, most of which is allocating and writing
-    a fresh 270 MB file."""
-    import mmap
-
+    model on 2 cores 0.15-0.20 s beside an idle vLLM server, against 0.5-0.8 s for merge_adapter, most
+    of which is allocating and writing a fresh 270 MB file."""
     import torch
 
     lora = read_adapter(adapter_dir)
@@ -180,19 +178,25 @@ def rewrite_merged(base_dir: str | os.PathLike, adapter_dir: str | os.PathLike, 
         return False
     with fh:
         layout = _layout(fh)
-        fits = layout is not None and layout.keys() == base.keys()
-        for key, tensor in base.items() if fits else ():
-            dtype, shape, first, end = layout[key]
-            size = tensor.element_size()
-            if (dtype, list(shape)) != (str(tensor.dtype).removeprefix("torch."), list(tensor.shape)) or first % size:
-                fits = False
-                break
-        if not fits:
+        if layout is None or layout.keys() != base.keys():
             return False
-        with mmap.mmap(fh.fileno(), 0) as mapped:
-            data = torch.frombuffer(mapped, dtype=torch.uint8)
-            for key, tensor in base.items():
-                _, _, first, end = layout[key]
-                data[first:end].view(tensor.dtype).view(tensor.shape).copy_(_merged(tensor, lora.get(key)))
-            del data  # the map cannot close while a tensor views it
+        for key, tensor in base.items():
+            dtype, shape, first, end = layout[key]
+            if (dtype, list(shape), end - first) != (_dtype_name(tensor), list(tensor.shape), tensor.nbytes):
+                return False
+        for key, tensor in base.items():
+            merged = _merged(tensor, lora.get(key)).to(tensor.dtype).contiguous()
+            _write_at(fh.fileno(), merged.view(torch.uint8).numpy(), layout[key][2])
     return True
+
+
+def _dtype_name(tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _write_at(fd: int, data, offset: int) -> None:
+    """Write all of data (a buffer) at offset in the file fd."""
+    view = memoryview(data).cast("B")
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done

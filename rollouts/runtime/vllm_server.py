@@ -32,9 +32,14 @@ from rollouts.runtime.inference_server import (
     InferenceServerError,
     free_port,  # noqa: F401  (imported from here by benchmarks and tests)
 )
+from rollouts.runtime.vllm_plugin import BUSY_LOOP_ENV
 
 TOOLS_TEMPLATE = Path(__file__).resolve().parent / "templates" / "chatml_tools.jinja"
 ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"
+# How long vLLM's queue readers spin after a message on the CPU build (vLLM's own: 1 s); decoding steps
+# come milliseconds apart, so they still spin between those.
+CPU_BUSY_LOOP_S = 0.05
+
 # The name vLLM itself serves in merged mode; people use the base model's or the policy's name.
 MERGED_SERVED_NAME = "artweb-loaded-weights"
 # Options that size the server's memory; when extra_args name one, kv_cache_gb is not passed.
@@ -201,6 +206,10 @@ class VLLMServer(InferenceServer):
             # vLLM's CPU build keeps a core back for its API server and scheduler; on a 2-core machine
             # that halves generation while those two sit mostly idle. (The GPU build ignores this.)
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        if self.cpu_build:
+            # vLLM's queue readers spin at a full core for a second after each burst of requests, which
+            # the step's update pays for (rollouts.runtime.vllm_plugin cuts it short).
+            env.setdefault(BUSY_LOOP_ENV, str(CPU_BUSY_LOOP_S))
         if not self.cpu_build and not self._probe()["flashinfer"]:
             # The GPU build's sampler imports FlashInfer whenever it is not told otherwise, and the engine dies
             # at start without it; vLLM samples just as well in PyTorch.

@@ -255,6 +255,41 @@ def test_each_steps_merged_weights_go_over_the_previous_steps(vllm_server, tmp_p
     vllm_server.ensure_base()
 
 
+def test_the_cpu_builds_engine_does_not_spin_after_a_batch(vllm_server):
+    """vLLM's queue readers spin a full core for a second after every burst of requests unless artweb's
+    plugin (rollouts.runtime.vllm_plugin, loaded by vLLM in each of its processes) cuts that short. On
+    a machine short of CPU a spinning engine could get less than a core here, never more: the check can
+    miss the spin there, but not report one that is not."""
+    import asyncio
+
+    import psutil
+
+    from rollouts.runtime.vllm_plugin import BUSY_LOOP_ENV
+
+    if not vllm_server.cpu_build:
+        pytest.skip("only the CPU build is told to stop spinning; a GPU host has cores to spare")
+    assert vllm_server.environment()[BUSY_LOOP_ENV] == "0.05"
+    tree = [psutil.Process(vllm_server._proc.pid)]
+    tree += tree[0].children(recursive=True)
+
+    def cpu_seconds() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in tree if p.is_running())
+
+    async def batch() -> None:
+        async with httpx.AsyncClient(timeout=300, headers=vllm_server.headers) as client:
+            body = {"model": vllm_server.ensure_base(), "messages": [{"role": "user", "content": "Count."}]}
+            body.update(max_tokens=16, ignore_eos=True)
+            replies = await asyncio.gather(
+                *[client.post(f"{vllm_server.root_url}/v1/chat/completions", json=body) for _ in range(8)]
+            )
+            assert all(r.status_code == 200 for r in replies)
+
+    asyncio.run(batch())
+    before = cpu_seconds()
+    time.sleep(1.0)
+    assert cpu_seconds() - before < 0.3  # spinning: ~1 CPU-second in this second
+
+
 def test_it_restarts_a_dead_server(inference_server):
     import os
     import signal
