@@ -17,9 +17,20 @@ BUSY_LOOP_ENV = "ARTWEB_VLLM_BUSY_LOOP_S"
 
 
 def register() -> None:
-    seconds = os.environ.get(BUSY_LOOP_ENV)
-    if seconds:
-        shorten_busy_loop(float(seconds))
+    value = os.environ.get(BUSY_LOOP_ENV, "").strip()
+    if value:
+        shorten_busy_loop(busy_loop_seconds(value))
+
+
+def busy_loop_seconds(value: str) -> float:
+    """ARTWEB_VLLM_BUSY_LOOP_S's value as seconds; a clear error when it is not a number of seconds."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{BUSY_LOOP_ENV} must be a number of seconds, 0 or more (e.g. 0.05); it is {value!r}")
+    return seconds
 
 
 def shorten_busy_loop(seconds: float) -> None:

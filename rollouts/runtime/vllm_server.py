@@ -32,7 +32,6 @@ from rollouts.runtime.inference_server import (
     InferenceServerError,
     free_port,  # noqa: F401  (imported from here by benchmarks and tests)
 )
-from rollouts.runtime.vllm_plugin import BUSY_LOOP_ENV
 
 TOOLS_TEMPLATE = Path(__file__).resolve().parent / "templates" / "chatml_tools.jinja"
 ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"
@@ -209,7 +208,7 @@ class VLLMServer(InferenceServer):
         if self.cpu_build:
             # vLLM's queue readers spin at a full core for a second after each burst of requests, which
             # the step's update pays for (rollouts.runtime.vllm_plugin cuts it short).
-            env.setdefault(BUSY_LOOP_ENV, str(CPU_BUSY_LOOP_S))
+            env.setdefault("ARTWEB_VLLM_BUSY_LOOP_S", str(CPU_BUSY_LOOP_S))
         if not self.cpu_build and not self._probe()["flashinfer"]:
             # The GPU build's sampler imports FlashInfer whenever it is not told otherwise, and the engine dies
             # at start without it; vLLM samples just as well in PyTorch.
