@@ -14,6 +14,8 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 PYTEST_ARGS ?=
 
 BENCH_STEPS ?= 10
+# One artweb run and one TRL run per seed; the held-out verdict is on the mean over seeds.
+BENCH_SEEDS ?= 3
 # native, or another processor's code paths taken on this one (bench/cpu_isa.py): avx2, avx512.
 BENCH_ISA ?= native
 
@@ -66,4 +68,4 @@ bench: install sandbox-deps
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) -m bench.db
 	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='redis://127.0.0.1:6379/8' $(PY) manage.py migrate -v0
-	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='redis://127.0.0.1:6379/8' $(PY) -m bench.trl_compare --steps $(BENCH_STEPS) --isa $(BENCH_ISA)
+	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='redis://127.0.0.1:6379/8' $(PY) -m bench.trl_compare --steps $(BENCH_STEPS) --seeds $(BENCH_SEEDS) --isa $(BENCH_ISA)
