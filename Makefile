@@ -38,12 +38,13 @@ run: install sandbox-deps
 stop-services:
 	$(PY) -m artweb.launcher stop
 
-# bubblewrap: the jail around user code (README, "What isolates user code").
+# bubblewrap and libseccomp (its system-call filter): the jail around user code (README, "What isolates
+# user code").
 sandbox-deps:
-	@if ! command -v bwrap >/dev/null; then \
+	@if ! command -v bwrap >/dev/null || ! /sbin/ldconfig -p | grep -q 'libseccomp\.so\.2 '; then \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends bubblewrap; \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends bubblewrap libseccomp2; \
 	fi
 
 browser-deps:

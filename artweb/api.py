@@ -28,6 +28,8 @@ from rest_framework.views import APIView
 
 from artweb.api_errors import PayloadTooLarge, exception_handler
 from artweb.errors import ApplicationError
+from artweb.jsonlimits import JSONLimitError, json_loads_limited
+from rollouts.runtime.jsonsafe import loads_bounded
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -41,10 +43,6 @@ DEFAULT_THROTTLE_RATES = {"writes": "120/min", "uploads": "30/min", "runs": "30/
 
 
 # --- parsing ---------------------------------------------------------------------------------------
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def reject_nul(data, path: str = "") -> None:
@@ -62,9 +60,11 @@ def reject_nul(data, path: str = "") -> None:
 
 
 class LimitedJSONParser(BaseParser):
-    """Strict JSON (no NaN/Infinity), UTF-8, at most ``view.max_json_bytes`` bytes.
+    """Strict JSON (no NaN/Infinity), UTF-8, at most ``view.max_json_bytes`` bytes and
+    settings.ARTWEB_MAX_JSON_DEPTH levels deep.
 
-    DRF's own JSONParser reads any size into memory; this one stops at the view's limit with a 413.
+    DRF's own JSONParser reads any size into memory and recurses as deep as the body nests; this one stops
+    at the view's size limit with a 413 and refuses a deeper body with a 400 naming the depth limit.
     """
 
     media_type = "application/json"
@@ -78,9 +78,11 @@ class LimitedJSONParser(BaseParser):
                 f"The JSON body is larger than {limit} bytes. Upload large content as a multipart file instead."
             )
         try:
-            data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+            data = json_loads_limited(raw)
         except UnicodeDecodeError as exc:
             raise exceptions.ParseError(f"JSON body is not UTF-8 (byte {exc.start} is invalid)") from exc
+        except JSONLimitError as exc:
+            raise exceptions.ParseError(str(exc)) from exc
         except ValueError as exc:
             raise exceptions.ParseError(f"JSON parse error - {exc}") from exc
         reject_nul(data)
@@ -273,7 +275,7 @@ def cursor_encode(values) -> str:
 
 def cursor_decode(cursor: str, n: int) -> list[int]:
     try:
-        values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        values = loads_bounded(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)), max_depth=1)
     except (binascii.Error, ValueError, UnicodeDecodeError):
         values = None
     if (

@@ -21,6 +21,13 @@ from rest_framework.authentication import BasicAuthentication
 from artweb.api_errors import SignInLockedOut
 
 
+def client_ip(request: HttpRequest) -> str | None:
+    """AXES_CLIENT_IP_CALLABLE: the address the ASGI server gives the connection (REMOTE_ADDR). That is a
+    forwarded address only when the peer is a proxy listed in ARTWEB_TRUSTED_PROXIES (the launcher starts
+    uvicorn so), never one a client writes into X-Forwarded-For itself."""
+    return request.META.get("REMOTE_ADDR")
+
+
 def cool_off_minutes() -> int:
     return max(1, math.ceil(settings.AXES_COOLOFF_TIME.total_seconds() / 60))
 

@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import celeryd_init, worker_process_init, worker_ready
+from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown, worker_ready
 from kombu import Exchange, Queue
 
 from training import task_names
@@ -64,3 +64,13 @@ def _serve_in_worker(**kwargs) -> None:
         from training.services.serving import serve_loop_start
 
         serve_loop_start()
+
+
+@worker_process_shutdown.connect
+def _stop_inference(**kwargs) -> None:
+    # A prefork pool child (a GPU worker's) leaves through os._exit, on a SIGTERM as at a warm shutdown:
+    # atexit never runs there, and its inference server's merged copies of the weights (hundreds of MB in
+    # the temporary directory) would stay behind. This runs in the child just before it exits.
+    from training.services import inference
+
+    inference.shutdown()

@@ -262,6 +262,10 @@ class Client:
     def run_retry(self, run_id: int) -> dict:
         return self._post(f"/runs/{run_id}/retry/")
 
+    def quota(self) -> dict:
+        """{"quotas": [{"key", "label", "used", "limit", "reached", "source"}]}: your usage against each limit."""
+        return self._get("/quota/")
+
     def metrics(
         self,
         run_id: int,

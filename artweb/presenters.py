@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+from artweb.jsonlimits import json_loads_limited
+
 
 def _text(content: Any) -> str:
     """Message content as text: a string, or OpenAI content parts joined."""
@@ -32,8 +34,8 @@ def _text(content: Any) -> str:
 def _pretty_json(raw: Any) -> str:
     if isinstance(raw, str):
         try:
-            return json.dumps(json.loads(raw), indent=2, ensure_ascii=False)
-        except (ValueError, TypeError):
+            return json.dumps(json_loads_limited(raw), indent=2, ensure_ascii=False)
+        except (ValueError, TypeError):  # not JSON, or nested past the limit: shown as the text it is
             return raw
     return json.dumps(raw, indent=2, ensure_ascii=False)
 

@@ -1,7 +1,8 @@
 """Settings, read from the environment through one reader (django-environ).
 
-Every value a deployment may change comes from an environment variable; the defaults are for
-development. With DEBUG off, SECRET_KEY must be set: start-up stops with a message naming it.
+Every value a deployment may change comes from an environment variable. The defaults are safe to
+serve: DEBUG is off unless DEBUG=true, and SECRET_KEY, when not set, is a random key made once and kept
+in the data dir (artweb.bootstrap).
 """
 
 import warnings
@@ -11,24 +12,37 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from artweb.bootstrap import LOOPBACK_HOSTS, is_loopback_host, secret_key_load_or_create, secret_key_path
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 
-DEBUG = env.bool("DEBUG", default=True)
+DEBUG = env.bool("DEBUG", default=False)
 DATA_DIR = Path(env.str("ARTWEB_DATA_DIR", default=str(BASE_DIR / "data"))).resolve()
 
-_DEV_SECRET = "artweb-insecure-development-key-never-use-in-production"
+# Signs sessions and tokens, and (through a derived key) encrypts the stored export and judge secrets.
+# Unset: DATA_DIR/secret_key, made at random on first use (mode 0600); every process that shares the
+# database must see the same key, so a deployment over several hosts sets it. To rotate: set the new
+# key, list the old one in SECRET_KEY_FALLBACKS (comma-separated), and run `manage.py rotate_secrets`
+# (the launcher runs it at every start); then drop the fallback.
 SECRET_KEY = env.str("SECRET_KEY", default="")
 if not SECRET_KEY:
-    if not DEBUG:
+    try:
+        SECRET_KEY = secret_key_load_or_create(DATA_DIR)
+    except (OSError, ValueError) as exc:
         raise ImproperlyConfigured(
-            "SECRET_KEY is not set. Production mode (DEBUG=false) needs a long random SECRET_KEY "
-            "in the environment, e.g. SECRET_KEY=$(python -c 'import secrets; print(secrets.token_urlsafe(50))')"
-        )
-    SECRET_KEY = _DEV_SECRET
+            f"SECRET_KEY is not set, and the key file {secret_key_path(DATA_DIR)} cannot be used: {exc}. "
+            "Set SECRET_KEY to a long random string, e.g. "
+            "SECRET_KEY=$(python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+        ) from None
+SECRET_KEY_FALLBACKS = env.list("SECRET_KEY_FALLBACKS", default=[])
 
-ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+# "testserver" is the name Django's test client sends, from inside the process.
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=[*LOOPBACK_HOSTS, "testserver"])
+# Every name the site answers to reaches this machine only (ALLOWED_HOSTS as `make run` sets it, or left
+# at its default).
+LOCAL_ONLY = all(is_loopback_host(host) or host == "testserver" for host in ALLOWED_HOSTS)
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
@@ -140,20 +154,27 @@ MEDIA_ROOT = DATA_DIR / "uploads"
 # Uploads are user code and data: readable by the server's own user only (the launcher's umask agrees).
 FILE_UPLOAD_PERMISSIONS = 0o600
 FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
+# Every JSON body (API, forms, uploads' lines) is refused with a 400 naming this limit when its arrays and
+# objects nest deeper (rollouts.runtime.jsonsafe): Python's parser would recurse into a stack overflow.
+ARTWEB_MAX_JSON_DEPTH = env.int("ARTWEB_MAX_JSON_DEPTH", default=64)
 # Bodies over this are refused by artweb.asgi before Django reads them (413). Above the largest upload
 # (a 20 MiB scenario file, 30 MiB as a JSON body); DATA_UPLOAD_MAX_MEMORY_SIZE still limits form fields.
 ARTWEB_MAX_REQUEST_MB = env.int("ARTWEB_MAX_REQUEST_MB", default=32)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    # Production serves the collectstatic output, compressed and with hashed names (cache forever);
-    # development serves the source files as they are, so no collectstatic step is needed.
+    # Production serves the collectstatic output (the launcher and the Docker image run it), compressed
+    # and with hashed names (cache forever), and a file not collected under its plain name from the source
+    # (the finders below), so a checkout that never ran collectstatic (the tests) serves pages too.
+    # Development serves the source files as they are.
     "staticfiles": {
         "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
         if DEBUG
-        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        else "artweb.staticfiles.CollectedStaticFilesStorage"
     },
 }
-WHITENOISE_USE_FINDERS = DEBUG
+WHITENOISE_USE_FINDERS = True
+# Until collectstatic has run, STATIC_ROOT does not exist and the finders serve everything.
+warnings.filterwarnings("ignore", message="No directory at: ", module="whitenoise.base")
 WHITENOISE_AUTOREFRESH = DEBUG
 # WhiteNoise hands Django a synchronous file iterator; under ASGI Django reads it in a thread and warns
 # once per process. The files are small static assets, so the warning says nothing useful here.
@@ -172,9 +193,10 @@ AXES_COOLOFF_TIME = timedelta(minutes=env.int("ARTWEB_LOGIN_COOLOFF_MINUTES", de
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "artweb.auth.lockout_response"
-# REMOTE_ADDR only: uvicorn --proxy-headers already sets it from a trusted proxy's X-Forwarded-For, and
-# reading that header here would let a client pick a fresh address for every guess.
-AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
+# The peer's address, REMOTE_ADDR, only: the ASGI server replaces it with X-Forwarded-For only when the
+# peer is a proxy the operator listed (the launcher's ARTWEB_TRUSTED_PROXIES, none by default); reading
+# that header here would let a client pick a fresh address for every guess.
+AXES_CLIENT_IP_CALLABLE = "artweb.auth.client_ip"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -186,6 +208,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "artweb.api_errors.exception_handler",
+    # Throttles key anonymous clients on REMOTE_ADDR; with NUM_PROXIES unset DRF would take X-Forwarded-For.
+    "NUM_PROXIES": 0,
     "DEFAULT_THROTTLE_RATES": {
         "writes": env.str("ARTWEB_THROTTLE_WRITES", default="120/min"),
         "uploads": env.str("ARTWEB_THROTTLE_UPLOADS", default="30/min"),
@@ -238,28 +262,48 @@ ARTWEB = {
     # as root) or "insecure-no-jail", a development opt-out that leaves the worker ownable by any script
     # and marks every run that uses it with a warning event.
     "SANDBOX": env.str("ARTWEB_SANDBOX", default="jail"),
-    # The uid user code runs as outside its namespace: unused by anyone else, neither root nor the worker's.
-    "SANDBOX_UID": env.int("ARTWEB_SANDBOX_UID", default=64000),
+    # The uids user code runs as outside its namespace, "FIRST-LAST": one per batch running at once on the
+    # host, leased from here; no account's, neither root nor the worker's. ARTWEB_SANDBOX_UID (deprecated)
+    # is read as a range of that one uid.
+    "SANDBOX_UIDS": env.str("ARTWEB_SANDBOX_UIDS", default="") or env.str("ARTWEB_SANDBOX_UID", default="64000-64999"),
+    # Where the workers of one host hold their uid leases (a directory only root may write; shared by every
+    # worker container of the host that uses the same uids).
+    "SANDBOX_UID_LOCKS": env.str("ARTWEB_SANDBOX_UID_LOCKS", default="/run/artweb-sandbox-uids"),
     # A delegated cgroup v2 directory for the batches' limits; empty: the host's hierarchy (root only).
     "SANDBOX_CGROUP": env.str("ARTWEB_SANDBOX_CGROUP", default=""),
-    # Hosts of private addresses (loopback, private networks) that users' RULER judge endpoints may name;
-    # every other judge endpoint must be public, so no user can aim the worker at its own network.
-    "JUDGE_PRIVATE_HOSTS": env.list("ARTWEB_JUDGE_PRIVATE_HOSTS", default=[]),
     # The OpenAI-compatible endpoint (training.services.serving): how long a request may wait for a worker
     # and its answer, and how many adapters each worker keeps ready (LRU).
     "SERVE_TIMEOUT_SECONDS": env.float("ARTWEB_SERVE_TIMEOUT_SECONDS", default=600.0),
     "SERVE_ADAPTERS": env.int("ARTWEB_SERVE_ADAPTERS", default=4),
 }
 
+# The site is served over plain HTTP, with no TLS in front. By default, when it answers to loopback names
+# only (`make run` on 127.0.0.1): TLS cannot apply there, and HTTPS-only settings would lock everyone out (a
+# redirect to an https:// nobody serves, cookies the browser never sends back over http). A site under any
+# other name gets the HTTPS settings: put TLS in front (or set this, and `check --deploy` says what is off).
+ARTWEB_PLAIN_HTTP = env.bool("ARTWEB_PLAIN_HTTP", default=LOCAL_ONLY)
 if not DEBUG:
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
-    SESSION_COOKIE_SECURE = True
-    CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
+    # No SECURE_PROXY_SSL_HEADER: the scheme comes from the ASGI server, which takes X-Forwarded-Proto
+    # from ARTWEB_TRUSTED_PROXIES only; Django reading the header would believe any client.
+    SECURE_SSL_REDIRECT = not ARTWEB_PLAIN_HTTP and env.bool("SECURE_SSL_REDIRECT", default=True)
+    # Health probes (the launcher's, a container's) ask over plain HTTP from inside.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SESSION_COOKIE_SECURE = not ARTWEB_PLAIN_HTTP
+    CSRF_COOKIE_SECURE = not ARTWEB_PLAIN_HTTP
+    SECURE_HSTS_SECONDS = 0 if ARTWEB_PLAIN_HTTP else env.int("SECURE_HSTS_SECONDS", default=31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SECURE_CONTENT_TYPE_NOSNIFF = True
+    if ARTWEB_PLAIN_HTTP and LOCAL_ONLY:
+        # `check --deploy` warns about each HTTPS setting left off; over plain HTTP to this machine only
+        # none of them can apply (HSTS and Secure cookies need TLS). Served under any other name, the
+        # warnings stay: that site needs TLS in front.
+        SILENCED_SYSTEM_CHECKS = ["security.W004", "security.W008", "security.W012", "security.W016"]
+
+# Error reports (the technical 500 page with DEBUG on, logged reports) mask the password of every URL:
+# Django's own filter hides settings by name, and REDIS_URL or CELERY_BROKER_URL match none of its names.
+DEFAULT_EXCEPTION_REPORTER = "artweb.error_reports.UrlMaskingExceptionReporter"
+DEFAULT_EXCEPTION_REPORTER_FILTER = "artweb.error_reports.UrlMaskingReporterFilter"
 
 ARTWEB_METRICS_TOKEN = env.str("ARTWEB_METRICS_TOKEN", default="")
 LOG_FORMAT = env.str("LOG_FORMAT", default="console" if DEBUG else "json")
@@ -271,7 +315,14 @@ LOGGING = {
         "json": {"()": "artweb.logging.JsonFormatter"},
         "console": {"()": "artweb.logging.ConsoleFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]}},
+    # A StreamHandler that masks URL passwords (artweb.error_reports): tracebacks are logged in full.
+    "handlers": {
+        "console": {
+            "class": "artweb.error_reports.UrlMaskingStreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     # axes: failures and lockouts are warnings; its INFO lines repeat every successful sign-in.
     "loggers": {
@@ -283,3 +334,22 @@ LOGGING = {
 }
 # Worker output goes through LOGGING (JSON in production, run/step ids) instead of Celery's own format.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# Per-user quotas (training.services.quotas): the deployment's defaults, for users whose own Quota row and
+# groups' rows (set by staff in the admin) leave a limit empty. 0 is no limit.
+ARTWEB_QUOTA_TRAJECTORY_MB = env.int("ARTWEB_QUOTA_TRAJECTORY_MB", default=10240)  # stored trajectories, MB
+ARTWEB_QUOTA_CONCURRENT_RUNS = env.int("ARTWEB_QUOTA_CONCURRENT_RUNS", default=8)  # runs queued or running
+ARTWEB_QUOTA_STEPS_PER_DAY = env.int("ARTWEB_QUOTA_STEPS_PER_DAY", default=5000)  # training steps in 24 hours
+
+# The egress guard (rollouts.runtime.egress) for every connection made on a user's behalf: export targets
+# and their test events, judge endpoints, the jail's HTTPS tunnels. Loopback, private, link-local and other
+# non-public addresses are refused unless listed in ARTWEB_EGRESS_ALLOW as host:port (e.g.
+# wandb.internal:8080,[::1]:8443); ports other than 443 and 80 unless listed in ARTWEB_EGRESS_PORTS.
+from rollouts.runtime.egress import EgressPolicy  # noqa: E402  (pure: imports no Django)
+
+try:
+    ARTWEB_EGRESS = EgressPolicy.parse(
+        env.list("ARTWEB_EGRESS_ALLOW", default=[]), env.list("ARTWEB_EGRESS_PORTS", default=[])
+    )
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from exc

@@ -34,10 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.cpu_isa import ISA_ENV, cpu_flags, reexec_with
-from rollouts.runtime.jail import OPT_OUT, Jail, JailConfig, JailLimits
+from rollouts.runtime.jail import OPT_OUT, JailConfig
 from rollouts.runtime.sandbox import (
-    FALLBACKS_DIR,
-    GUEST_DIR,
     RolloutRequest,
     SandboxLimits,
     default_sandboxes,
@@ -134,40 +132,20 @@ def measure(
 
 def jail_startup(runs: int = 20) -> tuple[float, float]:
     """Median ms from nothing to a jailed /bin/true that has exited, the batch's cgroup and staging
-    included (what every batch pays before Python starts), against a plain subprocess."""
+    included (what every batch pays before Python starts; bench/jail_start.py measures it with and without
+    the seccomp filter), against a plain subprocess."""
     import subprocess
+
+    from bench.jail_start import batch_ms
 
     config = JailConfig()
     jailed, plain = [], []
     for _ in range(runs):
-        with tempfile.TemporaryDirectory(prefix="artweb-bench-jail-") as tmp:
-            root = Path(tmp)
-            root.chmod(0o711)
-            for d in ("shared/box", "sock"):
-                (root / d).mkdir(parents=True)
-            started = time.perf_counter()
-            jail = Jail(
-                config=config,
-                root=root,
-                socket_dir=root / "sock",
-                guest_dir=GUEST_DIR,
-                fallbacks_dir=FALLBACKS_DIR,
-                python=sys.executable,
-                limits=JailLimits(memory_mb=2048, processes=96, cpus=1.0),
-            )
-            for path in (root / "shared", root / "shared/box", root / "sock"):
-                os.chown(path, config.uid, config.uid)
-            subprocess.run(
-                jail.command(root / "shared/box", ["/bin/true"]),
-                check=True,
-                preexec_fn=jail.preexec(cpu_seconds=10, file_mb=1),
-            )
-            jail.close()
-            jailed.append(time.perf_counter() - started)
+        jailed.append(batch_ms(config, filtered=True))
         started = time.perf_counter()
         subprocess.run(["/bin/true"], check=True)
-        plain.append(time.perf_counter() - started)
-    return statistics.median(jailed) * 1000, statistics.median(plain) * 1000
+        plain.append((time.perf_counter() - started) * 1000)
+    return statistics.median(jailed), statistics.median(plain)
 
 
 def sandbox_startup(runs: int = 5, settle_s: float = 3.0) -> tuple[float, float]:

@@ -13,6 +13,7 @@ import random
 from django.db import IntegrityError, transaction
 
 from artweb.errors import ApplicationError
+from artweb.jsonlimits import json_loads_limited
 from rollouts.models import (
     RewardFunction,
     RewardFunctionVersion,
@@ -179,9 +180,12 @@ def scenarios_parse(*, jsonl: str | bytes, validation_fraction: float, seed: int
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json_loads_limited(line)
         except json.JSONDecodeError as exc:
             errors.append(f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        except ValueError as exc:  # over the depth limit, or NaN/Infinity
+            errors.append(f"line {number}: {exc}")
             continue
         if not isinstance(obj, dict):
             errors.append(f"line {number}: each line must be a JSON object, got {type(obj).__name__}")

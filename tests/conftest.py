@@ -1,8 +1,20 @@
 """Shared fixtures: personas (alice, bob, staff), row factories, and the session-wide vLLM server."""
 
 import importlib.util
+import os
 
 import pytest
+from django.conf import settings
+
+# Servers and workers the tests start run with this process's SECRET_KEY, whatever their data dir: a
+# session signed in here, or a secret stored here, must hold there too.
+os.environ.setdefault("SECRET_KEY", settings.SECRET_KEY)
+# Pages name static files as the source does, whether or not collectstatic has run in this checkout (its
+# manifest would give them hashed names); tests/artweb/test_staticfiles.py covers the production storage.
+settings.STORAGES = {
+    **settings.STORAGES,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
 
 pytest_plugins = ["tests.fixtures.vllm"] if importlib.util.find_spec("tests.fixtures.vllm") else []
 

@@ -1,10 +1,11 @@
-"""Admin: checkpoint management first (delete files, retention, promote, download), useful pages for the rest.
+"""Admin: checkpoint management first (delete files, retention, promote, download), quotas, useful pages for the rest.
 Every action goes through a service, which writes the run's event."""
 
 from django import forms
 from django.contrib import admin, messages
 from django.http import FileResponse
 from django.template.defaultfilters import filesizeformat
+from django.utils.html import format_html_join
 
 from artweb.errors import ApplicationError
 from training import admin_serving  # noqa: F401 - registers the admin of aliases and serving jobs
@@ -16,6 +17,7 @@ from training.models import (
     DryRun,
     ExportTarget,
     PretrainedModel,
+    Quota,
     Run,
     RunEvent,
     RunLog,
@@ -23,6 +25,7 @@ from training.models import (
     Trajectory,
     TrajectoryGroup,
 )
+from training.selectors import quota_status
 from training.services.base_models import base_model_check, recommended_train_check
 from training.services.checkpoints import (
     checkpoint_apply_retention,
@@ -31,6 +34,7 @@ from training.services.checkpoints import (
     checkpoint_disk_usage,
     checkpoint_promote,
 )
+from training.services.quotas import trajectory_bytes_recount
 from training.services.runs import run_cancel, run_details_update, run_pause, run_resume, run_retry
 
 
@@ -150,6 +154,7 @@ class RunAdmin(admin.ModelAdmin):
         "latest_reward",
         "best_val_reward",
         "error",
+        "stored_trajectories",
         "cancel_requested",
         "pause_requested",
         "worker",
@@ -163,6 +168,10 @@ class RunAdmin(admin.ModelAdmin):
     readonly_fields = tuple(f for f in fields if f not in ("name", "tags"))
     list_select_related = ("owner",)
     actions = ("cancel_runs", "pause_runs", "resume_runs", "retry_runs")
+
+    @admin.display(description="stored trajectories", ordering="trajectory_bytes")
+    def stored_trajectories(self, obj):
+        return filesizeformat(obj.trajectory_bytes)  # what its owner's storage quota counts
 
     def has_add_permission(self, request):
         return False  # a run is launched from its page or the API, which validate it (run_create)
@@ -365,6 +374,16 @@ class TrajectoryGroupAdmin(admin.ModelAdmin):
     list_select_related = ("run",)
     raw_id_fields = ("run", "scenario")
 
+    # A deletion here counts the runs' stored bytes again (their owners' storage quota).
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        trajectory_bytes_recount(run_ids={obj.run_id})
+
+    def delete_queryset(self, request, queryset):
+        run_ids = set(queryset.values_list("run_id", flat=True))
+        super().delete_queryset(request, queryset)
+        trajectory_bytes_recount(run_ids=run_ids)
+
 
 @admin.register(Trajectory)
 class TrajectoryAdmin(admin.ModelAdmin):
@@ -374,8 +393,52 @@ class TrajectoryAdmin(admin.ModelAdmin):
     search_fields = ("search_text",)
     show_full_result_count = False  # a COUNT over millions of rows would make the page slow
 
+    # A deletion here counts the groups' and runs' stored bytes again (their owners' storage quota).
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        trajectory_bytes_recount(group_ids={obj.group_id})
+
+    def delete_queryset(self, request, queryset):
+        group_ids = set(queryset.values_list("group_id", flat=True))
+        super().delete_queryset(request, queryset)
+        trajectory_bytes_recount(group_ids=group_ids)
+
 
 @admin.register(DryRun)
 class DryRunAdmin(admin.ModelAdmin):
     list_display = ("id", "owner", "script_version", "status", "created_at", "finished_at")
     list_filter = ("status",)
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    """Quotas per user or per group (training.services.quotas). A user's limit of each quota is their own
+    row's, else the most generous of their groups' rows', else the deployment's default (ARTWEB_QUOTA_*);
+    an empty field is not set by the row, 0 is no limit. A user's row shows what they use now."""
+
+    list_display = ("holder", "trajectory_mb", "concurrent_runs", "steps_per_day", "usage", "note", "updated_at")
+    list_select_related = ("user", "group")
+    search_fields = ("user__username", "group__name", "note")
+    autocomplete_fields = ("user", "group")
+    fields = ("user", "group", "trajectory_mb", "concurrent_runs", "steps_per_day", "note", "effective", "updated_at")
+    readonly_fields = ("effective", "updated_at")
+
+    @admin.display(description="user or group")
+    def holder(self, obj):
+        return obj.user.get_username() if obj.user_id else f"group {obj.group.name}"
+
+    @admin.display(description="usage now")
+    def usage(self, obj):
+        if not obj.user_id:
+            return f"{obj.group.user_set.count()} member(s)"
+        return "; ".join(f"{q.used_text} of {q.limit_text}" for q in quota_status(user=obj.user))
+
+    @admin.display(description="in effect for this user")
+    def effective(self, obj):
+        if obj is None or not obj.user_id:
+            return "Each member's limits: their own row's, else the most generous group's, else the default."
+        return format_html_join(
+            "",
+            "<p>{}: {} of {} <span class='help'>({})</span></p>",
+            ((q.label, q.used_text, q.limit_text, q.source) for q in quota_status(user=obj.user)),
+        )

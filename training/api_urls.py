@@ -1,4 +1,4 @@
-"""/api/v1/ routes for models, runs, metrics, trajectories, checkpoints, dry runs, tokens and export targets.
+"""/api/v1/ routes for models, runs, metrics, trajectories, checkpoints, dry runs, tokens, quotas and export targets.
 
 One view per operation; writes are POSTs to a named action (HackSoft style).
 """
@@ -11,6 +11,7 @@ from training.apis import (
     dry_runs,
     exports,
     judges,
+    quotas,
     rescores,
     runs,
     tokens,
@@ -37,6 +38,7 @@ urlpatterns = [
         serving_api.CheckpointAliasDeleteApi.as_view(),
         name="api-checkpoint-alias-delete",
     ),
+    path("quota/", quotas.QuotaApi.as_view(), name="api-quota"),
     path("tokens/", tokens.TokenCreateApi.as_view(), name="api-token-create"),
     path("tokens/current/", tokens.TokenDetailApi.as_view(), name="api-token"),
     path("tokens/revoke/", tokens.TokenRevokeApi.as_view(), name="api-token-revoke"),

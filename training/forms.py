@@ -14,6 +14,7 @@ from typing import ClassVar, get_origin
 from django import forms
 from pydantic import BaseModel as PydanticModel
 
+from artweb.jsonlimits import json_loads_limited
 from training.config import AlertRules, RunConfig
 from training.models import Run
 from training.selectors import RUN_ORDER_LABELS
@@ -75,9 +76,11 @@ class BaseModelForm(forms.Form):
         if not raw:
             return {}
         try:
-            return json.loads(raw)
+            return json_loads_limited(raw)
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.") from exc
+        except ValueError as exc:  # over the depth limit, or NaN/Infinity
+            raise forms.ValidationError(str(exc)) from exc
 
 
 class JudgeEndpointForm(forms.Form):
@@ -247,9 +250,11 @@ class RunLaunchForm(forms.Form):
         if not raw:
             return {}
         try:
-            value = json.loads(raw)
+            value = json_loads_limited(raw)
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(f"Not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.") from exc
+        except ValueError as exc:  # over the depth limit, or NaN/Infinity
+            raise forms.ValidationError(str(exc)) from exc
         if not isinstance(value, dict):
             raise forms.ValidationError(f"Give a JSON object, e.g. {example}.")
         return value

@@ -1,5 +1,6 @@
 """Base models, runs and what they produce: trajectory groups, trajectories, per-step metrics,
-checkpoints, the run timeline; dry runs of a script against a base model; exports and re-scores.
+checkpoints, the run timeline; dry runs of a script against a base model; exports and re-scores; the
+quotas on what a user may use.
 
 TrajectoryGroup, Trajectory and DryRun were rollouts models once: their tables keep the rollouts_ names.
 """
@@ -73,6 +74,9 @@ class Run(models.Model):
     latest_reward = models.FloatField(null=True, blank=True)
     best_val_reward = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True)
+    trajectory_bytes = models.BigIntegerField(
+        default=0, help_text="Bytes of the run's stored trajectories as JSON: what its owner's storage quota counts."
+    )
 
     # Worker bookkeeping: who holds the run and when it last said so.
     worker = models.CharField(max_length=200, blank=True)
@@ -115,6 +119,9 @@ class TrajectoryGroup(models.Model):
     skipped = models.BooleanField(default=False, help_text="All rewards equal: no training signal.")
     failed_attempt = models.BooleanField(
         default=False, help_text="Produced by an attempt at the step that failed: kept to inspect, never trained on."
+    )
+    stored_bytes = models.BigIntegerField(
+        default=0, help_text="Bytes of its trajectories as JSON (Run.trajectory_bytes)."
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -459,6 +466,54 @@ class RescoreScore(models.Model):
 
     def __str__(self):
         return f"trajectory {self.trajectory_id}: {self.old_reward} → {self.new_reward}"
+
+
+class Quota(models.Model):
+    """What one user, or each member of a group, may use: set by staff in the admin (training.services.quotas).
+
+    A limit left empty is not set by this row: the user's own row comes first, then the most generous of
+    their groups' rows that set it, then the deployment's default (ARTWEB_QUOTA_* settings). 0 is no limit.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="quota"
+    )
+    group = models.OneToOneField("auth.Group", null=True, blank=True, on_delete=models.CASCADE, related_name="quota")
+    trajectory_mb = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        verbose_name="stored trajectories (MB)",
+        help_text="Megabytes of trajectories (as JSON) the user's runs may store; a run is paused when a step "
+        "would start past it. Empty: not set here. 0: no limit.",
+    )
+    concurrent_runs = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Runs queued or running at once; launching, resuming or retrying one more is refused. "
+        "Empty: not set here. 0: no limit.",
+    )
+    steps_per_day = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        verbose_name="training steps a day",
+        help_text="Training steps of all the user's runs in any 24 hours; a run is paused when a step would be "
+        "one more. Empty: not set here. 0: no limit.",
+    )
+    note = models.CharField(max_length=500, blank=True, help_text="Why this quota (for staff).")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["group__name", "user__username"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(user__isnull=False, group__isnull=True)
+                | models.Q(user__isnull=True, group__isnull=False),
+                name="quota_user_xor_group",
+            )
+        ]
+
+    def __str__(self):
+        return f"quota of {self.user or f'group {self.group}'}"
 
 
 from training.serving_models import CheckpointAlias, DiffScenario, ServeJob  # noqa: E402,F401

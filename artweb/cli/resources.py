@@ -1,5 +1,5 @@
-"""Commands for what runs use and make, besides runs and exports: tokens, base models, uploads, validation
-and checkpoints."""
+"""Commands for what runs use and make, besides runs and exports: tokens, quotas, base models, uploads,
+validation and checkpoints."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from artweb.cli.base import cli, client_from, console, err_console
+from artweb.cli.base import cli, client_from, console, err_console, print_json
 from artweb.client import Client
 
 # --- tokens ------------------------------------------------------------------------------------------
@@ -36,6 +36,32 @@ def token_revoke(ctx):
     """Revoke the token in use."""
     with client_from(ctx) as api:
         click.echo("revoked" if api.token_revoke() else "there was no token")
+
+
+# --- quota -------------------------------------------------------------------------------------------
+
+
+@cli.command("quota")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def quota(ctx, as_json):
+    """Your quotas: what your runs use against what they may, and who set each limit."""
+    with client_from(ctx) as api:
+        lines = api.quota()["quotas"]
+    if as_json:
+        print_json(lines)
+        return
+
+    def amount(key: str, n: int | None) -> str:
+        if n is None:
+            return "no limit"
+        return f"{n / (1 << 20):,.1f} MB" if key == "trajectory_bytes" else f"{n:,}"
+
+    table = Table("quota", "used", "limit", "set by")
+    for line in lines:
+        used = amount(line["key"], line["used"]) + (" (reached)" if line["reached"] else "")
+        table.add_row(line["label"], used, amount(line["key"], line["limit"]), line["source"])
+    console.print(table)
 
 
 # --- base models -------------------------------------------------------------------------------------

@@ -13,6 +13,11 @@ started, and adopts and stops servers whose launcher died.
 Everything the launcher and its children write is private to the user running them (umask 077), and the
 data dir itself is made 0700 on each start.
 
+The web server runs with DEBUG off (unless DEBUG=true is set) under the data dir's SECRET_KEY
+(artweb.bootstrap; an explicit SECRET_KEY wins), answers to the names of the address it listens on, and
+believes X-Forwarded-* headers only from ARTWEB_TRUSTED_PROXIES (none by default). On a loopback address it
+serves plain HTTP (ARTWEB_PLAIN_HTTP); on any other, HTTPS settings are on and TLS belongs in front.
+
 This module reads the environment itself and imports Django only after DATABASE_URL / REDIS_URL are
 exported, because settings read them once, at import.
 """
@@ -27,6 +32,7 @@ import os
 import secrets
 import shlex
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -37,6 +43,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from artweb.bootstrap import LOOPBACK_HOSTS, is_loopback_host, secret_key_load_or_create
 from artweb.launcher.embedded import (
     CREDENTIALS_FILE,
     EmbeddedPostgres,
@@ -169,6 +176,63 @@ class Supervisor:
                 proc.wait(timeout=5)
 
 
+def allowed_hosts_for(host: str) -> list[str]:
+    """The Host names the web server answers to when it listens on host."""
+    if host in ("0.0.0.0", "::", ""):
+        # Every address of the machine: its loopback names and its own name; others are set by the operator.
+        return [*LOOPBACK_HOSTS, socket.gethostname()]
+    name = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    if is_loopback_host(host):
+        return list(dict.fromkeys([*LOOPBACK_HOSTS, name]))
+    return [name]
+
+
+def launch_env(env: dict, data_dir: Path, *, host: str) -> dict:
+    """The environment of every process `run` starts: one SECRET_KEY (the data dir's, made on first start,
+    unless SECRET_KEY is set), the host names of the listening address, plain HTTP on loopback only, and
+    console logs (for a person watching the launcher; DEBUG off would otherwise mean JSON)."""
+    env = dict(env)
+    if not env.get("SECRET_KEY"):
+        try:
+            env["SECRET_KEY"] = secret_key_load_or_create(data_dir)
+        except (OSError, ValueError) as exc:
+            raise LaunchError(f"Cannot keep a SECRET_KEY in the data dir: {exc}") from None
+    # On a loopback address these are loopback names only, and settings then serve plain HTTP.
+    env.setdefault("ALLOWED_HOSTS", ",".join(allowed_hosts_for(host)))
+    env.setdefault("LOG_FORMAT", "console")
+    return env
+
+
+def trusted_proxies(env: dict) -> list[str]:
+    return [p.strip() for p in env.get("ARTWEB_TRUSTED_PROXIES", "").split(",") if p.strip()]
+
+
+def web_command(env: dict, *, host: str, port: int, python: str = sys.executable) -> list[str]:
+    """uvicorn serving artweb. Forwarded headers: uvicorn by default believes X-Forwarded-For from
+    127.0.0.1, so any local client could pick its address per request (and a fresh one per password guess
+    escapes the sign-in lockout); here only ARTWEB_TRUSTED_PROXIES are believed, and with none the headers
+    are ignored altogether."""
+    proxies = trusted_proxies(env)
+    forwarded = ["--proxy-headers", "--forwarded-allow-ips", ",".join(proxies)] if proxies else ["--no-proxy-headers"]
+    return [
+        python,
+        "-m",
+        "uvicorn",
+        "artweb.asgi:application",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *forwarded,
+        "--no-access-log",
+        "--lifespan",
+        "off",
+        # An open page's live-update socket would otherwise hold Ctrl-C up until the launcher kills it.
+        "--timeout-graceful-shutdown",
+        "5",
+    ]
+
+
 def prepare(env: dict) -> tuple[str, str] | None:
     """Migrate, fetch the default model, make sure there is an admin, load the demo: one Django process
     for all of it (each start-up of Django and torch costs seconds). Returns new admin credentials."""
@@ -195,16 +259,34 @@ def prepare_in_django() -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
     django.setup()
+    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.core.management.base import CommandError
 
+    from training.exports.crypto import secrets_rotate
+
     try:
         call_command("migrate", interactive=False)
+        if not settings.DEBUG:
+            # Hashed, compressed names (settings.STORAGES); a DEBUG server serves the sources as they are.
+            call_command("collectstatic", interactive=False, verbosity=0)
         call_command("fetch_default_model")
     except CommandError as exc:
         print(f"artweb: {exc}", file=sys.stderr, flush=True)
         return 1
+    # Secrets saved under an earlier key (SECRET_KEY_FALLBACKS) move to the current one; cheap when none did.
+    rotated = secrets_rotate()
+    if rotated.rotated or rotated.unreadable:
+        print(
+            f"artweb: {rotated.rotated} stored secret(s) re-encrypted under the current SECRET_KEY"
+            + (
+                f"; {rotated.unreadable} open under no configured key (see `manage.py rotate_secrets`)"
+                if rotated.unreadable
+                else ""
+            ),
+            flush=True,
+        )
     users = get_user_model().objects
     created = not users.filter(is_superuser=True).exists()
     if created:
@@ -286,25 +368,7 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
         port = pick_web_port(env)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
         py = sys.executable
-        supervisor.spawn(
-            "web",
-            [
-                py,
-                "-m",
-                "uvicorn",
-                "artweb.asgi:application",
-                "--host",
-                host,
-                "--port",
-                str(port),
-                "--no-access-log",
-                "--lifespan",
-                "off",
-                # An open page's live-update socket would otherwise hold Ctrl-C up until the launcher kills it.
-                "--timeout-graceful-shutdown",
-                "5",
-            ],
-        )
+        supervisor.spawn("web", web_command(env, host=host, port=port, python=py))
         supervisor.spawn(
             "worker",
             [
@@ -341,6 +405,8 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
                 f"Log in as {admin[0]!r} with password {admin[1]!r}.",
                 "The password is shown only this once; change it with `python manage.py changepassword admin`.",
             ]
+        if not is_loopback_host(host):
+            lines += [f"Listening on {host}: put a TLS proxy in front (README, ARTWEB_PLAIN_HTTP)."]
         lines += ["Press Ctrl-C to stop."]
         lines += sandbox_status(env)
         width = max(map(len, lines))
@@ -415,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             return services_only(env, data_dir)
         with single_launcher(data_dir):
             if args.mode == "run":
-                return run(env, data_dir, host=args.host)
+                return run(launch_env(env, data_dir, host=args.host), data_dir, host=args.host)
             return stop_leftovers(data_dir)
     except LaunchError as exc:
         print(f"artweb: {exc}", file=sys.stderr, flush=True)

@@ -19,10 +19,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -126,8 +128,11 @@ class InferenceServer:
 
     @property
     def work_dir(self) -> Path:
+        """Where merged copies of the weights go (hundreds of MB each): a directory of this server's own
+        unless the caller named one, removed by stop(), and by work_dirs_remove_orphaned() once the process
+        that made it is gone (a worker killed before it could stop its server)."""
         if self._work_dir is None:
-            self._work_dir = Path(tempfile.mkdtemp(prefix="artweb-inference-"))
+            self._work_dir = work_dir_create()
         self._work_dir.mkdir(parents=True, exist_ok=True)
         return self._work_dir
 
@@ -316,6 +321,52 @@ class InferenceServer:
         if response.status_code != 200:
             raise InferenceServerError(f"{self.engine} {route} failed ({response.status_code}): {response.text[:1000]}")
         return response
+
+
+# --- work directories ------------------------------------------------------------------------------
+# A server's work directory is named after the process that made it (pid and start time: a pid is reused,
+# the pair is not), so that one left behind by a process that died without stopping its server can be told
+# from one in use, on a machine where several workers share the temporary directory.
+
+WORK_DIR_PREFIX = "artweb-inference-"
+_WORK_DIR_NAME = re.compile(re.escape(WORK_DIR_PREFIX) + r"(\d+)-(\d+)-")
+
+
+def _process_start(pid: int) -> str | None:
+    """When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat); None when no
+    such process exists."""
+    try:
+        line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return line[line.rindex(")") + 2 :].split()[19]  # after the name, which may hold spaces: fields 3 on
+
+
+def work_dir_create(root: str | os.PathLike | None = None) -> Path:
+    """A new work directory under root (the temporary directory by default), owned by this process."""
+    pid = os.getpid()
+    return Path(tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{pid}-{_process_start(pid)}-", dir=root))
+
+
+def work_dirs_remove_orphaned(root: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the work directories under root whose owner process has exited; returns them. A directory
+    of a live process, one named otherwise, a link, or one of another user is left alone."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
+        match = _WORK_DIR_NAME.match(path.name)
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if match is None or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        pid, started = match.groups()
+        if _process_start(int(pid)) == started:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+        logger.info("removed %s, left by process %s, which has exited", path, pid)
+    return removed
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may import between fork and exec

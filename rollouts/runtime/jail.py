@@ -8,17 +8,26 @@ user namespaces. It does namespaces and mounts only, so the batch-wide limits ar
 
 Each sandbox process of a batch runs as
 
-    worker (root) ─ fork ─ join the batch's cgroups, rlimits, drop to the sandbox uid, no_new_privs
+    worker (root) ─ fork ─ join the batch's cgroups, rlimits, drop to the batch's uid, no_new_privs
                    └ exec bwrap: new user, pid, mount, ipc, uts, cgroup and network namespaces,
-                                 no capabilities, no nested user namespaces, a new session
+                                 no capabilities, no nested user namespaces, a new session,
+                                 the seccomp filter (rollouts.runtime.seccomp)
                      └ python guest: sees /usr, the interpreter, the SDK, its batch's files (read-only),
                                      a private size-limited /tmp and /dev/shm, a /proc of its own
                                      pid namespace, and one unix socket: the inference proxy.
 
-The sandbox uid is neither root nor the worker's, so the host's permission checks stop anything that
-leaks through a mount. The network namespace holds only a loopback interface: no PostgreSQL, Redis,
-vLLM or anything else. When the batch ends, killing bwrap kills the namespace's init and with it every
-process of the namespace, whatever it forked or re-parented; the cgroup is then swept and removed.
+The batch's uid is neither root nor the worker's, so the host's permission checks stop anything that
+leaks through a mount, and no other live batch of the host has it (rollouts.runtime.uid_lease), so no
+quota, keyring or signal is shared between batches. The network namespace holds only a loopback
+interface: no PostgreSQL, Redis, vLLM or anything else. When the batch ends, killing bwrap kills the
+namespace's init and with it every process of the namespace, whatever it forked or re-parented; the
+cgroup is then swept and removed, and the uid given back.
+
+What the jail's /proc/self/mountinfo shows of the host: /usr and the base interpreter's directory
+(bound where they are: a virtualenv's pyvenv.cfg and symlinks name it) and the batch's work directory
+(a random name under the worker's TMPDIR). Everything bound at a path of the jail's own (the
+virtualenv, the SDK) is mounted through a read-only overlay of a staging name, so neither its host path
+nor its filesystem's layout shows; the data dir and the project checkout are never mounted.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import ctypes
 import json
 import logging
 import os
+import pwd
 import resource
 import shutil
 import signal
@@ -40,14 +50,18 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from rollouts.runtime import seccomp
+from rollouts.runtime.uid_lease import DEFAULT_LOCK_DIR, DEFAULT_UIDS, uid_lease, uid_range
+
 logger = logging.getLogger(__name__)
 
 # Paths inside the jail.
 GUEST_ROOT = "/opt/artweb"  # the SDK and the guest program
+VENV_INSIDE = f"{GUEST_ROOT}/python"  # the sandbox interpreter's virtualenv, if it is one
 BATCH_DIR = "/batch"  # the batch's own files, read-only
 SOCKET_DIR = "/run/artweb"  # the inference proxy's socket
 SCRATCH = "/tmp"  # the only writable place (and /dev/shm)
-INSIDE_UID = 1000  # the uid user code sees; outside it is the configured sandbox uid
+INSIDE_UID = 1000  # the uid user code sees; outside it is the batch's leased uid
 
 CGROUP_NAME = "artweb-sandbox"
 OPT_OUT = "insecure-no-jail"  # ARTWEB_SANDBOX's value for the development opt-out
@@ -62,12 +76,18 @@ class JailConfig:
     """How user code is isolated on this worker (from the settings: ARTWEB_SANDBOX*)."""
 
     mode: str = "jail"  # "jail", or OPT_OUT: plain subprocesses, for development only
-    uid: int = 64000  # the uid user code runs as outside its user namespace: not root, not the worker's
+    # The uids user code runs as outside its user namespace, one per batch running at once on the host
+    # (ARTWEB_SANDBOX_UIDS): no account's, not root, not the worker's.
+    uids: range = DEFAULT_UIDS
     cgroup_parent: str = ""  # a delegated cgroup v2 directory; empty: the host's hierarchy
+    # Where the uid leases are held (ARTWEB_SANDBOX_UID_LOCKS): one directory for every worker of the host.
+    uid_locks: str = DEFAULT_LOCK_DIR
 
     def __post_init__(self) -> None:
         if self.mode not in ("jail", OPT_OUT):
             raise JailUnavailable(f"ARTWEB_SANDBOX={self.mode!r} is not a sandbox mode; use 'jail' or '{OPT_OUT}'.")
+        if not isinstance(self.uids, range) or not self.uids:
+            raise JailUnavailable(f"The sandbox uids {self.uids!r} are not a non-empty range (ARTWEB_SANDBOX_UIDS).")
 
     @property
     def jailed(self) -> bool:
@@ -168,6 +188,9 @@ class _Cgroup:
         if self.v2:
             _write_try(self.dirs["unified"] / "cgroup.kill", 1)
         deadline = time.monotonic() + wait_s
+        # A process that has just exited (the batch's last bwrap, freeing its seccomp filter) is usually
+        # gone within a millisecond or two: look again soon, then every 20 ms at most.
+        delay = 0.001
         while time.monotonic() < deadline:
             pids = self.pids()
             if not pids:
@@ -177,7 +200,8 @@ class _Cgroup:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            time.sleep(0.02)
+            time.sleep(delay)
+            delay = min(2 * delay, 0.02)
         logger.warning("processes %s of sandbox cgroup %s outlived SIGKILL for %.0f s", sorted(pids), self.dirs, wait_s)
 
     def remove(self) -> None:
@@ -288,12 +312,22 @@ def _cgroup_mounts() -> dict[str, str]:
 # --- what the jail may see ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Interpreter:
+    """How the jail holds the sandbox interpreter."""
+
+    binds: tuple[tuple[str, str], ...]  # (host directory, path in the jail)
+    python: str  # the interpreter's path in the jail
+
+
 @cache
-def interpreter_paths(python: str) -> tuple[str, ...]:
-    """Directories the interpreter needs: its prefix (a virtualenv), base prefix and executable's home."""
+def interpreter(python: str) -> Interpreter:
+    """The directories `python` needs: a virtualenv goes to VENV_INSIDE (its host path, often inside the
+    project checkout, stays hidden), its base installation and the executable's home where they are
+    (the virtualenv's pyvenv.cfg and symlinks name them); /usr is mounted whole anyway."""
     code = (
-        "import json, os, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, "
-        "os.path.dirname(os.path.realpath(sys.executable))]))"
+        "import json, os, sys; print(json.dumps([sys.prefix, sys.base_prefix, "
+        "[sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]]))"
     )
     probe = subprocess.run(
         [python, "-I", "-c", code],
@@ -304,9 +338,22 @@ def interpreter_paths(python: str) -> tuple[str, ...]:
     )
     if probe.returncode != 0:
         raise JailUnavailable(f"The sandbox interpreter {python} does not start: {probe.stderr.strip()[-500:]}")
-    paths = {os.path.realpath(p) for p in json.loads(probe.stdout)}
-    # /usr is mounted whole; a prefix inside it needs no mount of its own.
-    return tuple(sorted(p for p in paths if not (p == "/usr" or p.startswith("/usr/"))))
+    prefix, base, others = json.loads(probe.stdout)
+    binds: dict[str, str] = {}
+    inside = python
+    absolute = os.path.abspath(python)
+    if prefix != base and absolute.startswith(prefix.rstrip("/") + "/"):
+        binds[os.path.realpath(prefix)] = VENV_INSIDE
+        inside = f"{VENV_INSIDE}/{os.path.relpath(absolute, prefix)}"
+    else:
+        others.append(prefix)
+    # /usr is mounted whole, and a directory inside another one bound needs no mount of its own.
+    kept: list[str] = ["/usr", *binds]
+    for path in sorted({os.path.realpath(p) for p in [base, *others]}, key=len):
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+            binds[path] = path
+    return Interpreter(tuple(binds.items()), inside)
 
 
 def _system_mounts() -> list[str]:
@@ -361,12 +408,12 @@ def bwrap_path() -> str:
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may be loaded between fork and exec
 _CLONE_NEWNS = 0x00020000
-_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+_MS_RDONLY, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x1000, 0x4000, 0x40000
 
 
 def _sources(python: str, guest_dir: Path, fallbacks_dir: Path) -> dict[str, str]:
-    """Host directory → where the jail sees it: the interpreter's where they are, the SDK under GUEST_ROOT."""
-    found = {path: path for path in interpreter_paths(python)}
+    """Host directory → where the jail sees it: the interpreter's (see interpreter()), the SDK under GUEST_ROOT."""
+    found = dict(interpreter(python).binds)
     found[str(guest_dir)] = f"{GUEST_ROOT}/guest"
     found[str(fallbacks_dir)] = f"{GUEST_ROOT}/guest_fallbacks"
     return found
@@ -379,12 +426,20 @@ def _stage(stage_dir: Path, sources: dict[str, str]) -> list[tuple[str, str, str
     virtualenv in a private home). So each source is bind-mounted on a staging directory the uid can
     reach, by the child, as root, in a mount namespace of its own (nothing shows on the host), and
     bwrap binds it from there.
+
+    A source the jail sees at a path of its own (the SDK, a virtualenv) is bound on `<staging>.src`
+    instead, and `<staging>` is a read-only overlay of it: a bind mount shows, in the jail's
+    /proc/self/mountinfo, its directory's path inside its filesystem, the host path; an overlay shows
+    its own root and the staging names it was given.
     """
     staged = []
     for i, (host, inside) in enumerate(sources.items()):
         d = stage_dir / str(i)
         d.mkdir(parents=True, exist_ok=True)
+        if host != inside:
+            (stage_dir / f"{i}.src").mkdir(exist_ok=True)
         staged.append((host, str(d), inside))
+    (stage_dir / "empty").mkdir(exist_ok=True)  # an overlay needs two layers when none is writable
     for d in (stage_dir, *stage_dir.iterdir()):
         d.chmod(0o755)  # explicit: the worker's umask (077) would leave them closed to the sandbox uid
     return staged
@@ -436,7 +491,13 @@ def _child_setup(
     Only raw system calls here (open/write, setrlimit, unshare/mount through libc, set*id): no imports
     or locks that another thread of the worker could hold at fork time.
     """
-    mounts = [(host.encode(), staging.encode()) for host, staging, _ in staged]
+    mounts = []  # (host, where it is bound, overlay options or None)
+    for host, staging, inside in staged:
+        if host == inside:
+            mounts.append((host.encode(), staging.encode(), None))
+        else:
+            empty = str(Path(staging).parent / "empty")
+            mounts.append((host.encode(), f"{staging}.src".encode(), f"lowerdir={staging}.src:{empty}".encode()))
 
     def fail(what: str) -> None:
         err = ctypes.get_errno()
@@ -463,14 +524,34 @@ def _child_setup(
             fail("unshare(CLONE_NEWNS)")
         if _LIBC.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
             fail("making the mounts private")
-        for host, staging in mounts:
-            if _LIBC.mount(host, staging, None, _MS_BIND | _MS_REC, None) != 0:
+        for host, where, overlay in mounts:
+            if _LIBC.mount(host, where, None, _MS_BIND | _MS_REC, None) != 0:
                 fail("staging a bind mount")
+            if overlay is not None:
+                target = where[: -len(b".src")]
+                # Where no overlay can be mounted (no overlayfs, or filesystems stacked too deep in nested
+                # containers), a bind mount instead: the jail works, only its mountinfo shows the host path.
+                if _LIBC.mount(b"overlay", target, b"overlay", _MS_RDONLY, overlay) != 0:
+                    if _LIBC.mount(where, target, None, _MS_BIND | _MS_REC, None) != 0:
+                        fail("staging a bind mount")
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
 
     return apply
+
+
+def _check_uids(uids: range) -> None:
+    """The uid range is the jail's alone: not root, not the worker's, no account's."""
+    setting = f"ARTWEB_SANDBOX_UIDS={uids.start}-{uids.stop - 1}"
+    if 0 in uids or os.getuid() in uids:
+        raise JailUnavailable(f"{setting} includes root or the worker's own uid; choose uids nobody uses.")
+    taken = sorted((p.pw_uid, p.pw_name) for p in pwd.getpwall() if p.pw_uid in uids)
+    if taken:
+        raise JailUnavailable(
+            f"{setting} includes the uid {taken[0][0]} of the account {taken[0][1]!r}; user code must run as "
+            "uids no account or service of this host uses. Choose another range."
+        )
 
 
 @cache
@@ -481,39 +562,48 @@ def jail_check(config: JailConfig, python: str) -> None:
     """
     if os.geteuid() != 0:
         raise JailUnavailable(
-            "The rollout sandbox must be started by a worker running as root: it switches user code to an "
-            "unprivileged uid of its own (ARTWEB_SANDBOX_UID) and sets up cgroups for the batch's limits. "
+            "The rollout sandbox must be started by a worker running as root: it switches user code to "
+            "unprivileged uids of its own (ARTWEB_SANDBOX_UIDS) and sets up cgroups for the batch's limits. "
             "Run the GPU worker as root in its container (the Docker image does), or, on a development "
             f"machine only, set ARTWEB_SANDBOX={OPT_OUT}."
         )
-    if config.uid in (0, os.getuid()):
-        raise JailUnavailable(f"ARTWEB_SANDBOX_UID={config.uid} is root or the worker's own uid; choose an unused uid.")
+    _check_uids(config.uids)
     bwrap_path()
+    seccomp.filter_program()
     _cgroup_layout(config.cgroup_parent)
     here = Path(__file__).resolve().parent
-    with tempfile.TemporaryDirectory(prefix="artweb-jail-probe-") as tmp:
-        Path(tmp).chmod(0o711)
-        staged = _stage(Path(tmp) / "stage", _sources(python, here / "guest", here / "guest_fallbacks"))
-        probe = subprocess.run(
-            [
-                *_bwrap_args(staged),
-                "--proc",
-                "/proc",
-                "--dev",
-                "/dev",
-                "--",
-                python,
-                "-I",
-                "-c",
-                "import openai, httpx",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            env={"PATH": "/usr/bin:/bin"},
-            preexec_fn=_child_setup(staged=staged, uid=config.uid, procs=[], cpu_seconds=120, file_mb=64),
-        )
+    lease = uid_lease(config.uids, config.uid_locks)
+    filter_fd = seccomp.filter_fd()
+    try:
+        with tempfile.TemporaryDirectory(prefix="artweb-jail-probe-") as tmp:
+            Path(tmp).chmod(0o711)
+            staged = _stage(Path(tmp) / "stage", _sources(python, here / "guest", here / "guest_fallbacks"))
+            probe = subprocess.run(
+                [
+                    *_bwrap_args(staged),
+                    "--proc",
+                    "/proc",
+                    "--dev",
+                    "/dev",
+                    "--seccomp",
+                    str(filter_fd),
+                    "--",
+                    interpreter(python).python,
+                    "-I",
+                    "-c",
+                    "import openai, httpx",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+                env={"PATH": "/usr/bin:/bin"},
+                pass_fds=(filter_fd,),
+                preexec_fn=_child_setup(staged=staged, uid=lease.uid, procs=[], cpu_seconds=120, file_mb=64),
+            )
+    finally:
+        os.close(filter_fd)
+        lease.release()
     if probe.returncode != 0:
         raise JailUnavailable(
             f"The rollout sandbox's jail does not start here: {probe.stderr.strip()[-500:]}. bubblewrap needs "
@@ -525,7 +615,7 @@ def jail_check(config: JailConfig, python: str) -> None:
 
 
 class Jail:
-    """The jail of one batch: its cgroup, and the bwrap command line for each sandbox process."""
+    """The jail of one batch: its uid, its cgroup, and the bwrap command line for each sandbox process."""
 
     def __init__(
         self,
@@ -538,18 +628,29 @@ class Jail:
         python: str,
         limits: JailLimits,
     ) -> None:
-        """root: the batch's directory (mode 0711); each sandbox's files are in root/shared/<name>."""
+        """root: the batch's directory (mode 0711); each sandbox's files are in root/shared/<name>.
+
+        Raises JailUnavailable when the jail cannot be built here or no sandbox uid is free."""
         jail_check(config, python)
-        self.uid = config.uid
         self.limits = limits
         self.root = root
         self.socket_dir = socket_dir
+        self.python = interpreter(python).python  # the interpreter's path inside the jail
         self.staged = _stage(root / "stage", _sources(python, guest_dir, fallbacks_dir))
         self.etc = etc_files(root / "shared")
-        self.cgroup = _Cgroup.create(f"batch-{uuid.uuid4().hex[:12]}", limits, config.cgroup_parent)
+        self._lease = uid_lease(config.uids, config.uid_locks)
+        self.uid = self._lease.uid  # the batch's own, outside its user namespace
+        try:
+            self.cgroup = _Cgroup.create(f"batch-{uuid.uuid4().hex[:12]}", limits, config.cgroup_parent)
+        except BaseException:
+            self._lease.release()
+            raise
 
-    def command(self, files_dir: Path, argv: list[str]) -> list[str]:
-        """bwrap + argv, with files_dir at BATCH_DIR and the working directory SCRATCH."""
+    def command(self, files_dir: Path, argv: list[str], *, seccomp_fd: int) -> list[str]:
+        """bwrap + argv, with files_dir at BATCH_DIR and the working directory SCRATCH.
+
+        seccomp_fd: a descriptor from seccomp.filter_fd(), one per process: pass it to the process
+        (pass_fds) and close it once the process has started."""
         return [
             *_bwrap_args(self.staged, self.limits.scratch_mb),
             "--ro-bind",
@@ -572,6 +673,8 @@ class Jail:
             "/",
             "--chdir",
             SCRATCH,
+            "--seccomp",
+            str(seccomp_fd),
             "--",
             *argv,
         ]
@@ -597,7 +700,12 @@ class Jail:
         self.cgroup.renice(nice)
 
     def close(self) -> None:
-        self.cgroup.remove()
+        """Kill what is left, remove the cgroup (both wait until no process of the batch is left), and give
+        the uid back."""
+        try:
+            self.cgroup.remove()
+        finally:
+            self._lease.release()
 
 
 def guest_python_args() -> list[str]:
@@ -607,13 +715,20 @@ def guest_python_args() -> list[str]:
 
 
 if __name__ == "__main__":  # `python -m rollouts.runtime.jail`: say whether a jail can be built here
-    conf = JailConfig(
-        uid=int(os.environ.get("ARTWEB_SANDBOX_UID", "64000")),
-        cgroup_parent=os.environ.get("ARTWEB_SANDBOX_CGROUP", ""),
-    )
     try:
+        conf = JailConfig(
+            uids=uid_range(
+                os.environ.get("ARTWEB_SANDBOX_UIDS") or os.environ.get("ARTWEB_SANDBOX_UID") or "64000-64999"
+            ),
+            cgroup_parent=os.environ.get("ARTWEB_SANDBOX_CGROUP", ""),
+            uid_locks=os.environ.get("ARTWEB_SANDBOX_UID_LOCKS") or DEFAULT_LOCK_DIR,
+        )
         jail_check(conf, sys.executable)
     except JailUnavailable as exc:
         print(f"no: {exc}")
         sys.exit(1)
-    print(f"yes: bubblewrap at {bwrap_path()}, sandbox uid {conf.uid}, cgroups {_cgroup_layout(conf.cgroup_parent)}")
+    print(
+        f"yes: bubblewrap at {bwrap_path()}, sandbox uids {conf.uids.start}-{conf.uids.stop - 1}, "
+        f"a seccomp filter of {len(seccomp.filter_program()) // 8} instructions, "
+        f"cgroups {_cgroup_layout(conf.cgroup_parent)}"
+    )

@@ -6,7 +6,13 @@ OpenAI inference routes of the models its batch may use, and nothing else: not v
 proxy adds the upstream's key itself, so the key never enters the jail.
 
 One background thread owns an asyncio loop; every socket (one per batch) is an aiohttp application
-of its own that knows its allowed models, and all of them share one client session to the upstreams.
+of its own that knows its allowed models, and all of them share one client session to the worker's own
+upstreams. An upstream a user named (a judge endpoint) is reached through the egress guard
+(rollouts.runtime.egress) instead, and no upstream's redirect is followed.
+
+What passes is bounded: the OpenAI request fields listed in FORWARDED_FIELDS (an inference server's own
+extensions, such as vLLM's priority or kv_transfer_params, are refused), `n` and the token budget of a
+request, the requests a batch has in flight, and a body's size and JSON nesting depth.
 """
 
 from __future__ import annotations
@@ -23,29 +29,36 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from rollouts.runtime.egress import EgressPolicy, EgressRefused, egress_connector, redirect_error, target_key
+from rollouts.runtime.jsonsafe import JSONLimitError, loads_bounded
+from rollouts.runtime.tunnel import HOP_BY_HOP, connect_serve, split_target
+
 # What a rollout may call; every other method and path is refused before it reaches an upstream.
 FORWARDED_ROUTES = {("POST", "/v1/chat/completions"): "/chat/completions", ("POST", "/v1/completions"): "/completions"}
 PASSED_ROUTES = "POST /v1/chat/completions, POST /v1/completions and GET /v1/models"
 
-# Request fields that would run the caller's own Jinja template inside the inference server.
-REFUSED_FIELDS = frozenset({"chat_template"})
-
-# RFC 9110 section 7.6.1: these describe one connection, not the message, and never cross a proxy.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "proxy-connection",
-    }
+# The request fields passed on, per route: OpenAI's own that an inference server handles as OpenAI does,
+# and return_token_ids, which the SDK adds to every chat request (the trainer needs the sampled ids).
+# Anything else is an inference server's extension and refused: vLLM's priority (jumping other batches'
+# queue), kv_transfer_params, vllm_xargs, chat_template and chat_template_kwargs (the caller's own Jinja
+# or its variables in the server's template), and whatever a later server version adds.
+_SAMPLING = frozenset(
+    "model n max_tokens temperature top_p stop seed stream stream_options presence_penalty frequency_penalty "
+    "logit_bias logprobs user return_token_ids".split()
 )
+FORWARDED_FIELDS = {
+    "/chat/completions": _SAMPLING
+    | frozenset(
+        "messages max_completion_tokens top_logprobs tools tool_choice parallel_tool_calls response_format "
+        "reasoning_effort".split()
+    ),
+    "/completions": _SAMPLING | frozenset("prompt suffix echo best_of".split()),
+}
 # Set again by this side's own server for the body it actually sends.
 RESPONSE_DROPPED = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
+
+# Bodies up to this size are parsed on the loop (microseconds); larger ones on a thread.
+INLINE_PARSE_BYTES = 64 << 10
 
 # Marks a request the proxy turned away itself (counted in stats()), as against an upstream failure.
 REFUSED = web.ResponseKey("refused", bool)
@@ -58,6 +71,9 @@ class Upstream:
     base_url: str  # an OpenAI-compatible server's ".../v1" URL
     # Sent upstream as "Authorization: Bearer"; the caller's own header is never forwarded.
     api_key: str | None = None
+    # A server a user named (a judge endpoint): every connection to it goes through the egress guard under
+    # this policy. None: a server the worker started itself (its vLLM, on its own loopback).
+    egress: EgressPolicy | None = None
 
 
 @dataclass
@@ -68,6 +84,7 @@ class _Socket:
     site: web.UnixSite | None = None
     tasks: set[asyncio.Task] = field(default_factory=set)  # handlers in flight, cancelled by close()
     stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "refused": 0})
+    in_flight: int = 0  # requests read, checked and passed upstream, not yet answered
 
 
 def _error(status: int, message: str, code: str, error_type: str = "invalid_request_error") -> web.Response:
@@ -79,17 +96,34 @@ def _error(status: int, message: str, code: str, error_type: str = "invalid_requ
 
 
 class InferenceProxy:
-    def __init__(self, *, max_body_bytes: int = 8 << 20, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_body_bytes: int = 8 << 20,
+        timeout_s: float = 600.0,
+        max_json_depth: int = 64,
+        max_n: int = 16,
+        max_tokens: int = 32_768,
+        max_in_flight: int = 1024,
+    ) -> None:
         """max_body_bytes: the largest request body accepted. timeout_s: the longest one upstream
-        request may take, a streamed response included."""
+        request may take, a streamed response included. max_json_depth: nesting levels of a request body
+        (an OpenAI request needs a few; a tool's JSON schema a few more). max_n: choices one request may
+        ask for. max_tokens: the largest max_tokens / max_completion_tokens (a run's own limit is at most
+        this). max_in_flight: requests one socket (one batch) may have upstream at once; a run's
+        concurrency is at most this."""
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
+        self.max_json_depth = max_json_depth
+        self.max_in_flight = max_in_flight
+        self._caps = {"n": max_n, "best_of": max_n, "max_tokens": max_tokens, "max_completion_tokens": max_tokens}
         self._sockets: dict[str, _Socket] = {}
         self._closed_stats: collections.OrderedDict[str, dict[str, int]] = collections.OrderedDict()
         self._lock = threading.Lock()  # guards starting and stopping the thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._session: aiohttp.ClientSession | None = None
+        # One client session for the worker's own upstreams, and one per egress policy for users' servers.
+        self._sessions: dict[EgressPolicy | None, aiohttp.ClientSession] = {}
         self._egress: dict[str, tuple[asyncio.AbstractServer, set[asyncio.Task]]] = {}
 
     # --- the caller's side: any thread --------------------------------------------------------------
@@ -99,11 +133,15 @@ class InferenceProxy:
         reaches it) until close(socket_path). Blocks until the socket is listening."""
         self._call(self._open(_key(socket_path), dict(models)))
 
-    def open_egress(self, socket_path: str | os.PathLike, hosts: Iterable[str]) -> None:
-        """Serve HTTPS tunnels (HTTP CONNECT) on a new unix socket, to the given "host:port" only, until
-        close(socket_path). For the tracing service a run configured itself (Weave): TLS stays end to
-        end between the user's code and that service; nothing else is reachable through it."""
-        self._call(self._open_egress(_key(socket_path), {h.lower() for h in hosts}))
+    def open_egress(
+        self, socket_path: str | os.PathLike, hosts: Iterable[str], policy: EgressPolicy | None = None
+    ) -> None:
+        """Serve HTTPS tunnels (HTTP CONNECT) on a new unix socket, to the given "host:port" only and only
+        where the egress guard accepts them under `policy` (None: public addresses on ports 443 and 80),
+        until close(socket_path). For the tracing service a run configured itself (Weave): TLS stays end
+        to end between the user's code and that service; nothing else is reachable through it."""
+        allowed = frozenset(target_key(*split_target(h)) for h in hosts)
+        self._call(self._open_egress(_key(socket_path), allowed, policy or EgressPolicy()))
 
     def close(self, socket_path: str | os.PathLike) -> None:
         """Stop listening, abort that socket's in-flight requests, remove the file; idempotent."""
@@ -163,14 +201,6 @@ class InferenceProxy:
     async def _open(self, key: str, models: dict[str, Upstream]) -> None:
         if key in self._sockets:
             raise RuntimeError(f"The proxy already serves {key}; close it first.")
-        if self._session is None:
-            # No cap on connections: a batch keeps hundreds of streams open to one server at once.
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=10),
-            )
         sock = _Socket(path=key, models=models)
         app = web.Application(client_max_size=self.max_body_bytes)
 
@@ -213,7 +243,24 @@ class InferenceProxy:
         while len(self._closed_stats) > CLOSED_STATS_KEPT:
             self._closed_stats.popitem(last=False)
 
-    async def _open_egress(self, key: str, allowed: set[str]) -> None:
+    def _session(self, upstream: Upstream) -> aiohttp.ClientSession:
+        session = self._sessions.get(upstream.egress)
+        if session is None:
+            # No cap on connections: a batch keeps hundreds of streams open to one server at once.
+            connector = (
+                aiohttp.TCPConnector(limit=0, limit_per_host=0)
+                if upstream.egress is None
+                else egress_connector(upstream.egress, limit=0, limit_per_host=0)
+            )
+            session = self._sessions[upstream.egress] = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=10),
+            )
+        return session
+
+    async def _open_egress(self, key: str, allowed: frozenset[str], policy: EgressPolicy) -> None:
         if key in self._egress or key in self._sockets:
             raise RuntimeError(f"The proxy already serves {key}; close it first.")
         tasks: set[asyncio.Task] = set()
@@ -222,7 +269,7 @@ class InferenceProxy:
             task = asyncio.current_task()
             tasks.add(task)
             try:
-                await _connect_tunnel(reader, writer, allowed)
+                await connect_serve(reader, writer, policy=policy, allowed=allowed)
             finally:
                 tasks.discard(task)
 
@@ -247,9 +294,9 @@ class InferenceProxy:
             await self._close_egress(key)
         for key in list(self._sockets):
             await self._close(key)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
 
     async def _handle(self, sock: _Socket, request: web.Request) -> web.StreamResponse:
         task = asyncio.current_task()
@@ -286,16 +333,44 @@ class InferenceProxy:
         model = body.get("model")
         if not isinstance(model, str) or model not in sock.models:
             return _model_not_found(model, sock.models)
-        refused = sorted(REFUSED_FIELDS & body.keys())
-        if refused:
+        refused = self._check_fields(body, suffix)
+        if refused is not None:
+            return refused
+        if sock.in_flight >= self.max_in_flight:
+            return _error(
+                429,
+                f"This batch already has {sock.in_flight} requests in flight, the proxy's limit "
+                f"(max_in_flight={self.max_in_flight}); wait for some to finish, or lower the run's concurrency.",
+                "too_many_requests_in_flight",
+                "rate_limit_error",
+            )
+        sock.in_flight += 1
+        try:
+            return await self._forward(request, sock.models[model], suffix, model, body)
+        finally:
+            sock.in_flight -= 1
+
+    def _check_fields(self, body: dict, suffix: str) -> web.Response | None:
+        """A 400 naming the first field that is not passed, or over its cap; None when all pass."""
+        allowed = FORWARDED_FIELDS[suffix]
+        unknown = sorted(set(body) - allowed)
+        if unknown:
             return _error(
                 400,
-                f"The request field(s) {', '.join(refused)} are not accepted here: the chat template "
-                "is the model's own.",
+                f"The request field(s) {', '.join(unknown)} are not accepted here: the proxy passes only "
+                f"OpenAI's own fields for {suffix} ({', '.join(sorted(allowed))}).",
                 "field_not_allowed",
             )
-        upstream = sock.models[model]
-        return await self._forward(request, upstream, suffix, model, body)
+        for name, cap in self._caps.items():
+            value = body.get(name)
+            if value is not None and (type(value) is not int or not 1 <= value <= cap):
+                return _error(
+                    400,
+                    f"{name} must be a whole number from 1 to {cap} (the proxy's limit for {name}); "
+                    f"got {json.dumps(value)[:40]}.",
+                    "value_out_of_range",
+                )
+        return None
 
     async def _read_body(self, request: web.Request) -> dict | web.Response:
         too_large = _error(
@@ -311,8 +386,15 @@ class InferenceProxy:
             if len(raw) > self.max_body_bytes:
                 return too_large
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            if len(raw) <= INLINE_PARSE_BYTES:
+                body = loads_bounded(raw, max_depth=self.max_json_depth)
+            else:
+                # Off the loop: checking a large body's nesting takes CPU time (seconds for 8 MB of
+                # brackets) that every other batch's streams would otherwise wait through.
+                body = await asyncio.to_thread(loads_bounded, bytes(raw), max_depth=self.max_json_depth)
+        except JSONLimitError as exc:
+            return _error(400, f"The request body is refused: {exc}", "json_too_deep")
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
             return _error(400, f"The request body is not valid JSON: {exc}.", "invalid_json")
         if not isinstance(body, dict):
             return _error(400, "The request body must be a JSON object.", "invalid_json")
@@ -333,9 +415,15 @@ class InferenceProxy:
         # ways (a duplicated "model" key) must not route a request to a model this socket does not allow.
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         url = upstream.base_url.rstrip("/") + suffix
-        assert self._session is not None
         try:
-            reply = await self._session.post(url, data=data, headers=headers)
+            reply = await self._session(upstream).post(url, data=data, headers=headers, allow_redirects=False)
+        except EgressRefused as exc:
+            return _error(
+                502,
+                f"The server for model `{model}` is not reachable from here: {exc}",
+                "upstream_refused",
+                "server_error",
+            )
         except TimeoutError:  # before ClientError: aiohttp's timeouts are both
             return _error(
                 504,
@@ -361,6 +449,12 @@ class InferenceProxy:
                 "upstream_error",
                 "server_error",
             )
+        if 300 <= reply.status < 400:
+            reply.close()  # its body is the redirecting server's word, not the model's: never passed on
+            error = redirect_error(
+                f"The server for model `{model}`", reply.status, reply.reason or "", reply.headers.get("Location")
+            )
+            return _error(502, str(error), "upstream_redirect", "server_error")
         finished = False
         try:
             response = web.StreamResponse(status=reply.status, reason=reply.reason)
@@ -390,45 +484,6 @@ class InferenceProxy:
                 reply.release()
             else:
                 reply.close()
-
-
-async def _connect_tunnel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, allowed: set[str]) -> None:
-    """One CONNECT request: check the target against `allowed`, then pipe bytes both ways."""
-    try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=30)
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
-        writer.close()
-        return
-    parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
-    target = parts[1].lower() if len(parts) == 3 and parts[0] == "CONNECT" else ""
-    if target not in allowed:
-        why = "only CONNECT is served here" if not target else f"{target} is not this run's tracing service"
-        writer.write(f"HTTP/1.1 403 Forbidden\r\nContent-Length: {len(why)}\r\n\r\n{why}".encode())
-        await writer.drain()
-        writer.close()
-        return
-    host, _, port = target.rpartition(":")
-    try:
-        up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), 30)
-    except (OSError, TimeoutError, ValueError):
-        writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-        return
-    writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-    await writer.drain()
-
-    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while data := await src.read(1 << 16):
-                dst.write(data)
-                await dst.drain()
-        except OSError:
-            pass
-        finally:
-            dst.close()
-
-    await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
 
 
 def _key(socket_path: str | os.PathLike) -> str:

@@ -1,8 +1,20 @@
 """What a sandbox sends back, checked before anything is stored or trained on.
 
 The guest program runs in the same process as the user's code, so everything it writes is the user's
-word: a record may claim any group, any reward, any token id. Each line is parsed without NaN or
-Infinity and checked field by field here; a record that fails becomes that rollout's error.
+word: a record may claim any group, any reward, any token id, and the guest's own caps are the user's to
+bypass (the script can write to the result pipe itself, or change the guest's limits). So the worker
+enforces every cap again, with the numbers of rollouts.runtime.sandbox.SandboxLimits:
+
+- a line's nesting depth is bounded before it is parsed (the parser recurses once per level);
+- a line longer than twice the record limit is not read further (line_limit);
+- each record (a trajectory or a score) is held to the record limit by the length of its line, which is
+  the record as the guest wrote it and measured it (record_size) plus a few bytes around it, and the
+  batch's records together to the batch limit (ResultBudget);
+- the number of records is bounded by the protocol: one per rollout slot the sandbox owns, each once,
+  then one "done" line, after which nothing.
+
+Each line is parsed without NaN or Infinity and checked field by field here; a record that fails becomes
+that rollout's error.
 """
 
 from __future__ import annotations
@@ -11,7 +23,7 @@ import json
 import math
 from typing import Any
 
-MAX_LINE_BYTES = 8 << 20  # one record; the guest keeps trajectories under 4 MB and replaces larger ones
+from rollouts.runtime.jsonsafe import JSONLimitError, loads_bounded
 
 
 class RecordError(ValueError):
@@ -22,18 +34,60 @@ def _no_constants(name: str):
     raise RecordError(f"the record holds {name}, which JSON does not allow")
 
 
-def parse_line(line: bytes, kinds: tuple[str, ...] = ("trajectory", "done")) -> dict:
+def parse_line(line: bytes, kinds: tuple[str, ...], *, max_depth: int) -> dict:
     """One protocol line → a message dict ({"kind": one of kinds, ...}); a re-scoring batch sends "score"
-    and "done" lines instead of trajectories."""
+    and "done" lines instead of trajectories. A line nested deeper than max_depth is refused unparsed."""
     try:
-        message = json.loads(line, parse_constant=_no_constants)
+        message = loads_bounded(line, max_depth=max_depth, parse_constant=_no_constants)
     except RecordError:
         raise
+    except JSONLimitError:
+        raise RecordError(
+            f"a line of its output is nested more than {max_depth} levels deep, the limit "
+            "(SandboxLimits.record_depth); keep metadata and metrics flatter"
+        ) from None
     except ValueError as exc:
         raise RecordError(f"a line of its output is not JSON ({exc})") from None
     if not isinstance(message, dict) or message.get("kind") not in kinds:
         raise RecordError(f"a line of its output is not a {' or '.join(kinds)} message")
     return message
+
+
+# A result line is {"kind": ..., "group": ..., "index": ..., "trajectory" or "score": <record>}: these bytes
+# cover what surrounds the record, which the guest's cap (on the record alone) leaves out.
+RECORD_ENVELOPE_BYTES = 1024
+
+
+def line_limit(record_bytes: int) -> int:
+    """The longest line the worker reads: twice the record limit, so that a record over the limit (which
+    no guest sends: it replaces those) is still read whole and fails its own rollout only. Past it, the
+    worker cannot tell whose record it is and stops reading the sandbox."""
+    return 2 * record_bytes
+
+
+def record_size(value: Any) -> int:
+    """Bytes of a record as JSON, measured as the guest measures it against its cap (ASCII-escaped JSON:
+    one byte a character): what a stored trajectory counts against its owner's quota."""
+    return len(json.dumps(value))
+
+
+def megabytes(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MB"
+
+
+class ResultBudget:
+    """The bytes a batch's records may take together (SandboxLimits.batch_bytes), shared by its sandbox
+    processes: each record kept takes its size, and one that no longer fits fails its own rollout."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
 
 
 def _int(value: Any, what: str, low: int = 0, high: int | None = None) -> int:

@@ -41,9 +41,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollouts.runtime import Cancelled, TooManyErrors
+from rollouts.runtime.egress import EgressPolicy
 from rollouts.runtime.jail import Jail, JailConfig, JailLimits, guest_python_args
 from rollouts.runtime.proxy import InferenceProxy, Upstream
-from rollouts.runtime.records import MAX_LINE_BYTES, RecordError, check_score, check_trajectory, parse_line
+from rollouts.runtime.records import (
+    RECORD_ENVELOPE_BYTES,
+    RecordError,
+    ResultBudget,
+    check_score,
+    check_trajectory,
+    line_limit,
+    megabytes,
+    parse_line,
+)
+from rollouts.runtime.seccomp import filter_fd
 from rollouts.runtime.validation import validate_reward
 
 logger = logging.getLogger(__name__)
@@ -65,6 +76,12 @@ class SandboxLimits:
     max_processes: int = 64  # processes the script may start, the whole batch together
     file_mb: int = 64  # largest file the sandbox may write, its output log included
     scratch_mb: int = 256  # the private /tmp
+    # What the batch may send back, enforced by the worker on every line it reads (rollouts.runtime.records):
+    # user code shares the guest's process and can write to the result pipe itself. Records are at most one
+    # per rollout, then a "done" line per sandbox process: the protocol refuses any other.
+    record_bytes: int = 4 << 20  # one trajectory or score as JSON, as the guest is told; a larger one fails
+    record_depth: int = 100  # nesting levels of a result line, checked before parsing; deeper stops the sandbox
+    batch_bytes: int = 256 << 20  # the batch's records together; one that no longer fits fails its rollout
 
 
 @dataclass
@@ -88,6 +105,8 @@ class RolloutRequest:
     vocab_size: int | None = None  # token ids in records must be below this (the model's embedding rows)
     extra_models: dict[str, Upstream] = field(default_factory=dict)  # more names the batch may call (a judge)
     egress_hosts: tuple[str, ...] = ()  # "host:port" the batch may tunnel to over HTTPS (its Weave project)
+    # What the egress guard allows those tunnels beyond public addresses on ports 443 and 80 (the operator's).
+    egress_policy: EgressPolicy = field(default_factory=EgressPolicy)
     # The judge for RULER: model_name or a key of extra_models. Scripts get it as art.rewards' default judge.
     judge_model: str | None = None
     ruler: bool = False  # the judge scores every group after its rollouts; its scores become the rewards
@@ -299,7 +318,7 @@ def _rollouts_in(
             socket_path, {request.model_name: Upstream(request.base_url, request.api_key), **request.extra_models}
         )
         if request.egress_hosts:
-            proxy.open_egress(socket_path.with_name("egress.sock"), request.egress_hosts)
+            proxy.open_egress(socket_path.with_name("egress.sock"), request.egress_hosts, request.egress_policy)
         started.hand_over(request)
         for box in sandboxes:
             selector.register(box.read_fd, selectors.EVENT_READ, box)
@@ -457,6 +476,7 @@ class _BatchFiles:
             "concurrency": concurrency,
             "rollout_timeout_s": request.limits.rollout_timeout_s,
             "max_processes": request.limits.max_processes,
+            "record_bytes": request.limits.record_bytes,  # the guest replaces larger records, as the worker would
         }
         (d / "batch.json").write_text(json.dumps(spec))
 
@@ -480,6 +500,7 @@ class _BatchFiles:
             "concurrency": concurrency,
             "rollout_timeout_s": request.limits.rollout_timeout_s,
             "max_processes": request.limits.max_processes,
+            "record_bytes": request.limits.record_bytes,  # the guest replaces larger records, as the worker would
         }
         (d / "batch.json").write_text(json.dumps(spec))
 
@@ -505,7 +526,7 @@ class _BatchFiles:
 # the update: the batch's cgroup competes with the worker as a whole, whatever its processes' priority,
 # and imports running beside an update on 2 cores made it 15-25 % slower.
 #
-# Isolation is that of a cold batch: a pre-started batch is a jail of its own (work root, cgroup, pid,
+# Isolation is that of a cold batch: a pre-started batch is a jail of its own (work root, uid, cgroup, pid,
 # mount and network namespaces, scratch) built after the previous batch's jail was torn down, holds no user
 # code or data until its hand-over, is handed to exactly one batch of the key (the run) it was started for,
 # and is closed with that batch like any other. One that no batch takes (another shape, another worker
@@ -587,7 +608,9 @@ class _StartedBatch:
             self.layout.hand_over(self.jail.uid)
             self.jail.renice(0)
         n = len(self.boxes)
+        budget = ResultBudget(request.limits.batch_bytes)  # one for the batch, whichever process sends
         for k, box in enumerate(self.boxes):
+            box.budget = budget
             box.begin(request, list(range(k, len(request.scenarios), n)), self.layout)
 
     def close(self) -> None:
@@ -764,6 +787,7 @@ class _Sandbox:
         self._seen: set[tuple[int, int]] = set()
         self._done = False
         self.eof = False
+        self.budget = ResultBudget(limits.batch_bytes)  # the batch's own, shared by its processes (hand_over)
 
     @classmethod
     def start(
@@ -794,9 +818,11 @@ class _Sandbox:
             # W&B and Weave would otherwise send crash reports to an outside service.
             "WANDB_ERROR_REPORTING": "false",
         }
+        filter_fds: tuple[int, ...] = ()
         if jail is not None:
             env.update(HOME="/tmp", TMPDIR="/tmp")
-            argv = jail.command(layout.box(k), [shape.python, *guest_python_args()])
+            filter_fds = (filter_fd(),)  # the seccomp filter, read by this process's bwrap
+            argv = jail.command(layout.box(k), [jail.python, *guest_python_args()], seccomp_fd=filter_fds[0])
             preexec = jail.preexec(
                 cpu_seconds=shape.cpu_seconds, file_mb=limits.file_mb, nice=PRESTART_NICE if ahead else 0
             )
@@ -817,7 +843,7 @@ class _Sandbox:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_fd, control_read),
+                pass_fds=(write_fd, control_read, *filter_fds),
                 start_new_session=True,
                 preexec_fn=preexec,
             )
@@ -826,8 +852,8 @@ class _Sandbox:
                 os.close(fd)
             raise
         finally:
-            os.close(write_fd)
-            os.close(control_read)
+            for fd in (write_fd, control_read, *filter_fds):
+                os.close(fd)
             log.close()
         os.set_blocking(read_fd, False)
         return cls(proc, read_fd, control_write, log_path, limits, shape.cpu_seconds, jail)
@@ -863,6 +889,12 @@ class _Sandbox:
             self.control_fd = -1
 
     # --- reading what the sandbox says (all of it is the user's word) --------------------------------
+    # One reader for both modes: a rollout sandbox sends "trajectory" lines, a score sandbox "score" lines
+    # (_ScoreSandbox says which slots it owns and how a score is checked); every cap is the worker's own.
+
+    KINDS = ("trajectory", "done")  # the lines this sandbox may send
+    WHAT = "trajectory"  # the key of a line's record, and what people read in the errors
+    SLOT = "rollout it runs"  # what each of its records answers for
 
     def read(self) -> None:
         """Take what is waiting on the pipe, at most READ_CHUNK bytes: the caller's loop keeps its deadline."""
@@ -879,35 +911,72 @@ class _Sandbox:
             return
         self._buffer += chunk
         *lines, self._buffer = self._buffer.split(b"\n")
-        if len(self._buffer) > MAX_LINE_BYTES:
-            self._violation(f"it sent a record larger than {MAX_LINE_BYTES >> 20} MB")
+        longest = max([len(self._buffer), *map(len, lines)])
+        if longest > (limit := line_limit(self.limits.record_bytes)):
+            self._violation(
+                f"it sent a line of more than {megabytes(limit)}, twice the limit of "
+                f"{megabytes(self.limits.record_bytes)} on one record (SandboxLimits.record_bytes)"
+            )
             return
         for line in lines:
             try:
-                self._accept(parse_line(line))
+                self._accept(parse_line(line, self.KINDS, max_depth=self.limits.record_depth), len(line))
             except RecordError as exc:
                 self._violation(str(exc))
                 return
 
-    def _accept(self, message: dict) -> None:
+    def _accept(self, message: dict, size: int) -> None:
+        """Take one parsed line of `size` bytes."""
         if self._done:
-            raise RecordError("it kept writing after it said it was done")
+            raise RecordError(f"it kept writing after it said it was done ({self._records_allowed()})")
         if message["kind"] == "done":
             self._done = True
             return
+        group, index = self._slot(message)
+        if (group, index) in self._seen:
+            raise RecordError(f"it sent {self.WHAT} {index} of group {group} twice ({self._records_allowed()})")
+        self._seen.add((group, index))
+        self._ready.append((group, index, self._keep(message.get(self.WHAT), size)))
+
+    def _records_allowed(self) -> str:
+        """The bound on the number of records, which the protocol's rules above enforce."""
+        return f"it may send one {self.WHAT} per {self.SLOT}, then one done line: {self._expected() + 1} lines in all"
+
+    def _slot(self, message: dict) -> tuple[int, int]:
+        """(group, index) of the rollout a line is for, when it is one of this sandbox's; else RecordError."""
         group, index = message.get("group"), message.get("index")
         if group not in self.groups or isinstance(group, bool):
             raise RecordError(f"it sent a trajectory for group {group!r:.40}, which is not one of its groups")
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < self.group_size:
             raise RecordError(f"it sent a trajectory with index {index!r:.40} outside its group")
-        if (group, index) in self._seen:
-            raise RecordError(f"it sent trajectory {index} of group {group} twice")
-        self._seen.add((group, index))
+        return group, index
+
+    def _keep(self, value, size: int) -> dict:
+        """What is kept for a rollout: its record once checked, or an error naming the limit it broke. `size`
+        is its line's: the record as the guest wrote it, plus the line's few bytes around it."""
+        if size > self.limits.record_bytes + RECORD_ENVELOPE_BYTES:
+            return self._failed(
+                f"The {self.WHAT} is {megabytes(size)} as JSON; the limit is {megabytes(self.limits.record_bytes)} "
+                f"(SandboxLimits.record_bytes), so it was not kept. Keep long tool outputs, logs and metadata "
+                "out of it."
+            )
         try:
-            record = check_trajectory(message.get("trajectory"), vocab_size=self.vocab_size)
+            record = self._check(value)
         except RecordError as exc:
-            record = failed_record(f"The sandbox sent an invalid trajectory: {exc}.")
-        self._ready.append((group, index, record))
+            return self._failed(f"The sandbox sent an invalid {self.WHAT}: {exc}.")
+        if not self.budget.take(size):
+            return self._failed(
+                f"The batch's results reached their limit of {megabytes(self.budget.limit)} together "
+                f"(SandboxLimits.batch_bytes), so this {self.WHAT} ({megabytes(size)}) was not kept. Keep "
+                "trajectories smaller, or run fewer rollouts a step."
+            )
+        return record
+
+    def _check(self, value) -> dict:
+        return check_trajectory(value, vocab_size=self.vocab_size)
+
+    def _failed(self, error: str) -> dict:
+        return failed_record(error)
 
     def _violation(self, why: str) -> None:
         self.kill(
@@ -1165,50 +1234,23 @@ class _ScoreSandbox(_Sandbox):
     def _expected(self) -> int:
         return sum(self.sizes.values())
 
-    def read(self) -> None:
-        # The same bounded reading, with "score" lines in place of trajectories.
-        if self.finished and self.exit_reason is not None:
-            return
-        try:
-            chunk = os.read(self.read_fd, READ_CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self.eof = True
-            return
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        if len(self._buffer) > MAX_LINE_BYTES:
-            self._violation(f"it sent a line larger than {MAX_LINE_BYTES >> 20} MB")
-            return
-        for line in lines:
-            try:
-                self._accept(parse_line(line, kinds=("score", "done")))
-            except RecordError as exc:
-                self._violation(str(exc))
-                return
+    KINDS = ("score", "done")
+    WHAT = "score"
+    SLOT = "trajectory it was given"
 
-    def _accept(self, message: dict) -> None:
-        if self._done:
-            raise RecordError("it kept writing after it said it was done")
-        if message["kind"] == "done":
-            self._done = True
-            return
+    def _slot(self, message: dict) -> tuple[int, int]:
         group, index = message.get("group"), message.get("index")
         if isinstance(group, bool) or group not in self.sizes:
             raise RecordError(f"it sent a score for group {group!r:.40}, which is not one of its groups")
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < self.sizes[group]:
             raise RecordError(f"it sent a score for trajectory {index!r:.40} of group {group}, which it was not given")
-        if (group, index) in self._seen:
-            raise RecordError(f"it sent the score of trajectory {index} of group {group} twice")
-        self._seen.add((group, index))
-        try:
-            score = check_score(message.get("score"))
-        except RecordError as exc:
-            score = failed_score(f"The sandbox sent an invalid score: {exc}.")
-        self._ready.append((group, index, score))
+        return group, index
+
+    def _check(self, value) -> dict:
+        return check_score(value)
+
+    def _failed(self, error: str) -> dict:
+        return failed_score(error)
 
     def _describe_exit(self, code: int | None) -> str:
         return (

@@ -7,6 +7,7 @@ import pytest
 
 from artweb.launcher.embedded import free_port
 from tests.api.conftest import assert_error
+from tests.egress import egress_allow
 from tests.exports.conftest import start_recording_server
 from tests.factories import RunFactory
 from training.exports.selectors import export_target_secret
@@ -17,9 +18,10 @@ KEY = "wandbkey-0123456789abcdefghij-WXYZ"
 
 
 @pytest.fixture
-def recording_server():
+def recording_server(settings):
     """A local endpoint answering like Langfuse's ingestion API (see tests/exports/conftest.py)."""
     rec = start_recording_server()
+    egress_allow(settings, rec.url)
     yield rec
     rec.stop()
 
@@ -138,7 +140,7 @@ def test_it_needs_a_token(anon_api):
     assert_error(create(anon_api, kind="wandb", settings={"project": "p"}), 401)
 
 
-def test_the_test_action_answers_with_the_services_message(alice_api, recording_server):
+def test_the_test_action_answers_with_the_services_message(alice_api, recording_server, settings):
     target_id = create(
         alice_api,
         kind="langfuse",
@@ -151,7 +153,7 @@ def test_the_test_action_answers_with_the_services_message(alice_api, recording_
     assert ok.json()["target"]["last_success_at"]
     assert len(recording_server.requests) == 1
 
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = egress_allow(settings, f"http://127.0.0.1:{free_port()}")
     alice_api.post(
         f"/api/v1/export-targets/{target_id}/update/",
         {"settings": {"host": dead, "public_key": "pk-lf"}},

@@ -12,6 +12,9 @@ from artweb.launcher import BASE_DIR
 SETTINGS_VARS = (
     "DEBUG",
     "SECRET_KEY",
+    "SECRET_KEY_FALLBACKS",
+    "ARTWEB_PLAIN_HTTP",
+    "ARTWEB_TRUSTED_PROXIES",
     "DATABASE_URL",
     "REDIS_URL",
     "ARTWEB_DATA_DIR",

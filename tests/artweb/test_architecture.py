@@ -6,7 +6,8 @@ those inside functions included):
   the runtime, pure as well and on the allowed side of training -> rollouts);
 - `training` depends on `rollouts`, never the other way round: nothing in `rollouts` imports `training`,
   and no rollouts model has a relation to a training model;
-- `artweb` plumbing that both apps use (artweb.api, artweb.pages, artweb.presenters, ...) imports neither app;
+- `artweb` plumbing that both apps use (artweb.api, artweb.pages, artweb.presenters, ...) imports neither app,
+  only the pure `rollouts.runtime` (a library to it: no Django, no models; e.g. the bounded JSON parser);
 - the project's modules import each other without a cycle at module level, so no import has to hide
   inside a function to dodge one.
 """
@@ -95,13 +96,17 @@ def test_it_keeps_rollouts_from_importing_training():
     assert _violations("rollouts", lambda name: _top(name) == "training") == []
 
 
+def _is_within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
 def test_it_keeps_shared_artweb_plumbing_free_of_both_apps():
     violations = [
         v
         for path, module in _sources("artweb")
         if module not in ARTWEB_WIRING and not module.startswith(("artweb.cli", "artweb.launcher"))
         for line, name in imported_modules(path, module)
-        if _top(name) in ("training", "rollouts")
+        if _top(name) in ("training", "rollouts") and not _is_within(name, "rollouts.runtime")
         for v in [f"{path.relative_to(ROOT)}:{line} imports {name}"]
     ]
     assert violations == []

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -13,7 +14,14 @@ import psycopg
 import pytest
 import redis
 
-from artweb.launcher import BASE_DIR, single_launcher, tighten_data_dir
+from artweb.launcher import (
+    BASE_DIR,
+    allowed_hosts_for,
+    launch_env,
+    single_launcher,
+    tighten_data_dir,
+    web_command,
+)
 from artweb.launcher.embedded import (
     CREDENTIALS_FILE,
     EmbeddedPostgres,
@@ -241,3 +249,37 @@ def test_it_makes_an_existing_data_dir_private_without_walking_the_big_trees(tmp
     assert mode(data / "services" / "redis") == 0o700 and mode(data / "services" / "redis" / "dump.rdb") == 0o600
     # Behind a 0700 folder: left as they were, however large the tree.
     assert mode(data / "models" / "m") == 0o755 and mode(data / "uploads" / "s.jsonl") == 0o644
+
+
+def test_it_keeps_one_random_secret_key_in_the_data_dir_and_passes_it_on(tmp_path):
+    env = launch_env({}, tmp_path, host="127.0.0.1")
+    key_file = tmp_path / "secret_key"
+    assert env["SECRET_KEY"] == key_file.read_text().strip() and len(env["SECRET_KEY"]) >= 50
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert launch_env({}, tmp_path, host="127.0.0.1")["SECRET_KEY"] == env["SECRET_KEY"]  # kept
+    assert launch_env({"SECRET_KEY": "set-by-the-operator"}, tmp_path, host="127.0.0.1")["SECRET_KEY"] == (
+        "set-by-the-operator"
+    )
+    assert "DEBUG" not in env and env["LOG_FORMAT"] == "console"
+
+
+def test_it_answers_to_the_names_of_the_address_it_listens_on(tmp_path):
+    loopback = ["localhost", "127.0.0.1", "[::1]"]
+    assert allowed_hosts_for("127.0.0.1") == allowed_hosts_for("::1") == loopback
+    assert allowed_hosts_for("127.0.0.2") == [*loopback, "127.0.0.2"]
+    assert allowed_hosts_for("192.0.2.10") == ["192.0.2.10"]
+    assert allowed_hosts_for("0.0.0.0")[:3] == loopback and len(allowed_hosts_for("0.0.0.0")) == 4
+    assert launch_env({}, tmp_path, host="127.0.0.1")["ALLOWED_HOSTS"] == "localhost,127.0.0.1,[::1]"
+    assert launch_env({"ALLOWED_HOSTS": "art.example"}, tmp_path, host="0.0.0.0")["ALLOWED_HOSTS"] == "art.example"
+
+
+def test_the_web_server_believes_forwarded_headers_only_from_listed_proxies():
+    plain = web_command({}, host="127.0.0.1", port=8000, python="python")
+    assert plain[:4] == ["python", "-m", "uvicorn", "artweb.asgi:application"]
+    assert "--no-proxy-headers" in plain and "--forwarded-allow-ips" not in plain
+    # Even with uvicorn's own variable set: the launcher's setting decides.
+    behind = web_command(
+        {"ARTWEB_TRUSTED_PROXIES": " 10.0.0.1, 10.1.0.0/16 ", "FORWARDED_ALLOW_IPS": "*"}, host="0.0.0.0", port=8000
+    )
+    i = behind.index("--forwarded-allow-ips")
+    assert behind[i - 1] == "--proxy-headers" and behind[i + 1] == "10.0.0.1,10.1.0.0/16"

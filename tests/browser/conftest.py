@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from artweb.launcher.embedded import free_port
 from tests.browser.server import CHROMIUM, CHROMIUM_ARGS, AsgiServer, database_url
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -33,7 +34,14 @@ def channel_prefix():
 
 
 @pytest.fixture(scope="session")
-def asgi_server(django_db_setup, channel_prefix):
+def egress_port():
+    """A port on 127.0.0.1 the server's egress guard lets through (ARTWEB_EGRESS_ALLOW), for a local
+    server standing in for an external service (an export target's)."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def asgi_server(django_db_setup, channel_prefix, egress_port):
     ARTIFACTS.mkdir(exist_ok=True)
     from django.db import connection
 
@@ -42,6 +50,7 @@ def asgi_server(django_db_setup, channel_prefix):
         channel_prefix=channel_prefix,
         broker_url=os.environ.get("ARTWEB_TEST_IDLE_BROKER", "redis://127.0.0.1:6379/15"),
         log_path=ARTIFACTS / "asgi-server.log",
+        egress_allow=f"127.0.0.1:{egress_port}",
     ).start()
     yield server
     server.stop()  # before the test database is dropped: the server holds connections to it

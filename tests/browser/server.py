@@ -31,7 +31,9 @@ CHROMIUM_ARGS = [
 
 
 class AsgiServer:
-    def __init__(self, *, database_url: str, channel_prefix: str, broker_url: str, log_path: Path | None = None):
+    def __init__(
+        self, *, database_url: str, channel_prefix: str, broker_url: str, log_path: Path | None = None, egress_allow=""
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -43,6 +45,8 @@ class AsgiServer:
             "DB_CONN_MAX_AGE": "0",
             "DEBUG": "true",
             "PYTHONPATH": str(ROOT),
+            # host:port of local servers standing in for external ones, allowed as an operator would.
+            "ARTWEB_EGRESS_ALLOW": egress_allow,
         }
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None

@@ -20,8 +20,8 @@ SECRET = "sk-lf-browser-secret-4321"
 
 
 @pytest.fixture
-def endpoint():
-    rec = start_recording_server()
+def endpoint(egress_port):
+    rec = start_recording_server(egress_port)  # on the port the server's egress guard allows
     yield rec
     rec.stop()
 

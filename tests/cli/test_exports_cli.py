@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from rest_framework.authtoken.models import Token
 
 from artweb.launcher.embedded import free_port
@@ -23,8 +24,24 @@ from training.models import ExportTarget
 
 SECRET = "sk-lf-secret-9876"
 
-# The live server and alice with a password, as the other CLI tests have them.
-server_env, server, alice_login = test_cli.server_env, test_cli.server, test_cli.alice_login
+# The live server's settings and alice with a password, as the other CLI tests have them.
+server_env, alice_login = test_cli.server_env, test_cli.alice_login
+
+
+@pytest.fixture
+def egress_ports():
+    """Two ports on 127.0.0.1 the server's egress guard lets through (ARTWEB_EGRESS_ALLOW, as an operator
+    allows a private server): the recording endpoint's and one nothing listens on."""
+    first = free_port()
+    return first, next(p for p in iter(free_port, None) if p != first)
+
+
+@pytest.fixture
+def server(server_env, egress_ports, tmp_path):
+    allowed = ",".join(f"127.0.0.1:{port}" for port in egress_ports)
+    web = stack.start_web({**server_env, "ARTWEB_EGRESS_ALLOW": allowed}, tmp_path / "logs")
+    yield web
+    web.kill()
 
 
 class ExportsCli(Cli):
@@ -44,10 +61,10 @@ class ExportsCli(Cli):
         return result
 
 
-def test_the_cli_creates_tests_edits_and_deletes_export_targets(server, alice_login, django_user_model):
+def test_the_cli_creates_tests_edits_and_deletes_export_targets(server, egress_ports, alice_login, django_user_model):
     cli = ExportsCli(server.extra["url"])
     cli.token = cli("token", "create", "--username", "alice", "--password", PASSWORD).stdout.strip()
-    endpoint = start_recording_server()
+    endpoint = start_recording_server(egress_ports[0])
     try:
         out = cli.run(
             "create",
@@ -73,7 +90,7 @@ def test_the_cli_creates_tests_edits_and_deletes_export_targets(server, alice_lo
         assert shown["secret"] == "••••9876" and SECRET not in json.dumps(shown)
 
         # Editing one setting keeps the others and the key.
-        dead = f"http://127.0.0.1:{free_port()}"
+        dead = f"http://127.0.0.1:{egress_ports[1]}"
         assert "(key ••••9876)" in cli.run("edit", str(target.id), "--set", f"host={dead}").stdout
         target.refresh_from_db()
         assert target.settings["host"] == dead and target.settings["public_key"] == "pk-lf-cli"

@@ -1,4 +1,5 @@
-"""Fixtures for export tests: a run with two committed steps, and a local HTTP endpoint that records."""
+"""Fixtures for export tests: a run with two committed steps, and a local HTTP endpoint that records
+(allowed through the egress guard as an operator would allow a private server: tests/egress.py)."""
 
 import json
 import threading
@@ -7,6 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rollouts.models import Scenario
+from tests.egress import egress_allow
 from tests.factories import RunFactory, StepFactory, TrajectoryFactory, TrajectoryGroupFactory
 
 TOOL_MESSAGES = [
@@ -118,9 +120,9 @@ class Recorder:
         return [e for e in out if kind is None or e["type"] == kind]
 
 
-def start_recording_server() -> Recorder:
-    """A local HTTP server recording every request and answering like Langfuse's ingestion endpoint.
-    Call .stop() when done (the recording_server fixture does)."""
+def start_recording_server(port: int = 0) -> Recorder:
+    """A local HTTP server recording every request and answering like Langfuse's ingestion endpoint, on
+    `port` (0: a free one). Call .stop() when done (the recording_server fixture does)."""
     rec = Recorder()
 
     class Handler(BaseHTTPRequestHandler):
@@ -149,7 +151,7 @@ def start_recording_server() -> Recorder:
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     rec.url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -163,9 +165,10 @@ def start_recording_server() -> Recorder:
 
 
 @pytest.fixture
-def recording_server():
+def recording_server(settings):
     """A local HTTP server recording every request and answering like Langfuse's ingestion endpoint."""
     rec = start_recording_server()
+    egress_allow(settings, rec.url)
     yield rec
     rec.stop()
 

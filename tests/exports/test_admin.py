@@ -3,6 +3,7 @@
 from django.urls import reverse
 
 from artweb.launcher.embedded import free_port
+from tests.egress import egress_allow
 from training.exports.selectors import export_target_secret
 from training.exports.services import export_target_create
 from training.models import ExportTarget
@@ -33,12 +34,12 @@ def test_staff_add_and_change_a_target_without_ever_seeing_its_key(client, staff
     assert bad.status_code == 200 and "settings.project" in bad.content.decode()
 
 
-def test_the_admin_action_sends_a_test_event(client, staff, alice):
+def test_the_admin_action_sends_a_test_event(client, staff, alice, settings):
     target = export_target_create(
         owner=alice,
         kind="langfuse",
         secret="sk-lf-1234",
-        settings={"host": f"http://127.0.0.1:{free_port()}", "public_key": "pk"},
+        settings={"host": egress_allow(settings, f"http://127.0.0.1:{free_port()}"), "public_key": "pk"},
     )
     client.force_login(staff)
     response = client.post(

@@ -7,6 +7,7 @@ import pytest
 from django.db import transaction
 
 from artweb.launcher.embedded import free_port
+from tests.egress import egress_allow
 from training.exports import hooks
 from training.exports.services import export_target_create
 from training.exports.tasks import export_sync_task, run_exports_task
@@ -82,7 +83,7 @@ def test_the_task_retries_with_backoff(run_with_steps):
     assert opts.retry_backoff_max >= 600
 
 
-def test_a_failing_exporter_does_not_change_the_runs_result(run_with_steps, monkeypatch):
+def test_a_failing_exporter_does_not_change_the_runs_result(run_with_steps, monkeypatch, settings):
     """Both exporters fail every attempt (Langfuse: nothing listening; W&B: a server that never answers);
     the whole retry chain runs (eagerly, so without the backoff waits) and the run comes out the same."""
     import training.exports.wandb as wandb_export
@@ -94,7 +95,7 @@ def test_a_failing_exporter_does_not_change_the_runs_result(run_with_steps, monk
     run.save(update_fields=["status"])
     before = _result(run)
 
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = egress_allow(settings, f"http://127.0.0.1:{free_port()}")
     lf = export_target_create(
         owner=run.owner, kind="langfuse", secret="sk-lf-secret-1234", settings={"host": dead, "public_key": "pk"}
     )

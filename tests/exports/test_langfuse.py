@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.egress import egress_allow
 from training.exports.base import ExportError
 from training.exports.services import export_sync, export_target_create
 from training.models import ExportProgress, ExportTarget, RunEvent
@@ -99,14 +100,14 @@ def test_a_refusal_is_recorded_on_the_target_and_the_run_timeline(
     assert RunEvent.objects.filter(run=run, kind="export_recovered").count() == 1
 
 
-def test_an_unreachable_service_is_an_export_error(run_with_steps):
+def test_an_unreachable_service_is_an_export_error(run_with_steps, settings):
     from artweb.launcher.embedded import free_port
 
     target = export_target_create(
         owner=run_with_steps.owner,
         kind="langfuse",
         secret="sk-lf-secret-1234",
-        settings={"host": f"http://127.0.0.1:{free_port()}", "public_key": "pk"},
+        settings={"host": egress_allow(settings, f"http://127.0.0.1:{free_port()}"), "public_key": "pk"},
     )
     with pytest.raises(ExportError, match="unreachable"):
         export_sync(target_id=target.id, run_id=run_with_steps.id)

@@ -4,6 +4,7 @@ their fields, the key write-only, and only one's own targets."""
 import pytest
 
 from artweb.launcher.embedded import free_port
+from tests.egress import egress_allow
 from tests.factories import RunFactory
 from training.exports.selectors import export_target_secret
 from training.exports.services import export_target_create
@@ -79,8 +80,8 @@ def test_saving_without_a_key_keeps_it_and_the_checkbox_removes_it(as_user, alic
     assert target.secret_encrypted == "" and export_target_secret(target) == ""
 
 
-def test_the_test_button_says_what_the_service_answered(as_user, alice):
-    url = f"http://127.0.0.1:{free_port()}"
+def test_the_test_button_says_what_the_service_answered(as_user, alice, settings):
+    url = egress_allow(settings, f"http://127.0.0.1:{free_port()}")
     target = export_target_create(
         owner=alice, kind="langfuse", settings={"host": url, "public_key": "pk"}, secret="sk-lf-secret-1234"
     )

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from tests.egress import egress_allow
 from tests.factories import RunFactory
 from training.exports.services import export_target_create, export_target_update
 from training.exports.weave import export_rollout_env
@@ -16,7 +17,8 @@ def test_no_weave_target_means_no_environment(alice):
     assert export_rollout_env(run=RunFactory(owner=alice)) == {}
 
 
-def test_a_weave_target_hands_the_sandbox_its_project_and_key(alice, monkeypatch):
+def test_a_weave_target_hands_the_sandbox_its_project_and_key(alice, monkeypatch, settings):
+    egress_allow(settings, "http://wandb.internal:8080")  # a self-hosted server, as an operator would allow it
     monkeypatch.delenv("WANDB_BASE_URL", raising=False)
     monkeypatch.delenv("WF_TRACE_SERVER_URL", raising=False)
     run = RunFactory(owner=alice)

@@ -11,6 +11,7 @@ import base64
 
 import pytest
 
+from tests.egress import egress_allow
 from tests.exports.conftest import start_recording_server
 from tests.factories import RunFactory
 from training.exports.base import ExportError
@@ -68,10 +69,13 @@ def test_it_does_not_use_the_operators_wandb_key_for_a_users_target(run_with_ste
     assert operator_env.requests == []  # nothing went anywhere, least of all with the operator's key
 
 
-def test_it_sends_a_users_key_to_the_users_server_only(run_with_steps, fresh_wandb, operator_env, recording_server):
+def test_it_sends_a_users_key_to_the_users_server_only(
+    run_with_steps, fresh_wandb, operator_env, recording_server, settings
+):
     """The operator's WANDB_BASE_URL (one endpoint) is ignored; the user's base_url (another) is used,
     with the user's key."""
     users_server = start_recording_server()
+    egress_allow(settings, users_server.url)
     try:
         target = export_target_create(
             owner=run_with_steps.owner,

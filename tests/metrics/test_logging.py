@@ -148,7 +148,7 @@ def test_production_settings_write_json_lines_with_the_run_and_step(monkeypatch,
 
 
 def test_development_settings_write_readable_lines(monkeypatch, configured):
-    lines = configured(settings_logging(monkeypatch))
+    lines = configured(settings_logging(monkeypatch, DEBUG="true"))
     with log_context(run_id=7, step=3):
         logging.getLogger("training.services.steps").info("step done")
     (line,) = lines()

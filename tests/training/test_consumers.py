@@ -14,14 +14,18 @@ from training.services.logs import run_log
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+# A page of the site itself: the browser sends the server's host and port as Host, and the page's origin.
+SAME_ORIGIN = [(b"host", b"localhost"), (b"origin", b"http://localhost")]
+
+
 def _headers(user):
     client = Client()
     client.force_login(user)
-    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()), (b"origin", b"http://localhost")]
+    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()), *SAME_ORIGIN]
 
 
 async def _connect(path, user=None):
-    headers = await sync_to_async(_headers)(user) if user else [(b"origin", b"http://localhost")]
+    headers = await sync_to_async(_headers)(user) if user else SAME_ORIGIN
     comm = WebsocketCommunicator(application, path, headers=headers)
     connected, code = await comm.connect()
     return comm, connected, code

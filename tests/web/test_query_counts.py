@@ -68,7 +68,7 @@ def test_the_runs_list(alice, flat):
         ]
         return [r.name for r in runs] + [r.script_version.asset.name for r in runs]
 
-    flat(alice, reverse("run-list"), seed, budget=6)
+    flat(alice, reverse("run-list"), seed, budget=8)  # 2 of them: the quota panel (its limits, its usage)
 
 
 def test_the_scripts_list(alice, flat):

@@ -26,6 +26,7 @@ from rest_framework.response import Response
 
 from artweb.api import WriteApi
 from artweb.api_errors import ErrorSerializer
+from artweb.jsonlimits import JSONLimitError, json_loads_limited
 from training import selectors
 from training.services import serving
 from training.services.serving import ServeError
@@ -65,7 +66,9 @@ def _user_for(request):
 def _prepare(request, raw: bytes) -> tuple[serving.ServeTarget, dict]:
     user = _user_for(request)
     try:
-        body = json.loads(raw or b"null")
+        body = json_loads_limited(raw or b"null")
+    except JSONLimitError as exc:
+        raise ServeError(400, str(exc)) from None
     except ValueError:
         raise ServeError(400, "The request body is not JSON.") from None
     body = serving.serve_body_check(body)

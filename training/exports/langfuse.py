@@ -15,8 +15,10 @@ import uuid
 from datetime import timedelta
 
 import httpx
+from django.conf import settings
 from django.utils import timezone
 
+from rollouts.runtime.egress import EgressRefused, egress_client, failure_reason
 from training.exports.base import ExportError, ExportJob
 from training.models import Run, Trajectory
 
@@ -50,8 +52,13 @@ def langfuse_endpoint(cfg, secret: str, *, worker_env: bool) -> tuple[str, str, 
 
 
 def _client(host: str, public: str, secret: str, timeout: float) -> httpx.Client:
-    return httpx.Client(
-        base_url=host, auth=(public, secret), timeout=timeout, headers={"User-Agent": "artweb-exporter"}
+    # Every connection through the egress guard: the host is a user's choice, reached from our network.
+    return egress_client(
+        settings.ARTWEB_EGRESS,
+        base_url=host,
+        auth=(public, secret),
+        timeout=timeout,
+        headers={"User-Agent": "artweb-exporter"},
     )
 
 
@@ -250,21 +257,26 @@ def _send(client: httpx.Client, host: str, batch: list[dict]) -> None:
             content=json.dumps(payload, default=str),
             headers={"Content-Type": "application/json"},
         )
+    except EgressRefused as exc:
+        raise ExportError(f"Langfuse at {host} cannot be used: {exc}") from exc
     except httpx.HTTPError as exc:
-        raise ExportError(f"Langfuse at {host} is unreachable: {type(exc).__name__}: {exc}") from exc
+        raise ExportError(f"Langfuse at {host} is unreachable: {failure_reason(exc)}.") from exc
     if resp.status_code in (401, 403):
         raise ExportError(
             f"Langfuse at {host} refused the keys (HTTP {resp.status_code}); check the public and secret key."
         )
     if resp.status_code >= 300 and resp.status_code != 207:
-        raise ExportError(f"Langfuse at {host} answered HTTP {resp.status_code}: {resp.text[:300]}")
+        # Its status line only: the body of an answer that is not Langfuse's is nobody's business here.
+        raise ExportError(f"Langfuse at {host} answered HTTP {resp.status_code} {resp.reason_phrase[:100]}.")
     try:
-        errors = (resp.json() or {}).get("errors") or []
+        answer = resp.json()
     except ValueError:
-        errors = []
-    if errors:
-        first = errors[0]
+        answer = None
+    errors = answer.get("errors") if isinstance(answer, dict) else None
+    if errors and isinstance(errors, list):
+        # Langfuse's documented answer (207, per-event results): its first error's status and message.
+        first = errors[0] if isinstance(errors[0], dict) else {}
         raise ExportError(
             f"Langfuse at {host} rejected {len(errors)} of {len(batch)} events; first: "
-            f"HTTP {first.get('status')} {first.get('message') or first.get('error') or ''}"[:1000]
+            f"HTTP {first.get('status')} {first.get('message') or first.get('error') or ''}"[:500]
         )

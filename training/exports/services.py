@@ -14,11 +14,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from django.conf import settings as django_settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from artweb.errors import ApplicationError
+from rollouts.runtime.egress import EgressRefused, egress_url_check
 from training.exports.base import ExportError, ExportJob
 from training.exports.crypto import secret_encrypt
 from training.exports.langfuse import langfuse_export, langfuse_test_event
@@ -43,6 +45,25 @@ def _check_run(owner, run: Run | None) -> None:
         raise ApplicationError("That run is not yours.", field_errors={"run": ["not found"]})
 
 
+# The setting of each kind that names a server to connect to.
+URL_FIELDS = {K.WANDB: "base_url", K.WEAVE: "base_url", K.LANGFUSE: "host"}
+
+
+def _check_server(kind: str, parsed) -> None:
+    """A server the egress guard refuses now is refused when saved, naming the address and the setting
+    that would allow it. Every connection is checked again when it is made; that is the check that counts."""
+    name = URL_FIELDS[kind]
+    url = getattr(parsed, name, "")
+    if not url:
+        return
+    try:
+        egress_url_check(url, django_settings.ARTWEB_EGRESS)
+    except EgressRefused as exc:
+        raise ApplicationError(
+            f"Export settings: settings.{name}: {exc}", field_errors={f"settings.{name}": [str(exc)]}
+        ) from None
+
+
 def _set_secret(target: ExportTarget, secret: str) -> None:
     secret = secret.strip()
     if len(secret) > 1000:
@@ -58,6 +79,7 @@ def export_target_create(
     """A new target for all of owner's runs (run=None) or for one run. secret empty: none is stored (only
     the operator's own targets then take one from the worker's environment)."""
     parsed = export_settings_parse(kind, settings)
+    _check_server(kind, parsed)
     _check_run(owner, run)
     target = ExportTarget(owner=owner, run=run, kind=kind, enabled=enabled, settings=parsed.model_dump())
     _set_secret(target, secret or "")
@@ -82,7 +104,9 @@ def export_target_update(
     if target.owner_id != actor.id and not actor.is_staff:
         raise ApplicationError("That export is not yours.")
     if settings is not None:
-        target.settings = export_settings_parse(target.kind, settings).model_dump()
+        parsed = export_settings_parse(target.kind, settings)
+        _check_server(target.kind, parsed)
+        target.settings = parsed.model_dump()
     if secret is not None:
         _set_secret(target, secret)
     if enabled is not None:

@@ -4,19 +4,30 @@ table of sample trajectories per step, and optionally each checkpoint as a model
 Each attempt resumes the same W&B run (its id is kept in ExportProgress.remote_id), logs the steps
 after the cursor and finishes. Online, a resumed run ignores steps it already has, so an attempt that
 failed half-way can simply be repeated.
+
+The network is wandb's own: its service process (wandb-core) opens the connections, so it cannot be handed
+a connection of ours. Every online attempt runs with a LocalEgressProxy (rollouts.runtime.tunnel) as that
+run's http_proxy and https_proxy: wandb-core sends all of a run's requests through it, to any host (the
+server, the storage its answers point uploads to, a host a redirect names), and the proxy connects only
+where the egress guard allows. The server is also checked before wandb starts, for a clear refusal.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings as django_settings
 
+from rollouts.runtime.egress import EgressRefused, egress_url_check
+from rollouts.runtime.tunnel import LocalEgressProxy
 from training.exports.base import ExportError, ExportJob
 from training.models import Checkpoint, Run, Step, Trajectory
 
@@ -84,14 +95,53 @@ def _staging(offline: bool) -> tuple[Path, Path | None]:
     return scratch, scratch
 
 
-def _init(wandb, what: str, **kwargs):
+@contextmanager
+def _egress(cfg, wb_settings: dict, *, worker_env: bool) -> Iterator[LocalEgressProxy | None]:
+    """An online attempt's egress: the server checked now, and wb_settings' proxies set to a LocalEgressProxy
+    for as long as the attempt lasts. None offline, where wandb connects to nothing."""
+    if _offline(cfg):
+        yield None
+        return
+    import wandb
+
+    server = (
+        wb_settings.get("base_url")
+        or (os.environ.get("WANDB_BASE_URL") if worker_env else None)
+        or wandb.Settings.model_fields["base_url"].default
+    )
+    try:
+        egress_url_check(server, django_settings.ARTWEB_EGRESS)
+    except EgressRefused as exc:
+        raise ExportError(f"W&B at {server} cannot be used: {exc}") from None
+    with LocalEgressProxy(django_settings.ARTWEB_EGRESS) as proxy:
+        wb_settings["http_proxy"] = wb_settings["https_proxy"] = proxy.url
+        yield proxy
+
+
+# What follows "HTTP 502:" (or "returned error 502:") in wandb's errors is the answer's body, which may be
+# anything the server sent: the status stays, the rest goes. (An answer in W&B's own error shape, JSON
+# with an "errors" list, becomes wandb's message itself and stays: "user is not logged in".)
+_BODY_AFTER_STATUS = re.compile(r"((?:HTTP|returned error) \d{3})\b.*", re.DOTALL)
+
+
+def _init(wandb, what: str, proxy: LocalEgressProxy | None, **kwargs):
     try:
         return wandb.init(reinit="create_new", **kwargs)
     except Exception as exc:  # wandb raises several types for auth and network failures
         # The failed run stays registered with this process's wandb service ("run ID is in use" on
         # the next attempt) until the service is shut down.
         wandb.teardown()
-        raise ExportError(f"W&B refused the {what}: {type(exc).__name__}: {exc}") from exc
+        raise ExportError(f"W&B refused the {what}: {_error_text(exc, proxy)}") from exc
+
+
+def _error_text(exc: Exception, proxy: LocalEgressProxy | None) -> str:
+    """wandb's error without any body an answer carried (its status stays), and what went wrong on the way
+    out (a refusal of the guard, a server that could not be reached), which wandb would report only as
+    the proxy's status."""
+    text = _BODY_AFTER_STATUS.sub(r"\1", f"{type(exc).__name__}: {exc}")[:500]
+    if proxy is not None and proxy.problems:
+        text += f" On the way out: {proxy.problems[0]}"
+    return text
 
 
 def _import_wandb():
@@ -118,35 +168,42 @@ def wandb_export(job: ExportJob) -> None:
 
     root, scratch = _staging(_offline(cfg))
     try:
-        wb = _init(
-            wandb,
-            "run",
-            project=cfg.project,
-            entity=cfg.entity or None,
-            id=progress.remote_id,
-            resume="allow",
-            name=job.run.name,
-            tags=list(job.run.tags)[:20],
-            config=_run_config(job.run),
-            dir=str(root),
-            settings=wandb.Settings(**wb_settings),
-        )
-        try:
-            wb.define_metric("val_reward", summary="max")
-            for step in job.steps:
-                _log_step(wb, job, step)
-            if job.final:
-                _log_final(wb, job.run)
-        except Exception:
-            wb.finish(exit_code=1)
-            raise
-        wb.finish()
+        with _egress(cfg, wb_settings, worker_env=job.worker_env) as proxy:
+            _export_run(wandb, job, wb_settings, root, proxy)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     # Only now does W&B hold every logged step.
     if job.steps:
         job.done(job.steps[-1].step)
+
+
+def _export_run(wandb, job: ExportJob, wb_settings: dict, root: Path, proxy: LocalEgressProxy | None) -> None:
+    cfg = job.settings
+    wb = _init(
+        wandb,
+        "run",
+        proxy,
+        project=cfg.project,
+        entity=cfg.entity or None,
+        id=job.progress.remote_id,
+        resume="allow",
+        name=job.run.name,
+        tags=list(job.run.tags)[:20],
+        config=_run_config(job.run),
+        dir=str(root),
+        settings=wandb.Settings(**wb_settings),
+    )
+    try:
+        wb.define_metric("val_reward", summary="max")
+        for step in job.steps:
+            _log_step(wb, job, step)
+        if job.final:
+            _log_final(wb, job.run)
+    except Exception:
+        wb.finish(exit_code=1)
+        raise
+    wb.finish()
 
 
 def wandb_test_event(*, cfg, secret: str, worker_env: bool, init_timeout: float | None = None) -> str:
@@ -160,27 +217,29 @@ def wandb_test_event(*, cfg, secret: str, worker_env: bool, init_timeout: float 
     run_id = f"artweb-test-{secrets.token_hex(4)}"
     root, scratch = _staging(offline)
     try:
-        wb = _init(
-            wandb,
-            "test run",
-            project=cfg.project,
-            entity=cfg.entity or None,
-            id=run_id,
-            name="artweb connection test",
-            tags=["artweb-test"],
-            job_type="artweb-test",
-            config={"artweb_test": True},
-            dir=str(root),
-            settings=wandb.Settings(**wb_settings),
-        )
-        try:
-            wb.log({"artweb/test_event": 1})
-            where = "/".join(p for p in (wb.entity, wb.project) if p)
-            url = "" if offline else (wb.url or "")
-        except Exception:
-            wb.finish(exit_code=1)
-            raise
-        wb.finish()
+        with _egress(cfg, wb_settings, worker_env=worker_env) as proxy:
+            wb = _init(
+                wandb,
+                "test run",
+                proxy,
+                project=cfg.project,
+                entity=cfg.entity or None,
+                id=run_id,
+                name="artweb connection test",
+                tags=["artweb-test"],
+                job_type="artweb-test",
+                config={"artweb_test": True},
+                dir=str(root),
+                settings=wandb.Settings(**wb_settings),
+            )
+            try:
+                wb.log({"artweb/test_event": 1})
+                where = "/".join(p for p in (wb.entity, wb.project) if p)
+                url = "" if offline else (wb.url or "")
+            except Exception:
+                wb.finish(exit_code=1)
+                raise
+            wb.finish()
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

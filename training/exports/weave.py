@@ -17,6 +17,10 @@ import sys
 import tempfile
 from urllib.parse import urlsplit
 
+from django.conf import settings
+
+from rollouts.runtime.egress import EgressRefused, egress_url_check
+from rollouts.runtime.tunnel import LocalEgressProxy
 from training.exports.base import ExportError
 from training.exports.schemas import export_settings_parse
 from training.exports.selectors import export_target_secret, export_target_uses_worker_env, export_targets_for_run
@@ -66,7 +70,8 @@ DEFAULT_HOSTS = {"WANDB_BASE_URL": "https://api.wandb.ai", "WF_TRACE_SERVER_URL"
 
 def rollout_egress_hosts(env: dict[str, str]) -> tuple[str, ...]:
     """The "host:port" pairs a jailed rollout may tunnel to for the run's own Weave project, and nothing
-    else: the jail has no network, and the worker's proxy opens only these (rollouts.runtime.proxy)."""
+    else: the jail has no network, and the worker's proxy opens only these (rollouts.runtime.proxy), and
+    only where the egress guard allows them when the tunnel is opened (rollouts.runtime.egress)."""
     if not env.get("WEAVE_PROJECT"):
         return ()
     hosts = []
@@ -97,10 +102,29 @@ def export_rollout_env(*, run: Run) -> dict[str, str]:
         return {}
 
 
+# The test process's only way out is the LocalEgressProxy named in HTTP(S)_PROXY, which connects where the
+# egress guard allows: weave's HTTP clients take that proxy from the environment, and this audit hook,
+# installed first, refuses any other connection the process tries (a client that ignored the proxy) and
+# any program it would start.
+EGRESS_ONLY = """
+import os, sys
+_PROXY = ("127.0.0.1", int(os.environ.pop("ARTWEB_EGRESS_PROXY_PORT")))
+
+def _egress_only(event, args):
+    if event == "socket.connect" and not (isinstance(args[1], tuple) and tuple(args[1][:2]) == _PROXY):
+        raise PermissionError(f"a connection to {args[1]!r} outside artweb's egress proxy was refused")
+    if event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn"):
+        raise PermissionError(f"{event} was refused: the test process starts no program")
+
+sys.addaudithook(_egress_only)
+"""
+
 # What the test runs: weave's own client, as a rollout script's @weave.op would use it. It prints one
 # JSON line, so the answer is told apart from weave's own output.
-_TEST_SCRIPT = """
-import json, os, sys
+_TEST_SCRIPT = (
+    EGRESS_ONLY
+    + """
+import json
 try:
     import weave
     client = weave.init(os.environ["WEAVE_PROJECT"])
@@ -116,6 +140,7 @@ except BaseException as exc:
     sys.exit(1)
 print(json.dumps({"ok": True}))
 """
+)
 
 
 def weave_test_event(*, cfg, secret: str, worker_env: bool, timeout: float | None = None) -> str:
@@ -124,11 +149,21 @@ def weave_test_event(*, cfg, secret: str, worker_env: bool, timeout: float | Non
     stay out of the web server. Raises ExportError with weave's answer."""
     env = weave_env(cfg, secret, worker_env=worker_env)
     timeout = timeout or TEST_TIMEOUT_S
-    with tempfile.TemporaryDirectory(prefix="artweb-weave-test-") as home:
+    server = env.get("WANDB_BASE_URL") or DEFAULT_HOSTS["WANDB_BASE_URL"]
+    try:
+        egress_url_check(server, settings.ARTWEB_EGRESS)  # a clear refusal now, rather than weave's retries
+    except EgressRefused as exc:
+        raise ExportError(f"Weave at {server} cannot be used: {exc}") from None
+    with (
+        tempfile.TemporaryDirectory(prefix="artweb-weave-test-") as home,
+        LocalEgressProxy(settings.ARTWEB_EGRESS) as proxy,
+    ):
         # A home of its own: no netrc or wandb settings of the server's account are read.
         env.update(
             PATH=os.environ.get("PATH", ""), HOME=home, WANDB_ERROR_REPORTING="false", WEAVE_PRINT_CALL_LINK="false"
         )
+        env.update(dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), proxy.url))
+        env["ARTWEB_EGRESS_PROXY_PORT"] = str(proxy.port)
         try:
             out = subprocess.run(
                 [sys.executable, "-c", _TEST_SCRIPT],
@@ -144,9 +179,10 @@ def weave_test_event(*, cfg, secret: str, worker_env: bool, timeout: float | Non
             raise ExportError(
                 f"Weave did not answer within {timeout:g} s; check the project and the server address."
             ) from exc
+        refused = f" On the way out: {proxy.problems[0]}" if proxy.problems else ""
     result = next((json.loads(line) for line in reversed(out.stdout.splitlines()) if line.startswith("{")), None)
     if not result:
-        raise ExportError(f"The Weave test did not finish: {(out.stderr or out.stdout).strip()[-500:]}")
+        raise ExportError(f"The Weave test did not finish: {(out.stderr or out.stdout).strip()[-500:]}{refused}")
     if not result["ok"]:
-        raise ExportError(f"Weave refused the test trace: {result['error'][:1000]}")
+        raise ExportError(f"Weave refused the test trace: {result['error'][:500]}{refused}")
     return f"Weave accepted a test trace in {cfg.project}."

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from artweb.errors import ApplicationError
+from rollouts.runtime.inference_server import work_dirs_remove_orphaned
 from training.models import Checkpoint, Run
 from training.services.runs import run_event
 
@@ -109,6 +110,7 @@ def checkpoint_apply_retention(
     _, delete = checkpoint_retention_plan(run=run, keep_last=keep_last, keep_best=keep_best)
     deleted = [checkpoint_delete(checkpoint=c, actor=actor, reason="deleted by retention") for c in delete]
     checkpoint_remove_abandoned(run=run)
+    work_dirs_remove_orphaned()  # inference servers' merged weights left by a worker that died on this host
     return deleted
 
 

@@ -25,6 +25,7 @@ from rollouts.runtime import cpu_probe
 from rollouts.runtime.ct2_server import CT2Server
 from rollouts.runtime.jail import JailConfig
 from rollouts.runtime.proxy import Upstream
+from rollouts.runtime.uid_lease import uid_range
 from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_supports_tools
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,12 @@ def base_model_path(base_model) -> str:
 def jail_config():
     """The sandbox settings as the runtime takes them."""
     conf = settings.ARTWEB
-    return JailConfig(mode=conf["SANDBOX"], uid=conf["SANDBOX_UID"], cgroup_parent=conf["SANDBOX_CGROUP"])
+    return JailConfig(
+        mode=conf["SANDBOX"],
+        uids=uid_range(conf["SANDBOX_UIDS"]),
+        cgroup_parent=conf["SANDBOX_CGROUP"],
+        uid_locks=conf["SANDBOX_UID_LOCKS"],
+    )
 
 
 def vocab_size(base_model) -> int | None:

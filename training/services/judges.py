@@ -3,19 +3,21 @@
 A run's `ruler_judge` is "" (its own base model, served by the worker), "model:<name>" (another
 registered base model the worker serves beside it) or "endpoint:<name>" (one of the owner's judge
 endpoints: an OpenAI-compatible server elsewhere, with a key stored write-only). Whichever it is, the
-judge is reached from the sandbox only through the batch's proxy, which adds the key on the way out.
+judge is reached from the sandbox only through the batch's proxy, which adds the key on the way out and
+connects to an endpoint through the egress guard (rollouts.runtime.egress): public addresses on ports 443
+and 80, unless the operator allows more with ARTWEB_EGRESS_ALLOW / ARTWEB_EGRESS_PORTS.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from artweb.errors import ApplicationError
+from rollouts.runtime.egress import EgressRefused, egress_url_check
+from rollouts.runtime.proxy import Upstream
 from training.exports.crypto import secret_decrypt, secret_encrypt
 from training.models import JudgeEndpoint, PretrainedModel
 from training.selectors import base_model_visible
@@ -61,14 +63,10 @@ def judge_resolve(*, owner, value: str) -> PretrainedModel | JudgeEndpoint | Non
 # --- endpoints -----------------------------------------------------------------------------------------
 
 
-def _private_allowed(host: str) -> bool:
-    return host.lower() in {h.lower() for h in settings.ARTWEB.get("JUDGE_PRIVATE_HOSTS", [])}
-
-
 def judge_url_check(base_url: str) -> str:
-    """An http(s) URL whose host resolves only to public addresses, unless the operator lists the host in
-    ARTWEB_JUDGE_PRIVATE_HOSTS. Checked when the endpoint is saved and again before each use (a name can
-    be pointed elsewhere after it was saved)."""
+    """An http(s) URL the egress guard accepts now (see the module's docstring). Checked when the endpoint
+    is saved and again before each use; the guard checks once more on every connection the worker makes,
+    as a name can be pointed elsewhere at any time."""
     base_url = (base_url or "").strip()
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -77,25 +75,17 @@ def judge_url_check(base_url: str) -> str:
         raise _field_error(
             "The base URL may not carry a user, password, query or fragment; the key goes in the key field.", "base_url"
         )
-    host = parts.hostname
-    if _private_allowed(host):
-        return base_url
     try:
-        infos = socket.getaddrinfo(
-            host, parts.port or (443 if parts.scheme == "https" else 80), proto=socket.IPPROTO_TCP
-        )
-    except (socket.gaierror, UnicodeError) as exc:
-        raise _field_error(f"The judge server's host {host!r} cannot be resolved ({exc}).", "base_url") from exc
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%", 1)[0])
-        if not address.is_global:
-            raise _field_error(
-                f"The judge server's host {host!r} is a private address ({address}); judges must "
-                "be public servers. An operator can allow a private host with "
-                "ARTWEB_JUDGE_PRIVATE_HOSTS.",
-                "base_url",
-            )
+        egress_url_check(base_url, settings.ARTWEB_EGRESS)
+    except EgressRefused as exc:
+        raise _field_error(f"The judge server cannot be used: {exc}", "base_url") from None
     return base_url
+
+
+def judge_upstream(endpoint: JudgeEndpoint) -> Upstream:
+    """Where the worker's proxy sends the endpoint's requests: its URL (checked again now), its key, and the
+    egress policy every connection to it is checked under."""
+    return Upstream(judge_url_check(endpoint.base_url), judge_endpoint_key(endpoint), egress=settings.ARTWEB_EGRESS)
 
 
 def _check_fields(name: str, model: str) -> tuple[str, str]:

@@ -38,12 +38,11 @@ from django.utils import timezone
 from artweb.dispatch import publish_on_commit
 from artweb.errors import ApplicationError
 from rollouts.models import RewardFunctionVersion
-from rollouts.runtime.proxy import Upstream
 from rollouts.runtime.sandbox import SandboxLimits, ScoreGroup, ScoreRequest, run_scores
 from training import task_names
 from training.models import PretrainedModel, Rescore, RescoreScore, Run, Trajectory, TrajectoryGroup
 from training.services import inference
-from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
+from training.services.judges import judge_resolve, judge_upstream
 from training.services.runs import run_event
 from training.services.steps import sandbox_unjailed_warn
 
@@ -268,7 +267,7 @@ def _score_batch(rescore: Rescore, steps: list[int]) -> None:
     if rescore.use_ruler:
         endpoint = _judge(owner=run.owner, value=rescore.ruler_judge)
         judge_model = endpoint.model
-        judge = Upstream(judge_url_check(endpoint.base_url), judge_endpoint_key(endpoint))
+        judge = judge_upstream(endpoint)
     jail = inference.jail_config()
     if not jail.jailed:
         sandbox_unjailed_warn(run=run)  # the run's timeline says so, once, as for its steps

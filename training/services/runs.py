@@ -22,6 +22,7 @@ from training.services.broadcast import (
     status_message,
 )
 from training.services.judges import judge_resolve
+from training.services.quotas import quota_check_run_start
 
 S = Run.Status
 
@@ -139,6 +140,7 @@ def run_create(
         judge_resolve(owner=owner, value=cfg.ruler_judge)
     if scenario_set.train_count == 0:
         raise ApplicationError("The scenario set has no training scenarios.", field_errors={"scenario_set": ["empty"]})
+    quota_check_run_start(user=owner)  # the run is queued at once, started or not
     tags = _run_tags(tags)
     run = Run.objects.create(
         owner=owner,
@@ -211,6 +213,7 @@ def run_pause(*, run: Run, actor=None) -> Run:
 def run_resume(*, run: Run, actor=None) -> Run:
     if run.status != S.PAUSED:
         raise ApplicationError(f"Only a paused run can be resumed; this one is {run.status}.")
+    quota_check_run_start(user=run.owner, actor=actor)
     if run_transition(
         run=run, from_statuses=(S.PAUSED,), to_status=S.QUEUED, message="Resumed.", actor=actor, pause_requested=False
     ):
@@ -233,6 +236,7 @@ def run_retry(*, run: Run, actor=None) -> Run:
         message = f"Retrying: continuing from the checkpoint of step {run.steps_done}."
     else:
         message = "Retrying from the base model (no step was completed)."
+    quota_check_run_start(user=run.owner, actor=actor)
     if run_transition(
         run=run,
         from_statuses=(S.FAILED, S.CANCELLED),

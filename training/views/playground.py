@@ -11,6 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
 from artweb.errors import ApplicationError
+from artweb.jsonlimits import json_loads_limited
 from artweb.pages import apply_service_errors
 from rollouts.models import RewardFunctionVersion, Scenario, ScenarioSet
 from training.models import ServeJob
@@ -73,7 +74,7 @@ class PlaygroundForm(_SamplingFields):
         if not text:
             return None
         try:
-            tools = json.loads(text)
+            tools = json_loads_limited(text)
         except ValueError as exc:
             raise forms.ValidationError(f"Not JSON: {exc}. Give a list of tool definitions.") from None
         if not isinstance(tools, list):

@@ -22,6 +22,7 @@ from training.selectors import (
     GROUPS_SHOWN,
     base_model_visible,
     checkpoint_list,
+    quota_status,
     run_chart_data,
     run_events_recent,
     run_get,
@@ -66,6 +67,7 @@ def run_list_view(request):
             # first, unfiltered, page 1. Elsewhere the page says a run is new and links to where it is.
             "last_run": last_run,
             "inserts_new": page.number == 1 and filters.pop("order") == "-created_at" and not any(filters.values()),
+            "quotas": quota_status(user=request.user),
         },
     )
 

@@ -44,7 +44,8 @@ from artweb_sdk.trajectory import check_reward
 
 MAX_LOG_LINES = 500
 MAX_LOG_LINE_CHARS = 4000
-MAX_RECORD_BYTES = 4 << 20  # one trajectory; larger ones are replaced by an error
+MAX_RECORD_BYTES = 4 << 20  # one trajectory; larger ones are replaced by an error. Set from the batch
+# (SandboxLimits.record_bytes): the worker refuses larger records itself, this only keeps their logs.
 
 
 class RolloutTimeout(BaseException):
@@ -603,7 +604,7 @@ def _bounded(record: dict) -> dict:
     return {
         **_empty_record(),
         "logs": record["logs"][-50:],
-        "error": f"The trajectory is {size >> 20} MB as JSON; the limit is {MAX_RECORD_BYTES >> 20} MB.",
+        "error": f"The trajectory is {size / (1 << 20):.1f} MB as JSON; the limit is {MAX_RECORD_BYTES / (1 << 20):.1f} MB.",
         "duration_ms": record["duration_ms"],
         "prompt_tokens": record["prompt_tokens"],
         "completion_tokens": record["completion_tokens"],
@@ -683,6 +684,8 @@ def main() -> None:
     os.environ.update(wait_for_batch(int(os.environ.pop("ARTWEB_CONTROL_FD"))))
     spec_path = Path(sys.argv[1])
     spec = json.loads(spec_path.read_text())
+    global MAX_RECORD_BYTES
+    MAX_RECORD_BYTES = int(spec.get("record_bytes", MAX_RECORD_BYTES))
     pipe = ResultPipe(int(os.environ["ARTWEB_RESULT_FD"]))
     port = start_relay(os.environ["ARTWEB_PROXY_SOCKET"])
     os.environ["OPENAI_BASE_URL"] = f"http://127.0.0.1:{port}/v1"

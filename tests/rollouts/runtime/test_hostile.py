@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -146,7 +148,8 @@ def test_it_reaches_neither_postgresql_nor_redis_nor_anything_on_the_network(req
                 "        out[f'{host}:{port}'] = 'open'\n"
                 "    except OSError as e:\n"
                 "        out[f'{host}:{port}'] = type(e).__name__\n"
-                "out['ifaces'] = sorted(n for _, n in socket.if_nameindex())\n"
+                # From /proc: socket.if_nameindex() asks netlink, a socket family the jail refuses.
+                "out['ifaces'] = sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:])\n"
             )
         )
     )
@@ -187,6 +190,37 @@ def test_it_shows_no_data_dir_project_or_other_batch(request_for, tmp_path):
     passwd = out.pop("/etc/passwd")
     assert "root:" not in passwd and "sandbox" in passwd
     assert set(out.values()) == {"FileNotFoundError"}, out
+
+
+def test_its_mount_table_names_no_path_of_the_project_or_the_virtualenv(request_for):
+    """/proc/self/mountinfo gives each mount's directory inside its filesystem and its options: none may
+    name the project checkout (the default data dir is in it, so are the SDK's sources) or the virtualenv.
+    Of the host it may show /usr, a few /etc files, the base interpreter's installation and the batch's
+    own work directory, nothing else."""
+    repo = Path(__file__).resolve().parents[3]
+    hidden = [str(repo)]
+    if sys.prefix != sys.base_prefix:  # a virtualenv: the jail has it under a name of its own
+        hidden += [sys.prefix, os.path.realpath(sys.prefix)]
+    shown = (
+        "/usr/",
+        "/etc/",
+        os.path.realpath(sys.base_prefix) + "/",
+        f"{os.path.realpath(tempfile.gettempdir())}/artweb-batch-",
+    )
+    results = run_rollouts(
+        request_for(report("out['mountinfo'] = open('/proc/self/mountinfo').read()\nout['prefix'] = sys.prefix\n"))
+    )
+    out = results[0].trajectories[0]["metadata"]
+    assert [path for path in hidden if path in out["mountinfo"]] == []
+    host_dirs = []
+    for line in out["mountinfo"].splitlines():
+        fields, fstype = line.split(" - ")[0].split(), line.split(" - ")[1].split()[0]
+        if fstype not in ("tmpfs", "proc", "devpts", "devtmpfs", "overlay"):
+            host_dirs.append(fields[3])
+    assert host_dirs and [d for d in host_dirs if not (d + "/").startswith(shown)] == []
+    # The interpreter the jail runs is the same one, under the jail's name for it.
+    assert out["prefix"] == ("/opt/artweb/python" if sys.prefix != sys.base_prefix else sys.prefix)
+    good_group_ok(results)
 
 
 def test_it_lets_user_code_write_only_to_its_private_scratch(request_for):
@@ -499,7 +533,8 @@ def test_it_binds_an_interpreter_that_lives_under_tmp_over_the_scratch(tmp_path)
 
 def test_it_tunnels_only_to_the_runs_own_tracing_service(request_for):
     """A run with Weave gets HTTPS tunnels (CONNECT) to its tracing service's host and port, and to no
-    other: not PostgreSQL, not the same host on another port."""
+    other: not PostgreSQL, not the same host on another port. The service listens on 127.0.0.1 here, which
+    the egress guard allows only as the operator would, by that host and port (ARTWEB_EGRESS_ALLOW)."""
     import socketserver
 
     class Echo(socketserver.BaseRequestHandler):
@@ -532,13 +567,83 @@ def test_it_tunnels_only_to_the_runs_own_tracing_service(request_for):
         "    out['direct'] = type(e).__name__\n"
     )
     try:
-        results = run_rollouts(request_for(report(probe), egress_hosts=(f"127.0.0.1:{port}",)))
+        from rollouts.runtime.egress import EgressPolicy
+
+        allowed = EgressPolicy.parse([f"127.0.0.1:{port}"])
+        results = run_rollouts(request_for(report(probe), egress_hosts=(f"127.0.0.1:{port}",), egress_policy=allowed))
         plain = run_rollouts(request_for(report("out['proxy'] = os.environ.get('HTTPS_PROXY')")))
     finally:
         server.shutdown()
     out = results[0].trajectories[0]["metadata"]
     assert out == {"own": "200:ping", "postgres": "403", "other_port": "403", "direct": "ConnectionRefusedError"}
     assert plain[0].trajectories[0]["metadata"] == {"proxy": None}
+
+
+def test_a_weave_target_at_the_hosts_redis_is_refused_when_saved(alice):
+    """The first step of the Redis chain: a Weave target's base_url of http://127.0.0.1:6379 became a CONNECT
+    allow-list entry of the run's batches. Such a target is now refused when saved."""
+    from artweb.errors import ApplicationError
+    from training.exports.services import export_target_create
+
+    with pytest.raises(ApplicationError) as exc:
+        export_target_create(
+            owner=alice, kind="weave", settings={"project": "team/p", "base_url": "http://127.0.0.1:6379"}
+        )
+    assert "127.0.0.1 is a loopback address" in exc.value.message and "ARTWEB_EGRESS_ALLOW" in exc.value.message
+    assert "settings.base_url" in exc.value.field_errors
+
+
+def test_a_private_tracing_host_on_the_egress_list_gets_no_tunnel(request_for):
+    """The Redis chain's second step: a script's `CONNECT 127.0.0.1:6379` through the egress socket got `200`
+    and `+PONG` from the host's Redis. Should such a host reach a batch's egress list all the same (a target
+    saved before the guard, a name pointed at 127.0.0.1 since), the tunnel is refused when it is opened:
+    the batch's egress policy is the default one (public addresses, ports 443 and 80). A throwaway listener
+    stands for the private service; it answers from outside the jail, so the refusal is the guard's, not a
+    closed port's."""
+    answered = []
+
+    def serve(server: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                answered.append(conn.recv(64))
+                conn.sendall(b"+PONG\r\n")
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    threading.Thread(target=serve, args=(server,), daemon=True).start()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as outside:  # reachable from outside the jail
+        outside.sendall(b"PING\r\n")
+        assert outside.recv(16) == b"+PONG\r\n"
+    probe = (
+        "from urllib.parse import urlsplit\n"
+        "proxy = urlsplit(os.environ['HTTPS_PROXY'])\n"
+        "def tunnel(target):\n"
+        "    s = socket.create_connection((proxy.hostname, proxy.port), timeout=10)\n"
+        "    s.sendall(f'CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n'.encode())\n"
+        "    answer = s.recv(2000).decode()\n"
+        "    if answer.startswith('HTTP/1.1 200'):\n"
+        "        s.sendall(b'PING\\r\\n')\n"
+        "        answer += s.recv(64).decode()\n"
+        "    return answer\n"
+        f"out['listener'] = tunnel('127.0.0.1:{port}')\n"
+        "out['redis'] = tunnel('127.0.0.1:6379')\n"
+        "out['metadata'] = tunnel('169.254.169.254:80')\n"
+    )
+    hosts = (f"127.0.0.1:{port}", "127.0.0.1:6379", "169.254.169.254:80")
+    try:
+        results = run_rollouts(request_for(report(probe), egress_hosts=hosts))
+    finally:
+        server.close()
+    out = results[0].trajectories[0]["metadata"]
+    assert out["listener"].startswith("HTTP/1.1 403") and "127.0.0.1 is a loopback address" in out["listener"]
+    assert f"ARTWEB_EGRESS_ALLOW=127.0.0.1:{port}" in out["listener"] and "PONG" not in out["listener"]
+    assert out["redis"].startswith("HTTP/1.1 403") and "+PONG" not in out["redis"]
+    assert out["metadata"].startswith("HTTP/1.1 403") and "link-local" in out["metadata"]
+    assert answered == [b"PING\r\n"]  # the one connection from outside; none through the tunnel
 
 
 def test_the_weave_settings_open_only_weaves_hosts():

@@ -423,3 +423,187 @@ def test_it_serves_the_real_vllm_server_to_the_openai_client(vllm_server, proxy,
     assert call.function.name == "lookup_capital"
     assert json.loads(call.function.arguments)["country"].lower() == "france"
     assert proxy.stats(path) == {"requests": 2, "refused": 0}
+
+
+# --- what the proxy passes: fields, caps, nesting, redirects, and users' servers through the egress guard --
+
+
+class Redirector(ThreadedServer):
+    """Answers every request with `status` and a Location on another server."""
+
+    def __init__(self, status: int, location: str) -> None:
+        super().__init__("redirector")
+        self.status, self.location = status, location
+        self.requests = 0
+
+    def routes(self, app: web.Application) -> None:
+        async def handle(request: web.Request) -> web.Response:
+            self.requests += 1
+            return web.Response(status=self.status, headers={"Location": self.location}, text="moved along")
+
+        app.router.add_route("*", "/{tail:.*}", handle)
+
+
+@pytest.mark.parametrize("status", [302, 307])
+@pytest.mark.parametrize("users_server", [False, True], ids=["workers-upstream", "judge-endpoint"])
+def test_it_follows_no_redirect_of_an_upstream(proxy, upstream, socket_dir, status, users_server):
+    """A judge endpoint that answers 302/307 toward a private server would make the worker fetch it (GET,
+    or the body again) and stream that server's answer into the jail. The proxy answers with an error
+    naming the redirect instead, and the second server hears nothing."""
+    with Redirector(status, f"http://127.0.0.1:{upstream.port}/v1/chat/completions") as redirector:
+        if users_server:
+            from rollouts.runtime.egress import EgressPolicy
+
+            egress = {"egress": EgressPolicy.parse([f"127.0.0.1:{redirector.port}"])}
+        else:
+            egress = {}
+        path = socket_dir / "redirect.sock"
+        proxy.open(path, {"judge": Upstream(redirector.base_url, **egress)})
+        with http(path) as client:
+            response = client.post("/chat/completions", json=chat("judge"))
+        assert redirector.requests == 1
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "upstream_redirect"
+    assert f"answered HTTP {status}" in error["message"] and "a redirect to 127.0.0.1" in error["message"]
+    assert "moved along" not in response.text
+    assert upstream.requests == []
+
+
+def test_a_users_server_at_a_private_address_is_refused_when_connecting(proxy, upstream, socket_dir):
+    """The judge's URL was checked when saved; a name can point elsewhere since, so the proxy's own
+    connection goes through the egress guard again."""
+    from rollouts.runtime.egress import EgressPolicy
+
+    path = socket_dir / "judge.sock"
+    proxy.open(path, {"judge": Upstream(upstream.base_url, egress=EgressPolicy())})
+    with http(path) as client:
+        response = client.post("/chat/completions", json=chat("judge"))
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "upstream_refused" and "127.0.0.1 is a loopback address" in error["message"]
+    assert f"ARTWEB_EGRESS_ALLOW=127.0.0.1:{upstream.port}" in error["message"]
+    assert upstream.requests == []
+    proxy.close(path)
+    proxy.open(path, {"judge": Upstream(upstream.base_url, egress=EgressPolicy.parse([f"127.0.0.1:{upstream.port}"]))})
+    with http(path) as client:
+        assert client.post("/chat/completions", json=chat("judge")).status_code == 200
+    assert len(upstream.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("priority", -100),
+        ("vllm_xargs", {"x": 1}),
+        ("kv_transfer_params", {"do_remote_prefill": True}),
+        ("chat_template_kwargs", {"chat_template": "{{ 7 * 7 }}"}),
+        ("guided_json", {"type": "object"}),
+        ("cache_salt", "x"),
+    ],
+)
+def test_it_refuses_an_inference_servers_own_request_fields(served, upstream, field, value):
+    with http(served) as client:
+        response = client.post("/chat/completions", json=chat(**{field: value}))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "field_not_allowed" and f"field(s) {field} are not accepted" in error["message"]
+    assert upstream.requests == []
+
+
+def test_it_passes_the_openai_fields_rollouts_use(served, upstream):
+    """What the SDK adds (logprobs, return_token_ids, the run's sampling) and what scripts and RULER send."""
+    fields = {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_tokens": 64,
+        "max_completion_tokens": 64,
+        "n": 4,
+        "seed": 1,
+        "stop": ["\n"],
+        "logprobs": True,
+        "top_logprobs": 2,
+        "return_token_ids": True,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.1,
+        "user": "rollout-3",
+        "tools": [LOOKUP_TOOL],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}},
+        "stream": False,
+        "stream_options": None,
+    }
+    with http(served) as client:
+        assert client.post("/chat/completions", json=chat(**fields)).status_code == 200
+        completion = {"model": "run-1@3", "prompt": "hi", "echo": False, "best_of": 2, "suffix": None}
+        assert client.post("/completions", json=completion).status_code == 200
+    assert upstream.requests[0]["body"] == chat(**fields)
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("n", 17, "n must be a whole number from 1 to 16"),
+        ("n", 0, "n must be a whole number from 1 to 16"),
+        ("n", "4", "n must be a whole number from 1 to 16"),
+        ("max_tokens", 32_769, "max_tokens must be a whole number from 1 to 32768"),
+        ("max_completion_tokens", 10**9, "max_completion_tokens must be a whole number from 1 to 32768"),
+        ("max_tokens", True, "max_tokens must be a whole number"),
+    ],
+)
+def test_it_caps_choices_and_tokens_per_request(served, upstream, field, value, says):
+    with http(served) as client:
+        response = client.post("/chat/completions", json=chat(**{field: value}))
+    assert response.status_code == 400 and says in response.json()["error"]["message"]
+    assert "the proxy's limit" in response.json()["error"]["message"]
+    assert upstream.requests == []
+
+
+def test_it_caps_the_requests_a_batch_has_in_flight(upstream, socket_dir):
+    proxy = InferenceProxy(max_in_flight=2)
+    upstream.delay_s = 1.0
+    path = socket_dir / "busy.sock"
+    try:
+        proxy.open(path, {"m": Upstream(upstream.base_url)})
+
+        def one(_):
+            with http(path) as client:
+                return client.post("/chat/completions", json=chat("m"))
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(one, range(4)))
+        with http(path) as client:  # the cap is on what is in flight: once they are done, more pass
+            upstream.delay_s = 0.0
+            assert client.post("/chat/completions", json=chat("m")).status_code == 200
+    finally:
+        proxy.shutdown()
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200, 200, 429, 429]
+    refused = next(r for r in responses if r.status_code == 429).json()["error"]
+    assert refused["code"] == "too_many_requests_in_flight" and "max_in_flight=2" in refused["message"]
+    assert len(upstream.requests) == 3
+
+
+def test_a_body_nested_too_deep_is_a_400_naming_the_limit(upstream, socket_dir):
+    """100,000 levels made the proxy's JSON parser raise RecursionError, answered as a 500."""
+    deep = b'{"model": "run-1@3", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    proxy = InferenceProxy()  # the default body limit (8 MB), far above these 200 kB
+    served = socket_dir / "deep.sock"
+    proxy.open(served, {"run-1@3": Upstream(upstream.base_url)})
+    with http(served) as client:
+        response = client.post("/chat/completions", content=deep, headers={"Content-Type": "application/json"})
+        within = {"type": "object", "properties": {}}
+        node = within
+        for _ in range(25):  # a deep but reasonable tool schema (56 levels in all) still passes
+            node["properties"]["x"] = {"type": "object", "properties": {}}
+            node = node["properties"]["x"]
+        tool = {"type": "function", "function": {"name": "f", "parameters": within}}
+        fine = client.post("/chat/completions", json=chat(tools=[tool]))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    proxy.shutdown()
+    assert error["code"] == "json_too_deep" and "nesting depth limit is 64" in error["message"]
+    assert fine.status_code == 200 and len(upstream.requests) == 1

@@ -3,8 +3,9 @@
 
 The endpoint here is a server with known answers started by the test (tests.rollouts.runtime.fake_judge):
 an external judge cannot be reached from these machines, and no model gives known scores. It listens on
-127.0.0.1, which the test allows as the operator would with ARTWEB_JUDGE_PRIVATE_HOSTS. Everything else
-is real: the jailed sandbox, the proxy that adds the stored key, the database.
+127.0.0.1, which the test lets the egress guard reach as the operator would with ARTWEB_EGRESS_ALLOW
+(tests/egress.py). Everything else is real: the jailed sandbox, the proxy that adds the stored key, the
+database.
 """
 
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from artweb.errors import ApplicationError
+from tests.egress import egress_allow
 from tests.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
@@ -35,11 +37,6 @@ pytestmark = pytest.mark.django_db
 USER_KEY = "sk-user-judge-key-0042"
 
 
-@pytest.fixture
-def local_judges_allowed(settings):
-    settings.ARTWEB = {**settings.ARTWEB, "JUDGE_PRIVATE_HOSTS": ["127.0.0.1"]}
-
-
 def _run(owner, judge: str):
     return RunFactory(
         owner=owner,
@@ -49,8 +46,9 @@ def _run(owner, judge: str):
     )
 
 
-def test_an_endpoint_judge_scores_the_run_with_the_users_key_added_by_the_proxy(alice, local_judges_allowed):
+def test_an_endpoint_judge_scores_the_run_with_the_users_key_added_by_the_proxy(alice, settings):
     with FakeJudge(SCORES) as judge:
+        egress_allow(settings, judge.base_url)
         judge_endpoint_create(owner=alice, name="ext", base_url=judge.base_url, model="judge-model", api_key=USER_KEY)
         run = _run(alice, "endpoint:ext")
         # The policy server is never called (the script answers itself) and holds no judge.
@@ -119,10 +117,12 @@ def test_a_run_may_only_name_a_judge_its_owner_can_use(alice, bob):
 @pytest.mark.parametrize(
     "url, fragment",
     [
-        ("http://127.0.0.1:8100/v1", "private address"),
-        ("http://localhost/v1", "private address"),
-        ("https://10.1.2.3/v1", "private address"),
-        ("http://[::1]/v1", "private address"),
+        ("http://127.0.0.1:8100/v1", "127.0.0.1 is a loopback address"),
+        ("http://localhost/v1", "localhost resolves to 127.0.0.1, which is a loopback address"),
+        ("https://10.1.2.3/v1", "10.1.2.3 is a private network"),
+        ("http://[::1]/v1", "::1 is a loopback address"),
+        ("http://169.254.169.254/latest/meta-data", "link-local"),
+        ("https://93.184.215.14:8443/v1", "Port 8443 of 93.184.215.14 is not allowed"),
         ("ftp://example.com/v1", "base URL"),
         ("https://user:pw@93.184.215.14/v1", "may not carry"),
     ],
@@ -131,14 +131,18 @@ def test_an_endpoint_must_be_a_public_http_server(alice, url, fragment):
     with pytest.raises(ApplicationError) as exc:
         judge_endpoint_create(owner=alice, name="x", base_url=url, model="m")
     assert fragment in exc.value.message and "base_url" in exc.value.field_errors
+    if "base URL" not in fragment and "carry" not in fragment:
+        assert "ARTWEB_EGRESS_" in exc.value.message  # the setting that would allow it
     assert not JudgeEndpoint.objects.exists()
 
 
-def test_a_private_judge_saved_while_allowed_is_refused_at_use_once_disallowed(alice, settings, local_judges_allowed):
+def test_a_private_judge_saved_while_allowed_is_refused_at_use_once_disallowed(alice, settings):
+    allowed = settings.ARTWEB_EGRESS
+    egress_allow(settings, "http://127.0.0.1:9/v1")
     judge_endpoint_create(owner=alice, name="lan", base_url="http://127.0.0.1:9/v1", model="m")
     run = _run(alice, "endpoint:lan")
-    settings.ARTWEB = {**settings.ARTWEB, "JUDGE_PRIVATE_HOSTS": []}
-    with pytest.raises(ApplicationError, match="private address"):
+    settings.ARTWEB_EGRESS = allowed
+    with pytest.raises(ApplicationError, match="127.0.0.1 is a loopback address"):
         rollouts(run, SimpleNamespace(base_url=NO_SERVER, api_key="k", base_model_name="x", merged=False), "p")
 
 
@@ -190,7 +194,7 @@ def test_judges_are_added_and_deleted_from_the_models_page(client, alice):
         reverse("judge-create"), {"judge-name": "lan", "judge-base_url": "http://127.0.0.1/v1", "judge-model": "m"}
     )
     assert 'id="id_judge-name"' in bad.content.decode() and 'id="id_name"' in bad.content.decode()
-    assert bad.status_code == 200 and "private address" in bad.content.decode()
+    assert bad.status_code == 200 and "loopback address" in bad.content.decode()
     endpoint = JudgeEndpoint.objects.get()
     assert client.post(reverse("judge-delete", args=[endpoint.id])).status_code == 302
     assert not JudgeEndpoint.objects.exists()
@@ -198,7 +202,7 @@ def test_judges_are_added_and_deleted_from_the_models_page(client, alice):
 
 def test_updating_an_endpoint_checks_the_new_url(alice):
     endpoint = judge_endpoint_create(owner=alice, name="e", base_url="https://93.184.215.14/v1", model="m")
-    with pytest.raises(ApplicationError, match="private address"):
+    with pytest.raises(ApplicationError, match="192.168.0.1 is a private network"):
         judge_endpoint_update(endpoint=endpoint, base_url="http://192.168.0.1/v1")
     endpoint.refresh_from_db()
     assert endpoint.base_url == "https://93.184.215.14/v1"

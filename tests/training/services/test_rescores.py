@@ -345,12 +345,13 @@ def test_the_sweep_sends_the_message_owed_to_a_queued_rescore(alice, small_run, 
 def test_ruler_rescores_each_group_through_a_judge_endpoint_with_the_users_key(alice, small_run, settings):
     """The judge is a server with known answers (tests.rollouts.runtime.fake_judge): no model could be relied
     on for known scores. It is reached from the jail through the worker's proxy, which adds the stored key."""
+    from tests.egress import egress_allow
     from tests.rollouts.runtime.fake_judge import FakeJudge
     from training.services.judges import judge_endpoint_create
 
-    settings.ARTWEB = {**settings.ARTWEB, "JUDGE_PRIVATE_HOSTS": ["127.0.0.1"]}  # as an operator would allow it
     key = "sk-user-judge-key-0042"
     with FakeJudge([0.2, 0.9, 0.5]) as judge:
+        egress_allow(settings, judge.base_url)  # as an operator would allow a private judge
         judge_endpoint_create(owner=alice, name="ext", base_url=judge.base_url, model="judge-model", api_key=key)
         rescore = rescore_create(user=alice, run=small_run, use_ruler=True, ruler_judge="endpoint:ext")
         rescore_execute(rescore_id=rescore.id)

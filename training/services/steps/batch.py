@@ -8,6 +8,8 @@ import math
 import random
 import time
 
+from django.conf import settings
+
 from artweb.errors import ApplicationError
 from rollouts.models import Scenario
 from rollouts.runtime.proxy import Upstream
@@ -16,7 +18,7 @@ from training.config import RunConfig
 from training.exports.weave import export_rollout_env, rollout_egress_hosts
 from training.models import PretrainedModel, Run
 from training.services import inference
-from training.services.judges import judge_endpoint_key, judge_resolve, judge_url_check
+from training.services.judges import judge_resolve, judge_upstream
 from training.services.runs import run_event
 from training.services.steps.leases import Heartbeat
 
@@ -75,7 +77,7 @@ def _judge_for(run: Run, cfg: RunConfig, server, policy_name: str):
             f"The judge endpoint {found.name!r} names the model {found.model!r}, which is also "
             "the policy's name in this batch; rename one of them."
         )
-    return found.model, Upstream(judge_url_check(found.base_url), judge_endpoint_key(found))
+    return found.model, judge_upstream(found)
 
 
 def failures_allowed(share: float, rollouts: int) -> int:
@@ -167,6 +169,7 @@ def rollouts_request(
         step=run.steps_done,
         env=(trace_env := export_rollout_env(run=run)),
         egress_hosts=rollout_egress_hosts(trace_env),
+        egress_policy=settings.ARTWEB_EGRESS,
         judge_model=judge,
         extra_models=extra_models,
         ruler=cfg.use_ruler,

@@ -31,6 +31,7 @@ from training.models import Checkpoint, Run, TrajectoryGroup
 from training.services import inference
 from training.services.alerts import run_alerts_check
 from training.services.logs import run_log
+from training.services.quotas import quota_step_refusal, run_quota_pause
 from training.services.runs import run_event, run_transition
 from training.services.serving_gate import serving_paused
 from training.services.steps.ahead import ahead_discard, ahead_policies, ahead_start, ahead_take
@@ -95,6 +96,12 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
         return
     try:
         if _finish_if_requested(run, me):
+            return
+        if (reached := quota_step_refusal(user=run.owner)) is not None:
+            # Before any of the step's work: the step does not start, and what the run stored stays.
+            run_quota_pause(run=run, line=reached, step=next_step)
+            ahead_discard(run_id)
+            run_release(run_id=run_id, me=me)
             return
         if run.status == S.QUEUED:
             run_transition(

@@ -6,8 +6,10 @@ from __future__ import annotations
 import statistics
 
 from django.db import transaction
+from django.db.models import F, Sum
 
 from rollouts.models import Scenario
+from rollouts.runtime.records import record_size
 from training import signals
 from training.config import RunConfig
 from training.models import Run, Trajectory, TrajectoryGroup
@@ -50,10 +52,15 @@ def groups_persist(
             raise StepAborted("cancel")
         # A crashed earlier attempt of this step may have left its groups: replace them. Those of an attempt
         # that failed (and said so) stay, marked.
-        TrajectoryGroup.objects.filter(run=run, step=step, split=split, failed_attempt=False).delete()
+        replaced = TrajectoryGroup.objects.filter(run=run, step=step, split=split, failed_attempt=False)
+        freed = replaced.aggregate(total=Sum("stored_bytes"))["total"] or 0
+        replaced.delete()
+        stored = 0  # bytes of the trajectories written here, measured as the worker's record limit measures them
         for scenario, result in zip(scenarios, results, strict=False):
             trajs = result.trajectories
             rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
+            size = sum(record_size(t) for t in trajs)
+            stored += size
             group = TrajectoryGroup.objects.create(
                 run=run,
                 step=step,
@@ -64,6 +71,7 @@ def groups_persist(
                 error_count=sum(1 for t in trajs if t.get("error")),
                 skipped=_no_signal(result),
                 failed_attempt=failed,
+                stored_bytes=size,
             )
             rows = Trajectory.objects.bulk_create(
                 [
@@ -91,6 +99,8 @@ def groups_persist(
             )
             run_broadcast(run.id, group_message(group, rows))  # leaves on commit; PostgreSQL set the ids
             groups.append(group)
+        # What the owner's storage quota counts (training.services.quotas), in the groups' own transaction.
+        Run.objects.filter(id=run.id).update(trajectory_bytes=F("trajectory_bytes") + stored - freed)
     return groups
 
 
