@@ -204,7 +204,10 @@ class GRPOTrainer:
         grad_norm = self._clip_and_step(stepped := total_tokens > 0)
 
         elapsed = time.perf_counter() - start
-        n = max(sums.tokens, 1)
+        # Means over the trained tokens. A step that trained none (every group scored alike) has no entropy,
+        # clip fraction or sampler KL to report: NaN, which the step's record leaves out, never a 0 that
+        # reads as a collapsed policy.
+        n = sums.tokens or float("nan")
         return {
             "step": self.step,
             "loss": sums.loss,

@@ -102,11 +102,17 @@ def reward_flat(rules: AlertRules, rows: Sequence[Step]) -> Alert | None:
     )
 
 
+def _token_mean(row: Step, name: str) -> float | None:
+    """A mean over the step's trained tokens, None where it trained none: a step whose groups all scored
+    alike has no entropy (steps recorded before the trainer said so stored 0.0 there)."""
+    return None if _m(row, "tokens_trained") == 0 else _m(row, name)
+
+
 def entropy_collapse(rules: AlertRules, rows: Sequence[Step]) -> Alert | None:
     if rules.entropy_collapse <= 0:
         return None
-    first = next((v for r in rows if (v := _m(r, "entropy")) is not None), None)
-    now = _m(rows[-1], "entropy")
+    first = next((v for r in rows if (v := _token_mean(r, "entropy")) is not None), None)
+    now = _token_mean(rows[-1], "entropy")
     if first is None or now is None or first <= 0 or now >= rules.entropy_collapse * first:
         return None
     return Alert(

@@ -1,6 +1,8 @@
 """The default model learns: after two GRPO updates a rewarded answer is likelier, and more so than a
 punished one."""
 
+import math
+
 from training.engine import TrainConfig, make_trainer
 
 from .conftest import trajectory
@@ -31,3 +33,16 @@ def test_it_moves_the_policy_toward_rewarded_answers(default_model_dir, tokenize
     # Both answers share the prompt and the one-word shape, so the punished one may rise a little with
     # the rewarded one; what GRPO must do is widen the gap between them.
     assert paris[1] - london[1] > paris[0] - london[0] + 0.5, (paris, london)
+
+
+def test_a_step_with_no_signal_reports_no_token_means(default_model_dir, tokenizer):
+    """Every answer rewarded alike: no advantage, no trained token, so no entropy, clip fraction or sampler
+    KL (NaN, which a step's record leaves out) rather than zeros that read as a collapsed policy."""
+    trainer = make_trainer(TrainConfig(), base_model_path=str(default_model_dir), device="cpu")
+    trainer.load(None)
+    group = [trajectory(tokenizer, PROMPT, answer, 1.0) for answer in ANSWERS]
+    out = trainer.train_step([group])
+    trainer.close()
+    assert out["tokens_trained"] == 0
+    for name in ("entropy", "policy_clip_fraction", "sampler_kl"):
+        assert math.isnan(out[name]), (name, out[name])

@@ -127,6 +127,29 @@ def test_flat_reward_entropy_collapse_and_truncation():
     }
 
 
+def test_a_step_that_trained_no_token_is_no_entropy_collapse():
+    """A step whose groups all scored alike trains nothing, so it has no entropy: neither as the baseline
+    (a first step) nor as the latest value. Rows as the trainer wrote them before it said so (0.0) and as
+    it writes them now (no entropy at all)."""
+    for untrained in ({"tokens_trained": 0, "entropy": 0.0}, {"tokens_trained": 0}):
+        run = RunFactory()
+        rows = [
+            untrained,
+            {"tokens_trained": 120, "entropy": 2.74},
+            {"tokens_trained": 118, "entropy": 2.73},
+            untrained,
+            {"tokens_trained": 125, "entropy": 2.83},
+        ]
+        assert not any("alert_entropy_collapse" in kinds for kinds in _steps(run, rows).values()), untrained
+    run = RunFactory()  # a real collapse among such steps is still seen, from the first trained step
+    rows = [{"tokens_trained": 0, "entropy": 0.0}, {"tokens_trained": 100, "entropy": 2.0}]
+    rows += [{"tokens_trained": 0, "entropy": 0.0}, {"tokens_trained": 90, "entropy": 0.1}]
+    assert [s for s, kinds in _steps(run, rows).items() if "alert_entropy_collapse" in kinds] == [4]
+    assert (
+        "fell to 0.1, from 2 at the first step" in RunEvent.objects.get(run=run, kind="alert_entropy_collapse").message
+    )
+
+
 def test_one_component_carrying_the_reward_and_a_repeated_answer():
     run = RunFactory()
     raised = _steps(

@@ -11,6 +11,7 @@ or for a run another live worker holds, does nothing.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import statistics
 import time
@@ -313,7 +314,13 @@ def _fmt(x):
 
 
 def _numeric(d: dict) -> dict:
-    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """The trainer's figures that are numbers with a value: a NaN (a mean over no trained token) is left out,
+    so the step has no such metric rather than a made-up one (and PostgreSQL's JSON holds no NaN)."""
+    return {
+        k: float(v)
+        for k, v in d.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def _validate(run: Run, cfg: RunConfig, step: int, model_name: str, server, hb: Heartbeat) -> float | None:
