@@ -215,6 +215,45 @@ def test_the_peft_backend_trains_a_bf16_base_on_cuda_and_resumes_exactly(vllm_mo
     assert torch.cuda.memory_allocated() < held  # the worker's card is handed back between runs
 
 
+def test_an_update_that_runs_out_of_gpu_memory_halves_its_micro_batches_and_fits(vllm_model_dir):
+    """A real CUDA out-of-memory error: this process's share of the card is capped a little above what
+    the model holds, so 64 trajectories of ~600 tokens in one 65,536-token micro-batch cannot fit, and the
+    trainer halves its budget until the update does."""
+    import torch
+
+    from tests.training.engine.conftest import trajectory
+    from training.engine import TrainConfig, make_trainer
+
+    cfg = TrainConfig.from_dict({"backend": "peft", "lora_rank": 8, "micro_batch_tokens": 65536})
+    trainer = make_trainer(cfg, base_model_path=str(vllm_model_dir), device="cuda", seed=7)
+    trainer.load(None)
+    long = " ".join(f"word{i}" for i in range(300))  # ~600 tokens an answer
+    groups = [
+        [trajectory(trainer.tokenizer, f"Question {g}?", f"{long} {i}", reward=float(i % 2)) for i in range(8)]
+        for g in range(8)
+    ]
+    torch.cuda.empty_cache()
+    headroom = 3 << 30  # activations of some 5,000 tokens of this model without gradient checkpointing
+    torch.cuda.set_per_process_memory_fraction(
+        (torch.cuda.memory_allocated() + headroom) / torch.cuda.get_device_properties(0).total_memory
+    )
+    try:
+        metrics = trainer.train_step(groups)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    print(
+        f"out-of-memory retries {metrics['out_of_memory_retries']}: micro-batch budget "
+        f"{metrics['micro_batch_tokens_before']} -> {metrics['micro_batch_tokens']} tokens, "
+        f"{metrics['micro_batches']} micro-batches, {metrics['tokens_trained']} tokens trained, "
+        f"{metrics['train_seconds']:.2f} s"
+    )
+    assert metrics["out_of_memory_retries"] >= 1 and metrics["micro_batch_tokens"] < 65536
+    assert metrics["optimizer_stepped"] == 1 and metrics["tokens_trained"] > 30_000 and math.isfinite(metrics["loss"])
+    again = trainer.train_step(groups)  # the next update starts from the budget that fitted
+    assert again["out_of_memory_retries"] == 0 and again["micro_batch_tokens"] == metrics["micro_batch_tokens"]
+    trainer.close()
+
+
 # --- the Unsloth backend, built as the worker builds it (last: importing Unsloth patches transformers) -----
 
 

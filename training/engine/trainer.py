@@ -36,6 +36,13 @@ from training.engine.logprobs import token_logprobs
 from training.engine.losses import aggregate, kl_k3, policy_loss
 from training.engine.tokenize import TokenizedSequence, tokenize_trajectory
 
+# The smallest micro-batch budget an out-of-memory retry goes down to (TrainConfig's own lower bound).
+MIN_MICRO_BATCH_TOKENS = 16
+
+
+class UpdateOutOfMemory(RuntimeError):
+    """The update does not fit the device's memory even one sequence per micro-batch; says what would."""
+
 
 @dataclass
 class _Sums:
@@ -81,6 +88,9 @@ class GRPOTrainer:
         self.packed = cfg.backend == "peft" if packed is None else bool(packed)
         self._base_dtype = resolve_dtype(cfg.dtype, self.device)  # what the loaders give the base weights
         self.step = 0
+        # The micro-batch budget in use: the config's, halved for good each time an update runs out of device
+        # memory (train_step), so later updates of the run start from what fitted.
+        self.micro_batch_tokens = cfg.micro_batch_tokens
         self._loaded: LoadedModel | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
@@ -184,23 +194,11 @@ class GRPOTrainer:
         seqs = [s for s in seqs if s.n_trainable > 0]
         total_tokens = sum(s.n_trainable for s in seqs)
         keys = [s.source[0] for s in seqs]  # a group's trajectories share their prompt
-        batches = self._plan(seqs, keys)
         lr = self.optimizer.param_groups[0]["lr"]
 
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums = _Sums()
-        processed = 0
-        try:
-            for rows in batches:
-                if should_stop is not None and should_stop():
-                    raise Cancelled(f"update {self.step + 1} cancelled before its optimizer step")
-                mb = self._batch([seqs[i] for i in rows], [keys[i] for i in rows])
-                processed += mb.tokens_processed
-                self._accumulate(mb, total_tokens, len(seqs), sums)
-        except BaseException:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise
+        budget_before = self.micro_batch_tokens
+        sums, processed, batches, out_of_memory = self._accumulate_all(seqs, keys, total_tokens, should_stop)
         grad_norm = self._clip_and_step(stepped := total_tokens > 0)
 
         elapsed = time.perf_counter() - start
@@ -226,12 +224,59 @@ class GRPOTrainer:
             "groups_skipped": adv.groups_skipped,
             "sequences_truncated": truncated,
             "micro_batches": len(batches),
+            "micro_batch_tokens": self.micro_batch_tokens,
+            # Times this update ran out of device memory and started again with half the micro-batch budget.
+            "out_of_memory_retries": out_of_memory,
+            "micro_batch_tokens_before": budget_before,
             "optimizer_stepped": int(stepped),
             "train_seconds": elapsed,
             "tokenize_seconds": tokenize_seconds,
             "tokens_per_second": total_tokens / elapsed if elapsed > 0 else 0.0,
             "advantages": adv.values,
         }
+
+    def _accumulate_all(
+        self, seqs: list[TokenizedSequence], keys: list[int], total_tokens: int, should_stop
+    ) -> tuple[_Sums, int, list[list[int]], int]:
+        """Every micro-batch's forward and backward, gradients summed in .grad: (sums, positions processed,
+        the micro-batches, out-of-memory retries).
+
+        An out-of-memory error of the device drops the partial gradients, halves the micro-batch budget and
+        starts the update over: the same sequences and the same sums in smaller pieces, so the result is the
+        one a smaller budget gives from the start. When one sequence per micro-batch does not fit either,
+        UpdateOutOfMemory says what would."""
+        retries = 0
+        while True:
+            batches = self._plan(seqs, keys)
+            self.optimizer.zero_grad(set_to_none=True)
+            sums, processed = _Sums(), 0
+            try:
+                for rows in batches:
+                    if should_stop is not None and should_stop():
+                        raise Cancelled(f"update {self.step + 1} cancelled before its optimizer step")
+                    mb = self._batch([seqs[i] for i in rows], [keys[i] for i in rows])
+                    processed += mb.tokens_processed
+                    self._accumulate(mb, total_tokens, len(seqs), sums)
+                return sums, processed, batches, retries
+            except torch.OutOfMemoryError as exc:
+                # Leave the handler before freeing: its traceback holds the failed micro-batch's tensors.
+                error = str(exc).splitlines()[0] if str(exc) else "out of memory"
+            except BaseException:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            if max(map(len, batches)) <= 1 or self.micro_batch_tokens <= MIN_MICRO_BATCH_TOKENS:
+                longest = max(len(s.input_ids) for s in seqs)
+                raise UpdateOutOfMemory(
+                    f"The update ran out of {self.device} memory even with one sequence per micro-batch (the "
+                    f"longest is {longest} tokens; {error}). A smaller max_seq_len or max_tokens, a smaller "
+                    "model or a 4-bit base, or more memory for training (a smaller inference KV cache, "
+                    "ARTWEB_VLLM_KV_CACHE_GB) would fit."
+                )
+            retries += 1
+            self.micro_batch_tokens = max(self.micro_batch_tokens // 2, MIN_MICRO_BATCH_TOKENS)
 
     def tokenize_groups(
         self, groups: list[list[dict]], advantages: list[list[float | None]], used: list[bool]
@@ -273,10 +318,10 @@ class GRPOTrainer:
         return result
 
     def _plan(self, seqs: list[TokenizedSequence], keys: list[int]) -> list[list[int]]:
-        """Micro-batches of sequence indices under cfg.micro_batch_tokens (real tokens when packed)."""
+        """Micro-batches of sequence indices under the micro-batch budget (real tokens when packed)."""
         if self.packed:
-            return plan_packed(seqs, keys, self.cfg.micro_batch_tokens)
-        return plan_micro_batches([len(s.input_ids) for s in seqs], self.cfg.micro_batch_tokens)
+            return plan_packed(seqs, keys, self.micro_batch_tokens)
+        return plan_micro_batches([len(s.input_ids) for s in seqs], self.micro_batch_tokens)
 
     def _batch(self, seqs: list[TokenizedSequence], keys: list[int]) -> MicroBatch:
         """Sequences with equal keys share their common prompt (packed layout only)."""

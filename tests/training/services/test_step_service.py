@@ -32,7 +32,7 @@ from training.engine import Cancelled
 from training.engine.advantages import compute_advantages
 from training.exports.tasks import run_exports_task
 from training.heatmap import CELL
-from training.models import Checkpoint, HeatmapColumn, Run, Step, Trajectory, TrajectoryGroup
+from training.models import Checkpoint, HeatmapColumn, Run, RunEvent, Step, Trajectory, TrajectoryGroup
 from training.services import inference, run_cancel, run_pause
 from training.services.broadcast import run_group_name
 from training.services.steps import run_step_execute
@@ -118,6 +118,7 @@ class FakeTrainer:
             "grad_norm": 1.5,
             "optimizer_stepped": 1,
             "advantages": compute_advantages(groups).values,
+            **self.world.update_figures,
         }
 
     def save_checkpoint(self, directory: str) -> dict:
@@ -137,6 +138,7 @@ class World:
         self.trainers: list[FakeTrainer] = []
         self.updates: list = []
         self.during_update = None
+        self.update_figures: dict = {}  # more of the update's own figures, as the trainer reports them
         self.closed = 0
         self.next_steps: list[tuple] = []
         self.exports: list[dict] = []
@@ -254,6 +256,21 @@ def test_it_records_a_completed_step_once_with_its_metrics_checkpoint_and_advant
     # Each group goes to the page twice: scored while the update trains, then with its advantages.
     assert len([m for m in messages if m["type"] == "group"]) == 8
     assert [m["status"] for m in messages if m["type"] == "status"] == ["starting", "running"]
+
+
+def test_an_update_that_fitted_after_running_out_of_memory_says_so_on_the_timeline(alice, world):
+    world.update_figures = {"out_of_memory_retries": 2, "micro_batch_tokens_before": 8192, "micro_batch_tokens": 2048}
+    run = execute(make_run(alice), step=1)
+    assert run.steps_done == 1  # the step itself went on as any other
+    (event,) = RunEvent.objects.filter(run=run, kind="update_out_of_memory")
+    assert "ran out of GPU memory with micro-batches of 8192 tokens; it ran again with 2048 (2 retries)" in (
+        event.message
+    )
+    assert "Set train.micro_batch_tokens to 2048" in event.message
+    assert event.data["level"] == "warning" and event.data["micro_batch_tokens"] == 2048
+    world.update_figures = {"out_of_memory_retries": 0, "micro_batch_tokens_before": 2048, "micro_batch_tokens": 2048}
+    execute(run, step=2)
+    assert RunEvent.objects.filter(run=run, kind="update_out_of_memory").count() == 1  # no retry, no event
 
 
 def test_a_second_execution_of_a_done_step_does_nothing(alice, world):

@@ -44,6 +44,7 @@ from training.services.steps.leases import Heartbeat, run_claim, run_release, wo
 from training.services.steps.recovery import requeue_after_database_loss, retry_after_inference_death
 
 logger = logging.getLogger(__name__)
+OUT_OF_MEMORY_EVENT = "update_out_of_memory"
 
 
 S = Run.Status
@@ -240,6 +241,8 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         inference.trainer_close()  # its state may be mid-accumulation: reload from the checkpoint next time
         raise StepAborted(hb.stop_reason()) from exc
     timings["train"] = time.perf_counter() - t
+    if retries := int(train_metrics.get("out_of_memory_retries", 0)):
+        _out_of_memory_event(run, step, train_metrics, retries)
     if request is not None and request.prestart_next:
         prestart_batch(request)
     advantages = train_metrics.pop("advantages", None) or []
@@ -311,6 +314,21 @@ def _first_error(results) -> str:
 
 def _fmt(x):
     return "n/a" if x is None else f"{x:.3f}"
+
+
+def _out_of_memory_event(run: Run, step: int, train_metrics: dict, retries: int) -> None:
+    """The update ran out of device memory and fitted with smaller micro-batches: say so, and where to start."""
+    before, now = int(train_metrics["micro_batch_tokens_before"]), int(train_metrics["micro_batch_tokens"])
+    run_event(
+        run=run,
+        kind=OUT_OF_MEMORY_EVENT,
+        message=(
+            f"Step {step}'s update ran out of GPU memory with micro-batches of {before} tokens; it ran again "
+            f"with {now} ({retries} {'retry' if retries == 1 else 'retries'}), and later steps start there. "
+            f"Set train.micro_batch_tokens to {now} to skip the retry in the next run."
+        ),
+        data={"step": step, "level": "warning", "micro_batch_tokens": now, "before": before, "retries": retries},
+    )
 
 
 def _numeric(d: dict) -> dict:
