@@ -38,13 +38,18 @@ FORWARDED_ROUTES = {("POST", "/v1/chat/completions"): "/chat/completions", ("POS
 PASSED_ROUTES = "POST /v1/chat/completions, POST /v1/completions and GET /v1/models"
 
 # The request fields passed on, per route: OpenAI's own that an inference server handles as OpenAI does,
-# and return_token_ids, which the SDK adds to every chat request (the trainer needs the sampled ids).
+# return_token_ids, which the SDK adds to every chat request (the trainer needs the sampled ids), and the
+# sampling knobs of vLLM's that only shape the caller's own completion (top_k, min_p, repetition_penalty,
+# ignore_eos ...; agent scripts pass them in extra_body, and their cost is bounded by the token caps).
 # Anything else is an inference server's extension and refused: vLLM's priority (jumping other batches'
 # queue), kv_transfer_params, vllm_xargs, chat_template and chat_template_kwargs (the caller's own Jinja
-# or its variables in the server's template), and whatever a later server version adds.
+# or its variables in the server's template), guided decoding and cache salts, and whatever a later server
+# version adds.
 _SAMPLING = frozenset(
     "model n max_tokens temperature top_p stop seed stream stream_options presence_penalty frequency_penalty "
-    "logit_bias logprobs user return_token_ids".split()
+    "logit_bias logprobs user return_token_ids "
+    "top_k min_p repetition_penalty min_tokens ignore_eos stop_token_ids skip_special_tokens "
+    "spaces_between_special_tokens include_stop_str_in_output".split()
 )
 FORWARDED_FIELDS = {
     "/chat/completions": _SAMPLING
@@ -358,7 +363,7 @@ class InferenceProxy:
             return _error(
                 400,
                 f"The request field(s) {', '.join(unknown)} are not accepted here: the proxy passes only "
-                f"OpenAI's own fields for {suffix} ({', '.join(sorted(allowed))}).",
+                f"OpenAI's own fields and vLLM's sampling options for {suffix} ({', '.join(sorted(allowed))}).",
                 "field_not_allowed",
             )
         for name, cap in self._caps.items():

@@ -511,6 +511,26 @@ def test_it_refuses_an_inference_servers_own_request_fields(served, upstream, fi
     assert upstream.requests == []
 
 
+def test_it_passes_vllms_sampling_options_that_shape_only_the_callers_completion(served, upstream):
+    """Agent scripts pass these in extra_body; each bears on its own request only, within the token caps."""
+    options = {
+        "top_k": 20,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "min_tokens": 4,
+        "ignore_eos": True,
+        "stop_token_ids": [2],
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": True,
+        "include_stop_str_in_output": True,
+    }
+    with http(served) as client:
+        assert client.post("/chat/completions", json=chat(**options)).status_code == 200
+        assert client.post("/chat/completions", json=chat(ignore_eos=True, priority=-1)).status_code == 400
+    (sent,) = upstream.requests
+    assert {k: sent["body"][k] for k in options} == options
+
+
 def test_it_passes_the_openai_fields_rollouts_use(served, upstream):
     """What the SDK adds (logprobs, return_token_ids, the run's sampling) and what scripts and RULER send."""
     fields = {
