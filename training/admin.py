@@ -367,41 +367,39 @@ class ExportTargetAdmin(admin.ModelAdmin):
             self.message_user(request, f"{target}: {result.message}", messages.SUCCESS if result.ok else messages.ERROR)
 
 
+class _RecountOnDelete:
+    """A deletion in this admin counts the stored bytes of what held the deleted rows again (their owners'
+    storage quota): `held_by` names the field ("run" or "group") whose rows are recounted."""
+
+    held_by: str
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        trajectory_bytes_recount(**{f"{self.held_by}_ids": {getattr(obj, f"{self.held_by}_id")}})
+
+    def delete_queryset(self, request, queryset):
+        ids = set(queryset.values_list(f"{self.held_by}_id", flat=True))
+        super().delete_queryset(request, queryset)
+        trajectory_bytes_recount(**{f"{self.held_by}_ids": ids})
+
+
 @admin.register(TrajectoryGroup)
-class TrajectoryGroupAdmin(admin.ModelAdmin):
+class TrajectoryGroupAdmin(_RecountOnDelete, admin.ModelAdmin):
     list_display = ("run", "step", "split", "reward_mean", "reward_std", "error_count", "skipped")
     list_filter = ("split", "skipped")
     list_select_related = ("run",)
     raw_id_fields = ("run", "scenario")
-
-    # A deletion here counts the runs' stored bytes again (their owners' storage quota).
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        trajectory_bytes_recount(run_ids={obj.run_id})
-
-    def delete_queryset(self, request, queryset):
-        run_ids = set(queryset.values_list("run_id", flat=True))
-        super().delete_queryset(request, queryset)
-        trajectory_bytes_recount(run_ids=run_ids)
+    held_by = "run"
 
 
 @admin.register(Trajectory)
-class TrajectoryAdmin(admin.ModelAdmin):
+class TrajectoryAdmin(_RecountOnDelete, admin.ModelAdmin):
     list_display = ("run", "step", "group", "index", "reward", "advantage", "completion_tokens")
     list_select_related = ("run",)
     raw_id_fields = ("run", "group")
     search_fields = ("search_text",)
     show_full_result_count = False  # a COUNT over millions of rows would make the page slow
-
-    # A deletion here counts the groups' and runs' stored bytes again (their owners' storage quota).
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        trajectory_bytes_recount(group_ids={obj.group_id})
-
-    def delete_queryset(self, request, queryset):
-        group_ids = set(queryset.values_list("group_id", flat=True))
-        super().delete_queryset(request, queryset)
-        trajectory_bytes_recount(group_ids=group_ids)
+    held_by = "group"  # recounting a group recounts its run too
 
 
 @admin.register(DryRun)
