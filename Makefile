@@ -19,7 +19,7 @@ BENCH_SEEDS ?= 3
 # native, or another processor's code paths taken on this one (bench/cpu_isa.py): avx2, avx512.
 BENCH_ISA ?= native
 
-.PHONY: run test install browser-deps sandbox-deps lint stop-services bench
+.PHONY: run test test-fast install browser-deps sandbox-deps lint docs stop-services bench
 
 install: $(STAMP)
 
@@ -38,8 +38,7 @@ run: install sandbox-deps
 stop-services:
 	$(PY) -m artweb.launcher stop
 
-# bubblewrap and libseccomp (its system-call filter): the jail around user code (README, "What isolates
-# user code").
+# bubblewrap and libseccomp (its system-call filter): the jail around user code (docs/security/sandbox.md).
 sandbox-deps:
 	@if ! command -v bwrap >/dev/null || ! /sbin/ldconfig -p | grep -q 'libseccomp\.so\.2 '; then \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
@@ -59,9 +58,24 @@ test: install browser-deps sandbox-deps
 	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' DB_CONN_MAX_AGE=0 $(PY) -m pytest $(PYTEST_ARGS); \
 	rc=$$?; if [ $$rc = 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# The suite without an inference server, a browser, a worker process or a GPU (markers: pyproject.toml,
+# tests/fixtures/tiers.py): a few minutes on two cores. `make test` runs everything, as CI does.
+FAST_MARKERS := not vllm and not ct2 and not browser and not worker and not e2e and not slow and not gpu
+
+test-fast: install sandbox-deps
+	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='$(TEST_REDIS_URL)' DB_CONN_MAX_AGE=0 $(PY) -m pytest -m '$(FAST_MARKERS)' $(PYTEST_ARGS); \
+	rc=$$?; if [ $$rc = 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link or anchor, or a page left
+# out of the navigation, fails the build. It needs MkDocs only, not the CPU stack.
+docs:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 bench: install sandbox-deps
 	@# The head-to-head benchmark against TRL (bench/trl_compare.py); writes bench/results/trl_compare.md.

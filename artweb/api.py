@@ -29,7 +29,7 @@ from rest_framework.views import APIView
 from artweb.api_errors import PayloadTooLarge, exception_handler
 from artweb.errors import ApplicationError
 from artweb.jsonlimits import JSONLimitError, json_loads_limited
-from rollouts.runtime.jsonsafe import loads_bounded
+from rollouts.sandbox.jsonsafe import loads_bounded
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -6,5 +6,7 @@ urlpatterns = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("rollouts.api_urls")),
     path("", include("training.api_urls")),
-    path("openai/", include("training.openai_urls")),
+    path("", include("training.analytics.api_urls")),
+    path("", include("training.serving.api_urls")),
+    path("openai/", include("training.serving.openai_urls")),
 ]

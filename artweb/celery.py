@@ -17,11 +17,8 @@ app.conf.task_queues = (
     Queue("default", Exchange("default"), routing_key="default"),
     Queue("gpu", Exchange("gpu"), routing_key="gpu"),
 )
-# Work that needs the inference server or the trainer goes to the GPU workers.
-app.conf.task_routes = {
-    task_names.RUN_STEP: {"queue": "gpu"},
-    task_names.DRY_RUN: {"queue": "gpu"},
-}
+# Work that needs the inference server or the trainer goes to the GPU workers (training.task_names).
+app.conf.task_routes = {name: {"queue": queue} for name, queue in task_names.QUEUES.items()}
 app.autodiscover_tasks()
 
 
@@ -35,7 +32,7 @@ def _start_sweeper(**kwargs) -> None:
 
 
 # The GPU workers serve the OpenAI-compatible endpoint too, from a thread of the process that holds the
-# inference server (the pool child under prefork, the worker itself under solo): training.services.serving.
+# inference server (the pool child under prefork, the worker itself under solo): training.serving.worker.
 _SERVES = "ARTWEB_SERVING_WORKER"
 
 
@@ -53,7 +50,7 @@ def _mark_serving(options=None, **kwargs) -> None:
 @worker_process_init.connect
 def _serve_in_child(**kwargs) -> None:
     if os.environ.get(_SERVES):
-        from training.services.serving import serve_loop_start
+        from training.serving.worker import serve_loop_start
 
         serve_loop_start()
 
@@ -61,7 +58,7 @@ def _serve_in_child(**kwargs) -> None:
 @worker_ready.connect
 def _serve_in_worker(**kwargs) -> None:
     if os.environ.get(_SERVES) in ("solo", "threads"):
-        from training.services.serving import serve_loop_start
+        from training.serving.worker import serve_loop_start
 
         serve_loop_start()
 

@@ -2,7 +2,7 @@
 json_loads_limited, so none nests deeper than settings.ARTWEB_MAX_JSON_DEPTH (or reaches a
 RecursionError) and none carries NaN or Infinity, which PostgreSQL's jsonb refuses.
 
-The depth check itself is rollouts.runtime.jsonsafe, pure, which the worker's record reader uses too.
+The depth check itself is rollouts.sandbox.jsonsafe, pure, which the worker's record reader uses too.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from rollouts.runtime.jsonsafe import JSONLimitError, loads_bounded
+from rollouts.sandbox.jsonsafe import JSONLimitError, loads_bounded
 
 __all__ = ["JSONLimitError", "json_loads_limited"]
 

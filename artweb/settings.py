@@ -56,11 +56,12 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "rest_framework.authtoken",
-    "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI files served locally: the docs page works offline
+    "artweb",
     "rollouts",
     "training",
+    "training.serving",
 ]
 
 MIDDLEWARE = [
@@ -91,6 +92,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "artweb.visibility.visibility_context",
             ],
         },
     },
@@ -155,7 +157,7 @@ MEDIA_ROOT = DATA_DIR / "uploads"
 FILE_UPLOAD_PERMISSIONS = 0o600
 FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
 # Every JSON body (API, forms, uploads' lines) is refused with a 400 naming this limit when its arrays and
-# objects nest deeper (rollouts.runtime.jsonsafe): Python's parser would recurse into a stack overflow.
+# objects nest deeper (rollouts.sandbox.jsonsafe): Python's parser would recurse into a stack overflow.
 ARTWEB_MAX_JSON_DEPTH = env.int("ARTWEB_MAX_JSON_DEPTH", default=64)
 # Bodies over this are refused by artweb.asgi before Django reads them (413). Above the largest upload
 # (a 20 MiB scenario file, 30 MiB as a JSON body); DATA_UPLOAD_MAX_MEMORY_SIZE still limits form fields.
@@ -248,9 +250,9 @@ ARTWEB = {
     # None: 0.25 GiB on a CPU (a step of 24 rollouts of the default model uses ~60 MB of it; the whole cache
     # is resident in the worker's tree from the server's start), 2 on a GPU. Fractions allowed.
     "VLLM_KV_CACHE_GB": env.float("ARTWEB_VLLM_KV_CACHE_GB", default=None),
-    # "auto": merged weights on the CPU build, runtime LoRA on GPU (see rollouts.runtime.vllm_server).
+    # "auto": merged weights on the CPU build, runtime LoRA on GPU (see rollouts.inference.vllm_server).
     "VLLM_ADAPTER_MODE": env.str("ARTWEB_VLLM_ADAPTER_MODE", default="auto"),
-    # The inference server of a CPU worker: "auto" (measured per processor, rollouts.runtime.cpu_probe),
+    # The inference server of a CPU worker: "auto" (measured per processor, rollouts.inference.cpu_probe),
     # "vllm" or "ctranslate2". A GPU worker runs vLLM unless told otherwise.
     "INFERENCE_ENGINE": env.str("ARTWEB_INFERENCE_ENGINE", default="auto"),
     "TRAINER_BACKEND": env.str("ARTWEB_TRAINER_BACKEND", default="peft"),
@@ -258,7 +260,7 @@ ARTWEB = {
     "HEARTBEAT_SECONDS": env.int("ARTWEB_HEARTBEAT_SECONDS", default=15),
     # How often a worker sweeps for stale runs and owed messages (training.sweeper); 0 turns it off.
     "SWEEP_SECONDS": env.float("ARTWEB_SWEEP_SECONDS", default=10.0),
-    # How user code is isolated (rollouts.runtime.jail): "jail" (bubblewrap + cgroups; the worker must run
+    # How user code is isolated (rollouts.sandbox.jail): "jail" (bubblewrap + cgroups; the worker must run
     # as root) or "insecure-no-jail", a development opt-out that leaves the worker ownable by any script
     # and marks every run that uses it with a warning event.
     "SANDBOX": env.str("ARTWEB_SANDBOX", default="jail"),
@@ -271,7 +273,7 @@ ARTWEB = {
     "SANDBOX_UID_LOCKS": env.str("ARTWEB_SANDBOX_UID_LOCKS", default="/run/artweb-sandbox-uids"),
     # A delegated cgroup v2 directory for the batches' limits; empty: the host's hierarchy (root only).
     "SANDBOX_CGROUP": env.str("ARTWEB_SANDBOX_CGROUP", default=""),
-    # The OpenAI-compatible endpoint (training.services.serving): how long a request may wait for a worker
+    # The OpenAI-compatible endpoint (training.serving): how long a request may wait for a worker
     # and its answer, and how many adapters each worker keeps ready (LRU).
     "SERVE_TIMEOUT_SECONDS": env.float("ARTWEB_SERVE_TIMEOUT_SECONDS", default=600.0),
     "SERVE_ADAPTERS": env.int("ARTWEB_SERVE_ADAPTERS", default=4),
@@ -341,11 +343,11 @@ ARTWEB_QUOTA_TRAJECTORY_MB = env.int("ARTWEB_QUOTA_TRAJECTORY_MB", default=10240
 ARTWEB_QUOTA_CONCURRENT_RUNS = env.int("ARTWEB_QUOTA_CONCURRENT_RUNS", default=8)  # runs queued or running
 ARTWEB_QUOTA_STEPS_PER_DAY = env.int("ARTWEB_QUOTA_STEPS_PER_DAY", default=5000)  # training steps in 24 hours
 
-# The egress guard (rollouts.runtime.egress) for every connection made on a user's behalf: export targets
+# The egress guard (rollouts.sandbox.egress) for every connection made on a user's behalf: export targets
 # and their test events, judge endpoints, the jail's HTTPS tunnels. Loopback, private, link-local and other
 # non-public addresses are refused unless listed in ARTWEB_EGRESS_ALLOW as host:port (e.g.
 # wandb.internal:8080,[::1]:8443); ports other than 443 and 80 unless listed in ARTWEB_EGRESS_PORTS.
-from rollouts.runtime.egress import EgressPolicy  # noqa: E402  (pure: imports no Django)
+from rollouts.sandbox.egress import EgressPolicy  # noqa: E402  (pure: imports no Django)
 
 try:
     ARTWEB_EGRESS = EgressPolicy.parse(

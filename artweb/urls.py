@@ -11,5 +11,6 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("artweb.api_urls")),
     path("", include("training.urls")),
+    path("", include("training.serving.urls")),
     path("", include("rollouts.urls")),
 ]

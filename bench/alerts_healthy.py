@@ -2,7 +2,7 @@
 
 Runs the example task with the launch form's defaults (bench.run_curve.run_artweb) through a real worker,
 prints the alerts the run raised (none is the expected answer: the run learns) and writes its steps'
-stored metrics to tests/fixtures/example_run_steps.json, which tests/training/services/test_alerts.py
+stored metrics to tests/fixtures/example_run_steps.json, which tests/analytics/test_alerts.py
 replays through every rule.
 
     python -m bench.alerts_healthy --steps 20
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from bench.run_curve import print_curve, run_artweb
+from training.analytics.alerts import EVENT_KINDS
 from training.models import Run, RunEvent, Step
-from training.services.alerts import EVENT_KINDS
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "example_run_steps.json"
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from artweb.launcher.worker import gpu_worker_env
 from bench.cpu_isa import ISA_ENV, cpu_flags
 from bench.rollout_bench import cpu_name, direct
-from rollouts.runtime.vllm_server import VLLMServer
+from rollouts.inference.vllm_server import VLLMServer
 from training.engine.default_model import ensure_default_model
 
 RESULTS = REPO / "bench" / "results" / "cpu_paths.md"

@@ -36,8 +36,8 @@ from django.test import Client
 from django.test.utils import setup_test_environment
 from django.urls import reverse
 
+from artweb.testing import stack
 from bench.run_curve import PeakMemory
-from tests.e2e import stack
 from training.models import Run, Step
 
 REPO = Path(__file__).resolve().parents[1]

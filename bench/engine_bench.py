@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from training.engine import TrainConfig, make_trainer
+from training.engine.config import TrainConfig
+from training.engine.trainer import make_trainer
 
 # Architectures of public models, for benchmarking at their size without their weights.
 SHAPES = {

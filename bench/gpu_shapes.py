@@ -80,7 +80,7 @@ def adapter_vs_base(
 ) -> dict:
     """Jailed-sandbox rollouts on the base model and through `adapter`, alternating; tokens/s of each round."""
     from bench.rollout_bench import measure
-    from rollouts.runtime.vllm_server import VLLMServer
+    from rollouts.inference.vllm_server import VLLMServer
 
     server = VLLMServer(
         model_dir,

@@ -135,7 +135,7 @@ def build_run(groups_per_step: int):
                 reward = round(sum(rng.random() < p for _ in range(8)) / 8, 4)
                 copy.write_row((run.id, step, "train", scenario_ids[i], reward, 0.3, 0, False, False, now))
     # As the run's step commits would have: each step's heatmap column, from its groups.
-    from training.heatmap import heatmap_columns_record
+    from training.analytics.heatmap import heatmap_columns_record
 
     for step in range(1, STEPS + 1):
         heatmap_columns_record(run_id=run.id, step=step)
@@ -156,7 +156,7 @@ def session_cookie(user) -> str:
 def measure(base: str, cookie: str, run_id: int, loads: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from tests.browser.server import CHROMIUM, CHROMIUM_ARGS
+    from artweb.testing.web import CHROMIUM, CHROMIUM_ARGS
 
     host = base.split("//", 1)[1].split(":")[0]
     url = f"/runs/{run_id}/heatmap/"
@@ -224,7 +224,7 @@ def main() -> None:
     from django.conf import settings
     from django.core.management import call_command
 
-    from tests.browser.server import AsgiServer
+    from artweb.testing.web import AsgiServer
 
     call_command("migrate", verbosity=0)
     t0 = time.perf_counter()

@@ -27,9 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rollouts.runtime import seccomp
-from rollouts.runtime.jail import Jail, JailConfig, JailLimits
-from rollouts.runtime.sandbox import FALLBACKS_DIR, GUEST_DIR
+from rollouts.sandbox import seccomp
+from rollouts.sandbox.jail import Jail, JailConfig, JailLimits
+from rollouts.sandbox.mounts import FALLBACKS_DIR, GUEST_DIR
 
 
 def cpu_model() -> str:

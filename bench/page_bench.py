@@ -189,7 +189,7 @@ def measure_live(base: str, cookie: str, run, n: int) -> list[tuple[float, float
     from django.db import connection, transaction
     from playwright.sync_api import sync_playwright
 
-    from tests.browser.server import CHROMIUM, CHROMIUM_ARGS
+    from artweb.testing.web import CHROMIUM, CHROMIUM_ARGS
     from training.models import Run, Step
     from training.services.broadcast import run_broadcast
 
@@ -271,7 +271,7 @@ def main() -> None:
 
     from django.conf import settings
 
-    from tests.browser.server import AsgiServer
+    from artweb.testing.web import AsgiServer
 
     server = AsgiServer(
         database_url=BENCH_DB,

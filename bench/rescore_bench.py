@@ -108,7 +108,8 @@ def workload(steps: int, groups: int, size: int) -> list[list[tuple[dict, list[l
 
 def in_step(work, reward: str, jail) -> float:
     """Seconds for every step's sandbox batch, reward attached, rollouts replayed."""
-    from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
+    from rollouts.sandbox.batch import SandboxLimits
+    from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
 
     started = time.perf_counter()
     for step, groups in enumerate(work, start=1):
@@ -133,7 +134,8 @@ def in_step(work, reward: str, jail) -> float:
 
 def scores_per_step(work, reward: str, jail) -> float:
     """Seconds for run_scores, one batch per step (the step's batching, the re-scoring runtime)."""
-    from rollouts.runtime.sandbox import SandboxLimits, ScoreGroup, ScoreRequest, run_scores
+    from rollouts.sandbox.batch import SandboxLimits
+    from rollouts.sandbox.scores import ScoreGroup, ScoreRequest, run_scores
 
     started = time.perf_counter()
     for groups in work:
@@ -227,8 +229,8 @@ def seed(work, reward: str):
 
 
 def rescore_service(user, run, reward_v) -> float:
+    from training.analytics.rescores import rescore_create, rescore_execute
     from training.models import Rescore
-    from training.services.rescores import rescore_create, rescore_execute
 
     rescore = rescore_create(user=user, run=run, reward_version=reward_v)
     started = time.perf_counter()

@@ -34,14 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.cpu_isa import ISA_ENV, cpu_flags, reexec_with
-from rollouts.runtime.jail import OPT_OUT, JailConfig
-from rollouts.runtime.sandbox import (
-    RolloutRequest,
-    SandboxLimits,
-    default_sandboxes,
-    prestarted,
-    run_rollouts,
-)
+from rollouts.sandbox.batch import SandboxLimits, default_sandboxes
+from rollouts.sandbox.jail import OPT_OUT, JailConfig
+from rollouts.sandbox.prestart import prestarted
+from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
 
 SCRIPT = """
 import art
@@ -262,7 +258,7 @@ def main() -> None:
     server = None
     base_url, base_name, api_key = args.base_url, args.model, args.api_key
     if base_url is None and args.engine == "ctranslate2":
-        from rollouts.runtime.ct2_server import CT2Server
+        from rollouts.inference.ct2_server import CT2Server
         from training.engine.default_model import ensure_default_model
 
         model_dir = str(ensure_default_model(Path(args.data_dir)).path)
@@ -273,7 +269,7 @@ def main() -> None:
         print(f"CTranslate2 server up in {time.perf_counter() - started:.0f} s", flush=True)
         base_url, base_name, api_key = server.base_url, server.ensure_base(), server.api_key
     if base_url is None:
-        from rollouts.runtime.vllm_server import VLLMServer
+        from rollouts.inference.vllm_server import VLLMServer
         from training.engine.default_model import ensure_default_model
 
         model_dir = str(ensure_default_model(Path(args.data_dir)).path)

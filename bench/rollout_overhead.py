@@ -49,10 +49,12 @@ from pathlib import Path
 from aiohttp import web
 
 from bench.task import EXAMPLES, load_scenarios
-from rollouts.runtime import sandbox
-from rollouts.runtime.jail import JailConfig
-from rollouts.runtime.proxy import InferenceProxy
-from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, default_sandboxes, prestarted, run_rollouts
+from rollouts.sandbox import prestart, process
+from rollouts.sandbox.batch import SandboxLimits, default_sandboxes
+from rollouts.sandbox.jail import JailConfig
+from rollouts.sandbox.prestart import prestarted
+from rollouts.sandbox.proxy import InferenceProxy
+from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
 
 REPLY = "The blue sea is calm and bright."
 REPLY_TOKEN_IDS = [504, 3840, 1891, 314, 4689, 284, 5476, 30]  # eight ids below SmolLM2's 49152
@@ -180,7 +182,7 @@ class Probes:
         self.times = {}
 
     def install(self) -> None:
-        started_batch = sandbox._StartedBatch
+        started_batch = prestart.StartedBatch
         original_start = started_batch.start.__func__
         original_hand_over = started_batch.hand_over
         original_close = started_batch.close
@@ -188,7 +190,7 @@ class Probes:
         original_add = prestarted.add
         original_handle = InferenceProxy._handle
         original_proxy_close = InferenceProxy.close
-        original_accept = sandbox._Sandbox._accept
+        original_accept = process.Sandbox._accept
         probes = self
 
         def start(cls, shape, *, prefix, box_type=None, ahead=False):
@@ -234,7 +236,7 @@ class Probes:
             if message.get("kind") == "done":
                 probes.note("said_done")
 
-        sandbox._Sandbox._accept = accept
+        process.Sandbox._accept = accept
         InferenceProxy.close = proxy_close
         started_batch.start = classmethod(start)
         started_batch.hand_over = hand_over

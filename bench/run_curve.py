@@ -30,8 +30,8 @@ from django.contrib.auth import get_user_model
 from django.db.models import Sum
 
 from artweb.launcher.worker import gpu_worker_command, gpu_worker_env
+from artweb.testing import stack
 from rollouts.services import reward_create, scenario_set_create, script_create
-from tests.e2e import stack
 from training.engine.default_model import ensure_default_model
 from training.models import Run, Step, Trajectory
 from training.services import base_model_register, run_create

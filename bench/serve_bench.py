@@ -98,13 +98,13 @@ def main() -> None:
     from django.core.management import call_command
     from rest_framework.authtoken.models import Token
 
-    from rollouts.runtime.vllm_server import VLLMServer
-    from tests.browser.server import AsgiServer
-    from tests.e2e.serving import make_served_run
-    from tests.fixtures.vllm import default_model_dir
-    from tests.rollouts.runtime.adapters import make_adapter
+    from artweb.testing.serving import make_served_run
+    from artweb.testing.web import AsgiServer
+    from artweb.testing.weights import default_model_dir, make_adapter
+    from rollouts.inference.vllm_server import VLLMServer
     from training.models import Checkpoint
-    from training.services import inference, serving
+    from training.services import inference
+    from training.serving import worker
 
     call_command("migrate", verbosity=0)
     # A user of each run's own: the bench database keeps earlier runs' rows.
@@ -132,7 +132,7 @@ def main() -> None:
     server.start(timeout=1800)
     start_s = time.perf_counter() - t0
     inference._server, inference._server_model = server, inference._served_as(model)
-    serving.serve_loop_start()
+    worker.serve_loop_start()
     web = AsgiServer(
         database_url=BENCH_DB,
         channel_prefix="artweb-serve-bench",
@@ -141,7 +141,7 @@ def main() -> None:
     ).start()
     try:
         # Adapter load on first use: each checkpoint's first ensure() (merge + weights reload on the CPU build).
-        cache = serving.adapter_cache_for(server)
+        cache = worker.adapter_cache_for(server)
         loads = []
         for c in extra:
             t = time.perf_counter()
@@ -167,7 +167,7 @@ def main() -> None:
                 for bucket, url, headers, model_name in pair if k % 2 == 0 else reversed(pair):
                     bucket.append(first_token_s(http, url, headers, model_name, seed=1000 + k))
     finally:
-        serving.serve_loop_stop()
+        worker.serve_loop_stop()
         web.stop()
         server.stop()
 

@@ -19,7 +19,7 @@ Then:
    attributed.
 
 Prints a markdown report and writes it to --out, headed by the processor, its flags and the inference
-server the worker chose for it (rollouts.runtime.cpu_probe). Uses the database and Redis the settings
+server the worker chose for it (rollouts.inference.cpu_probe). Uses the database and Redis the settings
 point at.
 """
 
@@ -65,7 +65,8 @@ def engine_update(
 ) -> dict:
     """Time the engine's update on `groups`; write the same batch as token ids for TRL to batch_file."""
     from bench.trl_grpo import batch_of
-    from training.engine import TrainConfig, make_trainer
+    from training.engine.config import TrainConfig
+    from training.engine.trainer import make_trainer
 
     trainer = make_trainer(TrainConfig(learning_rate=learning_rate), base_model_path=str(model_dir))
     trainer.load(None)

@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     from trl import GRPOTrainer
 
     from bench import trl_grpo
-    from training.engine import TrainConfig, make_trainer
+    from training.engine.config import TrainConfig
+    from training.engine.trainer import make_trainer
 
     def artweb_trainer():
         t = make_trainer(

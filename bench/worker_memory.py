@@ -30,9 +30,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from artweb.testing import stack
 from bench.defaults_learn import _cpu
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
-from tests.e2e import stack
 from training.models import PretrainedModel, Run
 from training.services import run_create
 

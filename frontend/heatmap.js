@@ -1,6 +1,6 @@
 // The scenario × step heatmap (Plotly, from the server's copy of plotly.js).
 //
-// The page embeds the API's payload (training/heatmap.py says how it is packed): rows × columns bytes,
+// The page embeds the API's payload (training/analytics/heatmap.py says how it is packed): rows × columns bytes,
 // base64. They are decoded once into one Float32Array per row (NaN: no group), drawn as a heatmap, and
 // kept up to date from the run's WebSocket: a scored group whose cell is on screen is folded into it;
 // one for a scenario or a step not shown yet, and every (re)connect, fetch the view again (an ETag

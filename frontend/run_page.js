@@ -8,6 +8,7 @@ import { LiveSocket, showConnState } from "./ws.js";
 const data = JSON.parse(document.getElementById("run-data").textContent);
 const state = {
   status: data.status,
+  actions: data.actions || [], // what the server allows now (training.services.runs.run_actions)
   stepsDone: data.steps_done,
   numSteps: data.num_steps,
   lastStep: data.last_step ?? -1,
@@ -40,7 +41,6 @@ if (slider) {
 // --- status, progress, ETA --------------------------------------------------------------------------
 const durations = [...((data.series.duration_s || {}).y || [])].slice(-20);
 const FINAL = ["completed", "failed", "cancelled"];
-const ACTIVE = ["queued", "starting", "running"];
 
 function fmtDuration(s) {
   if (!isFinite(s) || s < 0) return "—";
@@ -63,15 +63,9 @@ function renderStatus() {
     const mean = durations.reduce((a, b) => a + b, 0) / durations.length;
     eta.textContent = fmtDuration(mean * (state.numSteps - state.stepsDone));
   } else eta.textContent = "—";
-  const allowed = {
-    cancel: !FINAL.includes(state.status),
-    pause: ACTIVE.includes(state.status),
-    resume: state.status === "paused",
-    retry: state.status === "failed" || state.status === "cancelled",
-  };
-  for (const [action, ok] of Object.entries(allowed)) {
-    const button = document.querySelector(`[data-action="${action}"]`);
-    if (button) button.disabled = !ok;
+  // The buttons the server's answer allows; the page knows no rule of its own.
+  for (const button of document.querySelectorAll("#run-actions [data-action]")) {
+    button.disabled = !state.actions.includes(button.dataset.action);
   }
 }
 
@@ -258,6 +252,7 @@ function onMessage(msg) {
     case "step": addStep(msg); break;
     case "status":
       state.status = msg.status ?? state.status;
+      state.actions = msg.actions ?? state.actions;
       if (typeof msg.steps_done === "number") state.stepsDone = msg.steps_done;
       if (typeof msg.num_steps === "number") state.numSteps = msg.num_steps;
       renderStatus();

@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from artweb.visibility import VisibleAdminMixin
 from rollouts.models import (
     RewardFunction,
     RewardFunctionVersion,
@@ -26,20 +27,20 @@ class RewardVersionInline(admin.TabularInline):
 
 
 @admin.register(RolloutScript)
-class RolloutScriptAdmin(admin.ModelAdmin):
+class RolloutScriptAdmin(VisibleAdminMixin, admin.ModelAdmin):
     list_display = ("name", "owner", "updated_at")
     search_fields = ("name", "owner__username")
     inlines = [ScriptVersionInline]
 
 
 @admin.register(RewardFunction)
-class RewardFunctionAdmin(admin.ModelAdmin):
+class RewardFunctionAdmin(VisibleAdminMixin, admin.ModelAdmin):
     list_display = ("name", "owner", "updated_at")
     search_fields = ("name", "owner__username")
     inlines = [RewardVersionInline]
 
 
 @admin.register(ScenarioSet)
-class ScenarioSetAdmin(admin.ModelAdmin):
+class ScenarioSetAdmin(VisibleAdminMixin, admin.ModelAdmin):
     list_display = ("name", "owner", "train_count", "validation_count", "created_at")
     search_fields = ("name",)

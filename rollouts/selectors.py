@@ -1,22 +1,23 @@
-"""Reads for uploads and scenario sets, scoped to what the user may see."""
+"""Reads for uploads and scenario sets, scoped to what the user may see (the rule of artweb.visibility)."""
 
 from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
+from artweb.visibility import visible
 from rollouts.models import (
     RewardFunction,
     RewardFunctionVersion,
     RolloutScript,
     RolloutScriptVersion,
+    Scenario,
     ScenarioSet,
 )
 
 
 def _visible(model, user) -> QuerySet:
-    qs = model.objects.all()
-    return qs if user.is_staff else qs.filter(owner=user)
+    return visible(model.objects.all(), user)
 
 
 def script_list(*, user) -> QuerySet[RolloutScript]:
@@ -43,12 +44,17 @@ def scenario_set_get(*, user, scenario_set_id: int) -> ScenarioSet:
     return get_object_or_404(_visible(ScenarioSet, user), id=scenario_set_id)
 
 
+def scenario_list(*, user) -> QuerySet[Scenario]:
+    """Scenarios of the scenario sets the user may see."""
+    return visible(Scenario.objects.select_related("scenario_set"), user, owner_field="scenario_set__owner")
+
+
 def script_version_list(*, user) -> QuerySet[RolloutScriptVersion]:
     """Versions of the scripts the user may launch with (staff: all), newest first per script."""
     qs = RolloutScriptVersion.objects.select_related("asset").order_by("asset__name", "-number")
-    return qs if user.is_staff else qs.filter(asset__owner=user)
+    return visible(qs, user, owner_field="asset__owner")
 
 
 def reward_version_list(*, user) -> QuerySet[RewardFunctionVersion]:
     qs = RewardFunctionVersion.objects.select_related("asset").order_by("asset__name", "-number")
-    return qs if user.is_staff else qs.filter(asset__owner=user)
+    return visible(qs, user, owner_field="asset__owner")

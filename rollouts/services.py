@@ -22,7 +22,7 @@ from rollouts.models import (
     Scenario,
     ScenarioSet,
 )
-from rollouts.runtime.validation import validate_reward, validate_script
+from rollouts.sandbox.validation import validate_reward, validate_script
 
 MAX_SCENARIO_BYTES = 20 * 1024 * 1024
 MAX_SCENARIOS = 200_000

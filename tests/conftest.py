@@ -1,10 +1,12 @@
-"""Shared fixtures: personas (alice, bob, staff), row factories, and the session-wide vLLM server."""
+"""Shared fixtures: personas (alice, bob, staff) and the default model; the plugins that mark each test by
+what it starts (tests.fixtures.tiers) and start the session-wide inference servers (tests.fixtures.vllm)."""
 
-import importlib.util
 import os
 
 import pytest
 from django.conf import settings
+
+from artweb.testing.weights import default_model_dir
 
 # Servers and workers the tests start run with this process's SECRET_KEY, whatever their data dir: a
 # session signed in here, or a secret stored here, must hold there too.
@@ -16,7 +18,8 @@ settings.STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 
-pytest_plugins = ["tests.fixtures.vllm"] if importlib.util.find_spec("tests.fixtures.vllm") else []
+# Markers that say what a test starts (tests.fixtures.tiers); the session-wide inference servers.
+pytest_plugins = ["tests.fixtures.tiers", "tests.fixtures.vllm"]
 
 
 @pytest.fixture
@@ -39,10 +42,4 @@ def staff(db, django_user_model):
 @pytest.fixture(scope="session")
 def vllm_model_dir():
     """The default model's directory (converted from its PyPI wheel on first use)."""
-    import os
-    from pathlib import Path
-
-    from training.engine.default_model import ensure_default_model
-
-    data_dir = Path(os.environ.get("ARTWEB_DATA_DIR", Path(__file__).resolve().parents[1] / "data"))
-    return ensure_default_model(data_dir).path.resolve()
+    return default_model_dir()

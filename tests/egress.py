@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 def egress_allow(settings, url: str) -> str:
     """Let the egress guard reach url's host and port for this test (settings: pytest-django's); returns url."""
-    from rollouts.runtime.egress import target_key, url_target
+    from rollouts.sandbox.egress import target_key, url_target
 
     host, port = url_target(url)
     policy = settings.ARTWEB_EGRESS

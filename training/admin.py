@@ -1,5 +1,6 @@
 """Admin: checkpoint management first (delete files, retention, promote, download), quotas, useful pages for the rest.
-Every action goes through a service, which writes the run's event."""
+Every action goes through a service, which writes the run's event; every list shows the rows its staff member may
+see (artweb.visibility: every one)."""
 
 from django import forms
 from django.contrib import admin, messages
@@ -8,7 +9,7 @@ from django.template.defaultfilters import filesizeformat
 from django.utils.html import format_html_join
 
 from artweb.errors import ApplicationError
-from training import admin_serving  # noqa: F401 - registers the admin of aliases and serving jobs
+from artweb.visibility import VisibleAdminMixin
 from training.exports.schemas import export_settings_parse
 from training.exports.selectors import export_target_public
 from training.exports.services import export_target_create, export_target_test, export_target_update
@@ -39,7 +40,8 @@ from training.services.runs import run_cancel, run_details_update, run_pause, ru
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(admin.ModelAdmin):
+class CheckpointAdmin(VisibleAdminMixin, admin.ModelAdmin):
+    owner_field = "run__owner"
     list_display = ("__str__", "run", "step", "size", "val_reward", "state", "promoted", "created_at")
     list_filter = ("state", "promoted", "run__status", "run__base_model")
     search_fields = ("run__name", "path", "run__owner__username")
@@ -121,7 +123,7 @@ class StepInline(admin.TabularInline):
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(VisibleAdminMixin, admin.ModelAdmin):
     """Runs change state only through their services (a conditional transition with a RunEvent naming
     the staff member): status and the worker's bookkeeping are read-only here, the actions below cancel,
     pause, resume or retry, and an edit of the name or tags is recorded as an event too."""
@@ -252,7 +254,7 @@ class BaseModelAdminForm(forms.ModelForm):
 
 
 @admin.register(PretrainedModel)
-class BaseModelAdmin(admin.ModelAdmin):
+class BaseModelAdmin(VisibleAdminMixin, admin.ModelAdmin):
     form = BaseModelAdminForm
 
     def get_form(self, request, obj=None, change=False, **kwargs):
@@ -265,7 +267,8 @@ class BaseModelAdmin(admin.ModelAdmin):
 
 
 @admin.register(RunEvent)
-class RunEventAdmin(admin.ModelAdmin):
+class RunEventAdmin(VisibleAdminMixin, admin.ModelAdmin):
+    owner_field = "run__owner"
     list_display = ("run", "kind", "message", "actor", "created_at")
     list_filter = ("kind",)
     search_fields = ("run__name", "message")
@@ -273,14 +276,16 @@ class RunEventAdmin(admin.ModelAdmin):
 
 
 @admin.register(RunLog)
-class RunLogAdmin(admin.ModelAdmin):
+class RunLogAdmin(VisibleAdminMixin, admin.ModelAdmin):
+    owner_field = "run__owner"
     list_display = ("run", "step", "level", "message", "created_at")
     list_filter = ("level",)
     search_fields = ("message",)
 
 
 @admin.register(Step)
-class StepAdmin(admin.ModelAdmin):
+class StepAdmin(VisibleAdminMixin, admin.ModelAdmin):
+    owner_field = "run__owner"
     list_display = ("run", "step", "reward_mean", "val_reward", "duration_s", "created_at")
     list_select_related = ("run",)
     search_fields = ("run__name",)
@@ -316,7 +321,7 @@ class ExportTargetAdminForm(forms.ModelForm):
 
 
 @admin.register(ExportTarget)
-class ExportTargetAdmin(admin.ModelAdmin):
+class ExportTargetAdmin(VisibleAdminMixin, admin.ModelAdmin):
     """Everyone's export targets. Saving goes through the export services, as the page and the API do."""
 
     form = ExportTargetAdminForm
@@ -384,7 +389,8 @@ class _RecountOnDelete:
 
 
 @admin.register(TrajectoryGroup)
-class TrajectoryGroupAdmin(_RecountOnDelete, admin.ModelAdmin):
+class TrajectoryGroupAdmin(VisibleAdminMixin, _RecountOnDelete, admin.ModelAdmin):
+    owner_field = "run__owner"
     list_display = ("run", "step", "split", "reward_mean", "reward_std", "error_count", "skipped")
     list_filter = ("split", "skipped")
     list_select_related = ("run",)
@@ -393,7 +399,8 @@ class TrajectoryGroupAdmin(_RecountOnDelete, admin.ModelAdmin):
 
 
 @admin.register(Trajectory)
-class TrajectoryAdmin(_RecountOnDelete, admin.ModelAdmin):
+class TrajectoryAdmin(VisibleAdminMixin, _RecountOnDelete, admin.ModelAdmin):
+    owner_field = "run__owner"
     list_display = ("run", "step", "group", "index", "reward", "advantage", "completion_tokens")
     list_select_related = ("run",)
     raw_id_fields = ("run", "group")
@@ -403,7 +410,7 @@ class TrajectoryAdmin(_RecountOnDelete, admin.ModelAdmin):
 
 
 @admin.register(DryRun)
-class DryRunAdmin(admin.ModelAdmin):
+class DryRunAdmin(VisibleAdminMixin, admin.ModelAdmin):
     list_display = ("id", "owner", "script_version", "status", "created_at", "finished_at")
     list_filter = ("status",)
 

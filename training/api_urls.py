@@ -12,32 +12,12 @@ from training.apis import (
     exports,
     judges,
     quotas,
-    rescores,
     runs,
     tokens,
     trajectories,
 )
-from training.apis import serve_jobs as serve_jobs_api
-from training.apis import serving as serving_api
-from training.apis.health import RunRewardHealthApi
-from training.apis.heatmap import RunHeatmapApi
 
 urlpatterns = [
-    path(
-        "checkpoints/<int:checkpoint_id>/alias/", serving_api.CheckpointAliasApi.as_view(), name="api-checkpoint-alias"
-    ),
-    path("playground/create/", serve_jobs_api.PlaygroundCreateApi.as_view(), name="api-playground-create"),
-    path("playground/<int:job_id>/", serve_jobs_api.PlaygroundDetailApi.as_view(), name="api-playground"),
-    path("diffs/", serve_jobs_api.DiffListApi.as_view(), name="api-diffs"),
-    path("diffs/create/", serve_jobs_api.DiffCreateApi.as_view(), name="api-diff-create"),
-    path("diffs/<int:job_id>/", serve_jobs_api.DiffDetailApi.as_view(), name="api-diff"),
-    path("diffs/<int:job_id>/scenarios/", serve_jobs_api.DiffScenarioListApi.as_view(), name="api-diff-scenarios"),
-    path("diffs/<int:job_id>/export/", serve_jobs_api.DiffExportApi.as_view(), name="api-diff-export"),
-    path(
-        "checkpoints/<int:checkpoint_id>/alias/delete/",
-        serving_api.CheckpointAliasDeleteApi.as_view(),
-        name="api-checkpoint-alias-delete",
-    ),
     path("quota/", quotas.QuotaApi.as_view(), name="api-quota"),
     path("tokens/", tokens.TokenCreateApi.as_view(), name="api-token-create"),
     path("tokens/current/", tokens.TokenDetailApi.as_view(), name="api-token"),
@@ -55,12 +35,7 @@ urlpatterns = [
     path("runs/<int:run_id>/retry/", runs.RunRetryApi.as_view(), name="api-run-retry"),
     path("runs/<int:run_id>/alerts/", runs.RunAlertsApi.as_view(), name="api-run-alerts"),
     path("runs/<int:run_id>/metrics/", runs.RunMetricsApi.as_view(), name="api-run-metrics"),
-    path("runs/<int:run_id>/reward-health/", RunRewardHealthApi.as_view(), name="api-run-reward-health"),
-    path("runs/<int:run_id>/heatmap/", RunHeatmapApi.as_view(), name="api-run-heatmap"),
     path("runs/<int:run_id>/events/", runs.RunEventListApi.as_view(), name="api-run-events"),
-    path("runs/<int:run_id>/rescores/", rescores.RunRescoreListApi.as_view(), name="api-run-rescores"),
-    path("rescores/<int:rescore_id>/", rescores.RescoreDetailApi.as_view(), name="api-rescore"),
-    path("rescores/<int:rescore_id>/scores/", rescores.RescoreScoreListApi.as_view(), name="api-rescore-scores"),
     path("runs/<int:run_id>/logs/", runs.RunLogListApi.as_view(), name="api-run-logs"),
     path("runs/<int:run_id>/groups/", trajectories.GroupListApi.as_view(), name="api-run-groups"),
     path("runs/<int:run_id>/groups/<int:group_id>/", trajectories.GroupDetailApi.as_view(), name="api-run-group"),

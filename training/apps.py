@@ -11,3 +11,11 @@ class TrainingConfig(AppConfig):
         from training.views.dry_runs import dry_run_panels_register
 
         dry_run_panels_register()
+        # The background jobs of this app, for the sweep (training.sweeper); the serving app adds its own.
+        from training.analytics.rescores import RESCORE_JOBS
+        from training.jobs.kinds import job_kind_register
+        from training.services.dry_runs import DRY_RUN_JOBS
+        from training.services.runs import RUN_JOBS
+
+        for kind in (RUN_JOBS, DRY_RUN_JOBS, RESCORE_JOBS):
+            job_kind_register(kind)

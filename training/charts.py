@@ -29,7 +29,7 @@ RUN_CHARTS: tuple[dict, ...] = (
     },
     {"id": "tps", "title": "Tokens per second", "series": "tokens_per_second", "label": "Tokens per second"},
     {"id": "time", "title": "Step time (s)", "series": "duration_s", "label": "Step time"},
-    # The learning-signal monitor (training/signals.py computes them at each step): is there anything to
+    # The learning-signal monitor (training/analytics/learning_signals.py computes them at each step): is there anything to
     # learn from, and is the policy still exploring?
     {
         "id": "dead",

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from artweb.api import MAX_INT
 from artweb.errors import ApplicationError
+from training.engine.config import ConfigError, TrainConfig
 
 
 class AlertRules(BaseModel):
@@ -147,9 +148,6 @@ class RunConfig(BaseModel):
     @field_validator("train")
     @classmethod
     def _check_train(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # Imported here: importing training.engine loads torch, which the web process should not pay for.
-        from training.engine.config import ConfigError, TrainConfig
-
         try:
             return TrainConfig.from_dict(value).to_dict()
         except ConfigError as exc:

@@ -6,19 +6,25 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from training.models import Run, RunEvent, RunLog, Step
-from training.selectors import GROUPS_SHOWN, run_visible, runs_by_id
+from training.selectors import (
+    GROUPS_SHOWN,
+    run_events_since,
+    run_logs_since,
+    run_progress_get,
+    run_steps_since,
+    run_visible,
+    runs_by_id,
+)
 from training.services.broadcast import (
-    RUNS_STAFF_GROUP,
     event_message,
     log_message,
     run_group_messages,
     run_group_name,
     run_row_message,
-    runs_user_group,
-    status_message,
+    runs_list_group,
     step_message,
 )
+from training.services.runs import run_status_message
 
 CATCH_UP_LIMIT = 2000
 # Runs a runs-list page asks about at most: its largest page.
@@ -39,16 +45,14 @@ def _ids(content: dict, name: str, limit: int) -> list[int]:
     return [v for v in value if isinstance(v, int) and not isinstance(v, bool)][:limit]
 
 
-class RunConsumer(AsyncJsonWebsocketConsumer):
-    """ws/runs/<id>/: step metrics, status, events, log lines and group summaries of one run."""
+class _CatchUpConsumer(AsyncJsonWebsocketConsumer):
+    """A socket in one group: it forwards the group's messages, and answers a `catch_up` request with
+    what the page missed (`_catch_up`, read from the database)."""
 
-    async def connect(self):
-        user = self.scope.get("user")
-        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
-        if not user or not user.is_authenticated or not await self._can_see(user, self.run_id):
-            await self.close(code=4403)
-            return
-        self.group = run_group_name(self.run_id)
+    group: str
+
+    async def join(self, group: str) -> None:
+        self.group = group
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
 
@@ -63,6 +67,21 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def run_message(self, event):
         await self.send_json(event["message"])
+
+    async def _catch_up(self, content: dict) -> list[dict]:
+        raise NotImplementedError
+
+
+class RunConsumer(_CatchUpConsumer):
+    """ws/runs/<id>/: step metrics, status, events, log lines and group summaries of one run."""
+
+    async def connect(self):
+        user = self.scope.get("user")
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if not user or not user.is_authenticated or not await self._can_see(user, self.run_id):
+            await self.close(code=4403)
+            return
+        await self.join(run_group_name(self.run_id))
 
     @database_sync_to_async
     def _can_see(self, user, run_id: int) -> bool:
@@ -73,24 +92,17 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         def cursor(name):
             return _cursor(content, name)
 
-        out: list[dict] = []
-        run = Run.objects.filter(id=self.run_id).values("status", "steps_done", "num_steps", "error").first()
-        if run:
-            out.append(status_message(run_id=self.run_id, **run))
-        for s in Step.objects.filter(run_id=self.run_id, step__gt=cursor("after_step")).order_by("step")[
-            :CATCH_UP_LIMIT
-        ]:
-            out.append(
-                step_message(s, steps_done=(run or {}).get("steps_done"), num_steps=(run or {}).get("num_steps"))
-            )
-        for e in RunEvent.objects.filter(run_id=self.run_id, id__gt=cursor("after_event")).order_by("id")[
-            :CATCH_UP_LIMIT
-        ]:
-            out.append(event_message(e))
-        for line in RunLog.objects.filter(run_id=self.run_id, id__gt=cursor("after_log")).order_by("id")[
-            :CATCH_UP_LIMIT
-        ]:
-            out.append(log_message(line))
+        run = run_progress_get(run_id=self.run_id)
+        if run is None:
+            return []
+        out = [run_status_message(run)]
+        progress = {"steps_done": run.steps_done, "num_steps": run.num_steps}
+        steps = run_steps_since(run=run, after_step=cursor("after_step"), limit=CATCH_UP_LIMIT)
+        out += [step_message(s, **progress) for s in steps]
+        out += [
+            event_message(e) for e in run_events_since(run=run, after_id=cursor("after_event"), limit=CATCH_UP_LIMIT)
+        ]
+        out += [log_message(g) for g in run_logs_since(run=run, after_id=cursor("after_log"), limit=CATCH_UP_LIMIT)]
         # Groups newer than the page's, and again those it shows without advantages (they may have them now).
         out.extend(
             run_group_messages(
@@ -100,11 +112,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         return out
 
 
-class RunsConsumer(AsyncJsonWebsocketConsumer):
+class RunsConsumer(_CatchUpConsumer):
     """ws/runs/: new runs, status and progress, for the runs list.
 
-    Joins the user's own runs-list group (staff: the staff group, which carries every run), so only
-    runs the user may see ever reach the socket, and the consumer forwards without a query per message.
+    Joins the one runs-list group that carries the runs the user may see (training.services.broadcast),
+    so only those ever reach the socket, and the consumer forwards without a query per message.
     """
 
     async def connect(self):
@@ -113,21 +125,7 @@ class RunsConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4403)
             return
         self.user = user
-        self.group = RUNS_STAFF_GROUP if user.is_staff else runs_user_group(user.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
-
-    async def disconnect(self, code):
-        if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-
-    async def receive_json(self, content, **kwargs):
-        if content.get("type") == "catch_up":
-            for message in await self._catch_up(content):
-                await self.send_json(message)
-
-    async def run_message(self, event):
-        await self.send_json(event["message"])
+        await self.join(runs_list_group(user))
 
     @database_sync_to_async
     def _catch_up(self, content: dict) -> list[dict]:

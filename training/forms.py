@@ -16,6 +16,7 @@ from pydantic import BaseModel as PydanticModel
 
 from artweb.jsonlimits import json_loads_limited
 from training.config import AlertRules, RunConfig
+from training.engine.config import TrainConfig
 from training.models import Run
 from training.selectors import RUN_ORDER_LABELS
 from training.services.dry_runs import DEFAULT_DRY_RUN_SCENARIOS, MAX_DRY_RUN_SAMPLES, MAX_DRY_RUN_SCENARIOS
@@ -178,9 +179,6 @@ def config_form_field(name: str, info) -> forms.Field:
 
 def train_config_reference() -> list[dict]:
     """Rows (name, default, allowed) describing the engine's TrainConfig, for the launch page."""
-    # Imported here: importing training.engine loads torch, which the web process should not pay for.
-    from training.engine.config import TrainConfig
-
     rows = []
     for f in dataclass_fields(TrainConfig):
         meta = f.metadata

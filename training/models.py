@@ -9,6 +9,8 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
+from training.jobs.models import BackgroundJob, JobEvent, job_status_field
+
 
 class PretrainedModel(models.Model):
     """A base model: one that runs can fine-tune, a Hugging Face id or a local directory. (Pages, API and
@@ -44,7 +46,7 @@ class PretrainedModel(models.Model):
         return self.name
 
 
-class Run(models.Model):
+class Run(BackgroundJob):
     class Status(models.TextChoices):
         QUEUED = "queued"
         STARTING = "starting"
@@ -68,27 +70,17 @@ class Run(models.Model):
     scenario_set = models.ForeignKey("rollouts.ScenarioSet", on_delete=models.PROTECT, related_name="runs")
     config = models.JSONField(help_text="Validated RunConfig, stored whole.")
 
-    status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    status = job_status_field(Status)
     steps_done = models.PositiveIntegerField(default=0, help_text="Training steps completed and persisted.")
     num_steps = models.PositiveIntegerField()
     latest_reward = models.FloatField(null=True, blank=True)
     best_val_reward = models.FloatField(null=True, blank=True)
-    error = models.TextField(blank=True)
     trajectory_bytes = models.BigIntegerField(
         default=0, help_text="Bytes of the run's stored trajectories as JSON: what its owner's storage quota counts."
     )
 
-    # Worker bookkeeping: who holds the run and when it last said so.
-    worker = models.CharField(max_length=200, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
-    # When the broker last took this run's step message; null while one is owed (the sweep sends it).
-    dispatched_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     pause_requested = models.BooleanField(default=False)
-
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -173,10 +165,10 @@ class Trajectory(models.Model):
         return f"trajectory {self.pk} of run {self.run_id}, step {self.step}"
 
 
-class DryRun(models.Model):
+class DryRun(BackgroundJob):
     """A rollout script tried on a few scenarios against the live base model, before any run.
 
-    Executed by a GPU worker (it owns the inference server); the page or API polls for the result.
+    A background job (training.jobs) of a GPU worker (it owns the inference server); the page polls it.
     """
 
     class Status(models.TextChoices):
@@ -199,13 +191,8 @@ class DryRun(models.Model):
         help_text="Rollouts per scenario: with more than one, the result shows the reward's spread "
         "within each scenario, the signal GRPO trains on.",
     )
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    status = job_status_field(Status)
     result = models.JSONField(null=True, blank=True, help_text="Trajectories with rewards, logs and errors.")
-    error = models.TextField(blank=True)
-    # When the broker took this dry run's message; null while one is owed (the sweep sends it).
-    dispatched_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "rollouts_dryrun"
@@ -213,6 +200,10 @@ class DryRun(models.Model):
 
     def __str__(self):
         return f"Dry run #{self.pk} ({self.status})"
+
+
+class DryRunEvent(JobEvent):
+    job = models.ForeignKey(DryRun, on_delete=models.CASCADE, related_name="events")
 
 
 class Step(models.Model):
@@ -237,11 +228,11 @@ class Step(models.Model):
 
 
 class HeatmapColumn(models.Model):
-    """A committed step's heatmap cells for one split, written in the step's commit (training.heatmap).
+    """A committed step's heatmap cells for one split, written in the step's commit (training.analytics.heatmap).
 
     The heatmap reads these instead of averaging every group again: a 2,000-step run's page then reads
     2,000 small rows. `cells` packs, per scenario with a finite group mean, its id, its number of groups
-    and the sum of their means (training.heatmap.CELL). A step's groups never change after its commit.
+    and the sum of their means (training.analytics.heatmap.CELL). A step's groups never change after its commit.
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="heatmap_columns")
@@ -280,20 +271,12 @@ class Checkpoint(models.Model):
         return f"{self.run.name}@{self.step}"
 
 
-class RunEvent(models.Model):
+class RunEvent(JobEvent):
     """The run's timeline: every status change and every action on it."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
-    kind = models.CharField(max_length=50)
-    message = models.TextField(blank=True)
-    data = models.JSONField(default=dict, blank=True)
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
 
-    class Meta:
-        ordering = ["id"]
+    class Meta(JobEvent.Meta):
         indexes = [models.Index(fields=["run", "id"])]
 
     def __str__(self):
@@ -402,10 +385,10 @@ class JudgeEndpoint(models.Model):
         return f"{self.name} ({self.model} at {self.base_url})"
 
 
-class Rescore(models.Model):
+class Rescore(BackgroundJob):
     """A run's stored trajectories scored again by another reward function version (or RULER), without
     touching training: each trajectory's old and new reward, how well they agree, and the reward curve the
-    run would have had. Runs on the default queue; the run may be finished or still training."""
+    run would have had. A background job of the default queue (training.jobs); the run may still train."""
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -421,21 +404,20 @@ class Rescore(models.Model):
     use_ruler = models.BooleanField(default=False)
     ruler_judge = models.CharField(max_length=200, blank=True)
     split = models.CharField(max_length=12, default="train")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    status = job_status_field(Status)
     trajectories_total = models.PositiveIntegerField(default=0)
     trajectories_done = models.PositiveIntegerField(default=0)
     summary = models.JSONField(default=dict, blank=True, help_text="Agreement figures and the re-scored curve.")
-    error = models.TextField(blank=True)
-    dispatched_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self):
         return f"Re-score #{self.pk} of {self.run}"
+
+
+class RescoreEvent(JobEvent):
+    job = models.ForeignKey(Rescore, on_delete=models.CASCADE, related_name="events")
 
 
 class RescoreScore(models.Model):
@@ -514,6 +496,3 @@ class Quota(models.Model):
 
     def __str__(self):
         return f"quota of {self.user or f'group {self.group}'}"
-
-
-from training.serving_models import CheckpointAlias, DiffScenario, ServeJob  # noqa: E402,F401

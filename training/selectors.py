@@ -1,5 +1,5 @@
-"""Reads for runs, metrics, checkpoints, events, trajectories, dry runs and quotas. Every read is scoped to what the user
-may see."""
+"""Reads for runs, metrics, checkpoints, events, trajectories, dry runs, judge endpoints and quotas. Every read is
+scoped to what the user may see, by the one rule of artweb.visibility."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from tsdownsample import MinMaxDownsampler
 
+from artweb.visibility import own, visible
 from training.charts import DEFAULT_SERIES
 from training.models import (
     Checkpoint,
     DryRun,
+    JudgeEndpoint,
     PretrainedModel,
     Quota,
     Run,
@@ -56,8 +58,7 @@ RUN_ORDER_LABELS = {
 
 
 def run_visible(user) -> QuerySet[Run]:
-    qs = Run.objects.all()
-    return qs if user.is_staff else qs.filter(owner=user)
+    return visible(Run.objects.all(), user)
 
 
 def run_get(*, user, run_id: int) -> Run:
@@ -89,11 +90,8 @@ def run_list(
 
 
 def base_model_visible(user) -> QuerySet[PretrainedModel]:
-    return (
-        PretrainedModel.objects.filter(Q(owner__isnull=True) | Q(owner=user))
-        if not user.is_staff
-        else PretrainedModel.objects.all()
-    )
+    """The shared base models and the user's own (staff: every one)."""
+    return visible(PretrainedModel.objects.all(), user)
 
 
 def _downsample(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,6 +164,16 @@ def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
         "std": [std_by_step.get(x) for x in series["reward_mean"]["x"]],
     }
     return {"series": series, "last_step": last_step}
+
+
+def run_progress_get(*, run_id: int) -> Run | None:
+    """The run's status and progress alone (a reconnecting page's first message), or None if it is gone.
+    The caller has checked that the user may see the run."""
+    return Run.objects.filter(id=run_id).only("id", "status", "steps_done", "num_steps", "error").first()
+
+
+def run_steps_since(*, run: Run, after_step: int = -1, limit: int = 2000) -> list[Step]:
+    return list(Step.objects.filter(run=run, step__gt=after_step).order_by("step")[:limit])
 
 
 def run_events_since(*, run: Run, after_id: int = 0, limit: int = 500) -> list[RunEvent]:
@@ -260,11 +268,22 @@ def group_get(*, run, group_id: int) -> TrajectoryGroup:
 
 def dry_run_get(*, user, dry_run_id: int) -> DryRun:
     return get_object_or_404(
-        (DryRun.objects.all() if user.is_staff else DryRun.objects.filter(owner=user)).select_related(
+        visible(DryRun.objects.all(), user).select_related(
             "script_version__asset", "reward_version__asset", "base_model"
         ),
         id=dry_run_id,
     )
+
+
+def judge_endpoint_list(*, owner) -> QuerySet[JudgeEndpoint]:
+    """The judge endpoints that owner's runs name as "endpoint:<name>": their own, staff too (a setting,
+    artweb.visibility.own; staff manage everyone's in the admin)."""
+    return own(JudgeEndpoint.objects.all(), owner)
+
+
+def judge_endpoint_get(*, user, endpoint_id: int) -> JudgeEndpoint:
+    """One of the user's own judge endpoints, or 404: someone else's reads as missing."""
+    return get_object_or_404(judge_endpoint_list(owner=user), id=endpoint_id)
 
 
 # --- live groups and the live runs list ------------------------------------------------------------

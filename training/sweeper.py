@@ -2,12 +2,13 @@
 the launcher, in Docker, or with any worker command the README shows. No beat process is needed.
 
 Each worker's main process starts one thread (on Celery's worker_ready signal). Every SWEEP_SECONDS
-the thread takes a Redis lock that lets one worker in the whole deployment sweep at a time, and:
+the thread takes a Redis lock that lets one worker in the whole deployment sweep at a time, and for
+every kind of background job its apps registered (training.jobs), the same way:
 
-- requeues active runs whose worker stopped heartbeating or that no worker holds
-  (training.services.steps.runs_requeue_stale);
-- sends the messages owed to queued runs, dry runs and re-scores whose dispatch failed (the broker was
-  down when they were created, resumed or retried; see artweb.dispatch).
+- recovers the jobs nobody works on: a worker stopped heartbeating, or none took the message; each kind
+  says whether it is queued again or failed (training.jobs.services.job_recover_stale);
+- sends the messages owed to queued jobs whose dispatch failed (the broker was down when they were
+  created, resumed or retried; see artweb.dispatch).
 """
 
 from __future__ import annotations
@@ -21,11 +22,8 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from artweb.dispatch import publish
-from training import task_names
-from training.models import DryRun, Rescore, Run
-from training.services.rescores import rescore_dispatched
-from training.services.runs import run_dispatched
-from training.services.steps import runs_requeue_stale
+from training.jobs.kinds import job_kinds
+from training.jobs.services import job_dispatched, job_recover_stale
 
 logger = logging.getLogger(__name__)
 
@@ -35,32 +33,27 @@ OWED_AFTER = timedelta(seconds=5)
 
 
 def dispatch_owed() -> dict[str, list[int]]:
-    """Send the messages owed to queued runs, dry runs and re-scores (dispatched_at null, older than OWED_AFTER)."""
+    """Send the messages owed to queued jobs of every kind (dispatched_at null, older than OWED_AFTER):
+    the ids sent, by kind."""
     cutoff = timezone.now() - OWED_AFTER
-    sent: dict[str, list[int]] = {"runs": [], "dry_runs": [], "rescores": []}
-    for run_id in Run.objects.filter(
-        status=Run.Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff
-    ).values_list("id", flat=True):
-        if publish(task_names.RUN_STEP, args=(run_id,)):
-            run_dispatched(run_id)
-            sent["runs"].append(run_id)
-    for dry_id in DryRun.objects.filter(
-        status=DryRun.Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff
-    ).values_list("id", flat=True):
-        if publish(task_names.DRY_RUN, args=(dry_id,)):
-            DryRun.objects.filter(id=dry_id).update(dispatched_at=timezone.now())
-            sent["dry_runs"].append(dry_id)
-    for rescore_id in Rescore.objects.filter(
-        status=Rescore.Status.QUEUED, dispatched_at__isnull=True, created_at__lt=cutoff
-    ).values_list("id", flat=True):
-        if publish(task_names.RESCORE_EXECUTE, args=(rescore_id,)):
-            rescore_dispatched(rescore_id)
-            sent["rescores"].append(rescore_id)
+    sent: dict[str, list[int]] = {}
+    for kind in job_kinds():
+        sent[kind.name] = []
+        owed = kind.model.objects.filter(status=kind.owed_status, dispatched_at__isnull=True, created_at__lt=cutoff)
+        for job_id in owed.order_by("id").values_list("id", flat=True):
+            if publish(kind.task, args=(job_id,)):
+                job_dispatched(jobs=kind, job_id=job_id)
+                sent[kind.name].append(job_id)
     return sent
 
 
-def sweep() -> dict[str, list[int]]:
-    return {"requeued": runs_requeue_stale(), **dispatch_owed()}
+def recover_stale() -> dict[str, list[int]]:
+    """Recover the stale jobs of every kind: the ids requeued or failed, by kind."""
+    return {kind.name: job_recover_stale(jobs=kind) for kind in job_kinds()}
+
+
+def sweep() -> dict[str, dict[str, list[int]]]:
+    return {"recovered": recover_stale(), "sent": dispatch_owed()}
 
 
 def period() -> float:
@@ -102,7 +95,7 @@ class Sweeper:
                     continue
                 close_old_connections()
                 done = sweep()
-                if any(done.values()):
+                if any(ids for by_kind in done.values() for ids in by_kind.values()):
                     logger.info("sweep: %s", done)
             except Exception:
                 logger.warning("sweep failed; trying again in %.0f s", period(), exc_info=True)

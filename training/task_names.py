@@ -9,3 +9,11 @@ DRY_RUN = "rollouts.tasks.dry_run_task"
 RUN_EXPORTS = "training.exports.tasks.run_exports_task"
 EXPORT_SYNC = "training.exports.tasks.export_sync_task"
 SERVE_JOB_EXECUTE = "training.tasks.serve_job_execute_task"
+
+# The queue each task's messages go to (artweb.celery routes them by these names): work that needs the
+# inference server or the trainer goes to the GPU workers. Any other task's go to "default".
+QUEUES = {RUN_STEP: "gpu", DRY_RUN: "gpu"}
+
+
+def queue(task_name: str) -> str:
+    return QUEUES.get(task_name, "default")

@@ -3,10 +3,9 @@
 from celery import shared_task
 
 from training import task_names
+from training.analytics.rescores import rescore_execute
 from training.exports import tasks as _export_tasks  # noqa: F401 - registers the export tasks
 from training.services.dry_runs import dry_run_execute
-from training.services.rescores import rescore_execute
-from training.services.serve_jobs import serve_job_execute
 from training.services.serving_gate import serving_paused
 from training.services.steps import run_step_execute
 from training.sweeper import sweep
@@ -35,9 +34,3 @@ def runs_requeue_stale_task() -> None:
     """The sweep as a task, for an operator who schedules it with beat too; every worker already runs it
     on its own (training.sweeper)."""
     sweep()
-
-
-@shared_task(name=task_names.SERVE_JOB_EXECUTE, acks_late=True, reject_on_worker_lost=True, time_limit=6 * 3600)
-def serve_job_execute_task(job_id: int) -> None:
-    """Default queue: the answers come from the serving workers, and user code runs in the jail."""
-    serve_job_execute(job_id=job_id)

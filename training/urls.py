@@ -1,11 +1,8 @@
 """Web pages (the REST API lives under api/v1/, see api_urls.py)."""
 
-from django.urls import path
+from django.urls import include, path
 
-from training.views import compare, dry_runs, exports, models, plotly, rescores, runs, trajectories
-from training.views.health import run_reward_health_view
-from training.views.heatmap import run_heatmap_view
-from training.views.playground import diff_detail_view, diff_list_view, playground_view
+from training.views import compare, dry_runs, exports, models, plotly, runs, trajectories
 
 urlpatterns = [
     path("", runs.run_list_view, name="run-list"),
@@ -18,16 +15,10 @@ urlpatterns = [
         name="checkpoint-download",
     ),
     path("runs/<int:run_id>/alerts/", runs.run_alerts_view, name="run-alerts"),
-    path("runs/<int:run_id>/health/", run_reward_health_view, name="run-reward-health"),
-    path("runs/<int:run_id>/heatmap/", run_heatmap_view, name="run-heatmap"),
-    path("runs/<int:run_id>/rescores/", rescores.run_rescores_view, name="run-rescores"),
-    path("rescores/<int:rescore_id>/", rescores.rescore_detail_view, name="rescore-detail"),
+    # Before the catch-all run action below: analytics pages hang under runs/<id>/ too.
+    path("", include("training.analytics.urls")),
     path("runs/<int:run_id>/<slug:action>/", runs.run_action_view, name="run-action"),
     path("compare/", compare.run_compare_view, name="run-compare"),
-    path("playground/", playground_view, name="playground"),
-    path("playground/<int:job_id>/", playground_view, name="playground-session"),
-    path("diffs/", diff_list_view, name="diff-list"),
-    path("diffs/<int:job_id>/", diff_detail_view, name="diff-detail"),
     path("models/", models.model_list_view, name="model-list"),
     path("models/judges/", models.judge_create_view, name="judge-create"),
     path("models/judges/<int:endpoint_id>/delete/", models.judge_delete_view, name="judge-delete"),

@@ -56,7 +56,7 @@ from artweb.launcher.embedded import (
     stop_services,
     wait_until,
 )
-from artweb.launcher.worker import gpu_worker_command, gpu_worker_env
+from artweb.launcher.worker import default_worker_command, gpu_worker_command, gpu_worker_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 STOP_GRACE_SECONDS = 20
@@ -345,7 +345,7 @@ def sandbox_status(env: dict) -> list[str]:
     if env.get("ARTWEB_SANDBOX") == "insecure-no-jail":
         return ["WARNING: ARTWEB_SANDBOX=insecure-no-jail: uploaded code runs unjailed (development only)."]
     probe = subprocess.run(
-        [sys.executable, "-m", "rollouts.runtime.jail"],
+        [sys.executable, "-m", "rollouts.sandbox.jail"],
         env=env,
         capture_output=True,
         text=True,
@@ -369,25 +369,8 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
         py = sys.executable
         supervisor.spawn("web", web_command(env, host=host, port=port, python=py))
-        supervisor.spawn(
-            "worker",
-            [
-                py,
-                "-m",
-                "celery",
-                "-A",
-                "artweb",
-                "worker",
-                "-Q",
-                "default",
-                "-n",
-                "default@%h",
-                "--loglevel",
-                "INFO",
-                "--concurrency",
-                env.get("ARTWEB_WORKER_CONCURRENCY", "2"),
-            ],
-        )
+        concurrency = env.get("ARTWEB_WORKER_CONCURRENCY", "2")
+        supervisor.spawn("worker", default_worker_command("default@%h", concurrency=concurrency, python=py))
         # Pool, threads and preloads as the benchmarks start theirs (artweb.launcher.worker).
         supervisor.spawn("gpu-worker", gpu_worker_command("gpu@%h", python=py), env=gpu_worker_env(env))
         if not wait_until(
@@ -406,7 +389,7 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
                 "The password is shown only this once; change it with `python manage.py changepassword admin`.",
             ]
         if not is_loopback_host(host):
-            lines += [f"Listening on {host}: put a TLS proxy in front (README, ARTWEB_PLAIN_HTTP)."]
+            lines += [f"Listening on {host}: put a TLS proxy in front (docs/operations/running.md, ARTWEB_PLAIN_HTTP)."]
         lines += ["Press Ctrl-C to stop."]
         lines += sandbox_status(env)
         width = max(map(len, lines))

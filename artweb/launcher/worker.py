@@ -36,9 +36,25 @@ GPU_WORKER_OPTIONS = (
 )
 
 
-def gpu_worker_command(name: str, *, python: str = sys.executable) -> list[str]:
-    """The command line of a GPU worker called `name` (Celery's -n, e.g. "gpu@%h")."""
-    return [python, "-m", "celery", "-A", "artweb", "worker", *GPU_WORKER_OPTIONS, "-n", name]
+# Celery options of a default-queue worker (exports, re-scores, sweeps): several tasks at once.
+DEFAULT_WORKER_OPTIONS = ("-Q", "default", "--loglevel", "INFO")
+
+
+def gpu_worker_command(name: str, *, python: str = sys.executable, pool: str = "prefork") -> list[str]:
+    """The command line of a GPU worker called `name` (Celery's -n, e.g. "gpu@%h"). Tests may ask for
+    another `pool` ("solo": the task runs in the worker process itself)."""
+    options = list(GPU_WORKER_OPTIONS)
+    options[options.index("--pool") + 1] = pool
+    return [python, "-m", "celery", "-A", "artweb", "worker", *options, "-n", name]
+
+
+def default_worker_command(
+    name: str, *, concurrency: str, python: str = sys.executable, pool: str | None = None
+) -> list[str]:
+    """The command line of a default-queue worker called `name` running `concurrency` tasks at once (in
+    Celery's default pool, or `pool`: tests ask for "solo")."""
+    options = (*DEFAULT_WORKER_OPTIONS, "--concurrency", concurrency, *(("--pool", pool) if pool else ()))
+    return [python, "-m", "celery", "-A", "artweb", "worker", *options, "-n", name]
 
 
 def gpu_worker_env(env: dict[str, str], *, prefix: str = sys.prefix) -> dict[str, str]:
@@ -83,3 +99,21 @@ def preload_libraries(prefix: str = sys.prefix) -> list[str]:
     if os.path.exists(iomp):
         found.append(iomp)
     return found
+
+
+def main(argv: list[str]) -> None:
+    """`python -m artweb.launcher.worker gpu|default [celery options...]`: become that worker (the
+    container start scripts use this), with the GPU worker's environment for `gpu`."""
+    if not argv or argv[0] not in ("gpu", "default"):
+        sys.exit("usage: python -m artweb.launcher.worker gpu|default [celery options...]")
+    role, extra = argv[0], argv[1:]
+    env = dict(os.environ)
+    if role == "gpu":
+        command, env = gpu_worker_command("gpu@%h"), gpu_worker_env(env)
+    else:
+        command = default_worker_command("default@%h", concurrency=env.get("ARTWEB_WORKER_CONCURRENCY", "2"))
+    os.execvpe(command[0], [*command, *extra], env)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -28,9 +28,9 @@ from artweb.api import (
 from artweb.api_errors import ErrorSerializer
 from rollouts import selectors, services
 from rollouts.models import RewardFunction
-from rollouts.runtime.validation import MAX_SOURCE_BYTES, validate_reward, validate_script
+from rollouts.sandbox.validation import MAX_SOURCE_BYTES, validate_reward, validate_script
 
-# One limit for code, the runtime's: larger uploads get a 413 here instead of a validation issue.
+# One limit for code, the sandbox's: larger uploads get a 413 here instead of a validation issue.
 MAX_CODE_BYTES = MAX_SOURCE_BYTES
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer, 413: ErrorSerializer}
 
@@ -271,7 +271,9 @@ class ScriptVersionListApi(_VersionListApi):
         return self.list(request, selectors.script_get(user=request.user, script_id=script_id))
 
 
-class ScriptVersionCreateApi(UploadApi):
+class _VersionCreateApi(UploadApi):
+    """A new version of a script or reward: its code as JSON or a file upload, and a note."""
+
     max_upload_bytes = MAX_CODE_BYTES
 
     class InputSerializer(serializers.Serializer):
@@ -283,9 +285,13 @@ class ScriptVersionCreateApi(UploadApi):
     class FileInputSerializer(InputSerializer, CodeFileInput):
         pass
 
+    REQUEST = {"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer}
+
+
+class ScriptVersionCreateApi(_VersionCreateApi):
     @extend_schema(
         operation_id="scripts_versions_create",
-        request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+        request=_VersionCreateApi.REQUEST,
         responses={201: VersionOutput, **ERRORS},
     )
     def post(self, request, script_id: int):
@@ -386,21 +392,10 @@ class RewardVersionListApi(_VersionListApi):
         return self.list(request, selectors.reward_get(user=request.user, reward_id=reward_id))
 
 
-class RewardVersionCreateApi(UploadApi):
-    max_upload_bytes = MAX_CODE_BYTES
-
-    class InputSerializer(serializers.Serializer):
-        note = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
-
-    class JsonInputSerializer(InputSerializer, CodeJsonInput):
-        pass
-
-    class FileInputSerializer(InputSerializer, CodeFileInput):
-        pass
-
+class RewardVersionCreateApi(_VersionCreateApi):
     @extend_schema(
         operation_id="rewards_versions_create",
-        request={"application/json": JsonInputSerializer, "multipart/form-data": FileInputSerializer},
+        request=_VersionCreateApi.REQUEST,
         responses={201: RewardVersionOutput, **ERRORS},
     )
     def post(self, request, reward_id: int):

@@ -9,7 +9,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from tests.factories import (
+from artweb.testing.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
     RolloutScriptVersionFactory,

@@ -16,16 +16,16 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from artweb.api import MIB
-from tests.api.conftest import token_client
-from tests.factories import (
+from artweb.testing.factories import (
     CheckpointFactory,
     RewardFunctionVersionFactory,
     RunFactory,
     StepFactory,
     TrajectoryFactory,
 )
+from tests.api.conftest import token_client
 from training.models import DryRun, ExportTarget, JudgeEndpoint, Rescore
-from training.serving_models import ServeJob
+from training.serving.models import ServeJob
 
 DEPTH = 50_000
 BODIES = {
@@ -125,6 +125,7 @@ def _message(response) -> str:
     return body.get("message") or (error.get("message", "") if isinstance(error, dict) else "")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_no_malformed_body_makes_any_route_fail(world):
     assert len(ROUTES) > 60  # the resolver walk found the API

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from artweb.testing.factories import CheckpointFactory, RunFactory
 from tests.api.conftest import assert_error
-from tests.factories import CheckpointFactory, RunFactory
 from training.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db

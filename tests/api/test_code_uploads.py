@@ -4,9 +4,9 @@ bad uploads (syntax errors, oversized, non-UTF-8, binary) answered with a 4xx an
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from artweb.testing.factories import REWARD, SCRIPT
 from rollouts.models import RewardFunction, RewardFunctionVersion, RolloutScript, RolloutScriptVersion
 from tests.api.conftest import assert_error
-from tests.factories import REWARD, SCRIPT
 
 pytestmark = pytest.mark.django_db
 

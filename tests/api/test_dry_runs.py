@@ -4,8 +4,8 @@ from unittest import mock
 
 import pytest
 
+from artweb.testing.factories import RolloutScriptVersionFactory
 from tests.api.conftest import assert_error
-from tests.factories import RolloutScriptVersionFactory
 from training.models import DryRun
 
 pytestmark = pytest.mark.django_db

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from artweb.launcher.embedded import free_port
+from artweb.testing.factories import RunFactory
 from tests.api.conftest import assert_error
 from tests.egress import egress_allow
 from tests.exports.conftest import start_recording_server
-from tests.factories import RunFactory
 from training.exports.selectors import export_target_secret
 from training.exports.services import export_target_create
 from training.models import ExportTarget

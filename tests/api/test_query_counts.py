@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from tests.factories import (
+from artweb.testing.factories import (
     REWARD,
     SCRIPT,
     BaseModelFactory,

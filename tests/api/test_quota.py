@@ -2,11 +2,9 @@
 
 import pytest
 
+from artweb.testing.factories import RunFactory
 from tests.api.conftest import assert_error
-from tests.factories import RunFactory
 from training.models import Quota, Run
-
-S = Run.Status
 
 
 @pytest.fixture
@@ -20,8 +18,8 @@ def enqueued(monkeypatch):
 
 def test_it_shows_your_usage_against_each_limit(alice_api, alice, bob, settings):
     settings.ARTWEB_QUOTA_STEPS_PER_DAY = 0
-    RunFactory(owner=alice, status=S.RUNNING, trajectory_bytes=1234)
-    RunFactory(owner=bob, status=S.RUNNING, trajectory_bytes=999_999)  # not hers
+    RunFactory(owner=alice, status=Run.Status.RUNNING, trajectory_bytes=1234)
+    RunFactory(owner=bob, status=Run.Status.RUNNING, trajectory_bytes=999_999)  # not hers
     Quota.objects.create(user=alice, concurrent_runs=1)
     response = alice_api.get("/api/v1/quota/")
     assert response.status_code == 200
@@ -61,7 +59,7 @@ def test_it_needs_a_signed_in_user(anon_api):
 
 def test_creating_a_run_past_the_runs_at_once_limit_is_a_400_naming_it(alice_api, alice, alice_assets, enqueued):
     Quota.objects.create(user=alice, concurrent_runs=1)
-    RunFactory(owner=alice, status=S.QUEUED)
+    RunFactory(owner=alice, status=Run.Status.QUEUED)
     response = alice_api.post(
         "/api/v1/runs/create/",
         {

@@ -9,10 +9,10 @@ from unittest import mock
 
 import pytest
 
+from tests.analytics.test_rescores import new_reward, seed_group, seed_run
 from tests.api.conftest import assert_error
-from tests.training.services.test_rescores import new_reward, seed_group, seed_run
+from training.analytics.rescores import rescore_execute
 from training.models import JudgeEndpoint, Rescore
-from training.services.rescores import rescore_execute
 
 pytestmark = pytest.mark.django_db
 

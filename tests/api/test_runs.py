@@ -4,8 +4,8 @@ from unittest import mock
 
 import pytest
 
+from artweb.testing.factories import RunFactory, StepFactory
 from tests.api.conftest import assert_error
-from tests.factories import RunFactory, StepFactory
 from training.models import Run, RunEvent, RunLog, Step
 
 pytestmark = pytest.mark.django_db
@@ -204,7 +204,7 @@ def test_it_rejects_an_oversized_body(alice_api):
 
 
 def test_alice_cannot_start_a_run_with_bobs_script(alice_api, alice_assets, bob, enqueued):
-    from tests.factories import RolloutScriptVersionFactory
+    from artweb.testing.factories import RolloutScriptVersionFactory
 
     bobs = RolloutScriptVersionFactory(asset__owner=bob, asset__name="bob-script")
     for ref in ("bob-script", bobs.asset_id):

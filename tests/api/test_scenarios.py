@@ -5,9 +5,9 @@ import json
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from artweb.testing.factories import ScenarioSetFactory
 from rollouts.models import Scenario, ScenarioSet
 from tests.api.conftest import assert_error
-from tests.factories import ScenarioSetFactory
 
 pytestmark = pytest.mark.django_db
 

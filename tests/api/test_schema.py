@@ -6,6 +6,8 @@ from drf_spectacular.validation import validate_schema
 
 from rollouts import api_urls as rollout_urls
 from training import api_urls as training_urls
+from training.analytics import api_urls as analytics_urls
+from training.serving import api_urls as serving_urls
 
 pytestmark = pytest.mark.django_db
 
@@ -14,7 +16,12 @@ def test_the_schema_is_valid_and_lists_every_endpoint():
     schema = SchemaGenerator().get_schema(public=True)
     validate_schema(schema)
     paths = set(schema["paths"])
-    for pattern in [*rollout_urls.urlpatterns, *training_urls.urlpatterns]:
+    for pattern in [
+        *rollout_urls.urlpatterns,
+        *training_urls.urlpatterns,
+        *analytics_urls.urlpatterns,
+        *serving_urls.urlpatterns,
+    ]:
         route = "/api/v1/" + str(pattern.pattern).replace("<int:", "{").replace(">", "}")
         assert route in paths, route
     ops = [op for item in schema["paths"].values() for op in item.values()]

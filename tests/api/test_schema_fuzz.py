@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from tests.factories import (
+from artweb.testing.factories import (
     CheckpointFactory,
     RewardFunctionVersionFactory,
     RunFactory,
@@ -73,6 +73,7 @@ def fuzz(db, alice, api_settings):
     request_finished.connect(close_old_connections)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())

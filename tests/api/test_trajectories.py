@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from artweb.testing.factories import RunFactory
 from tests.api.conftest import assert_error
-from tests.factories import RunFactory
 from training.models import Trajectory, TrajectoryGroup
 
 pytestmark = pytest.mark.django_db

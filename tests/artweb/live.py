@@ -18,8 +18,8 @@ from django.conf import settings
 
 from artweb.launcher import BASE_DIR, launch_env, web_command
 from artweb.launcher.embedded import free_port
+from artweb.testing.web import database_url
 from tests.artweb.conftest import SETTINGS_VARS
-from tests.browser.server import database_url
 
 # Redis accepts any password for its passwordless default user; the server sends this one with every
 # connection, so it is in the settings every page could leak.

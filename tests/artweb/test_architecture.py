@@ -1,13 +1,16 @@
 """The layers depend one way, checked over the source itself (its syntax trees, every import statement,
 those inside functions included):
 
-- `training/engine/` and `rollouts/runtime/` are pure: they import neither Django (nor its add-ons,
-  Channels, DRF, Celery) nor any of the project's apps, only themselves and libraries (and the engine
-  the runtime, pure as well and on the allowed side of training -> rollouts);
+- `training/engine/`, `rollouts/sandbox/` (the jail, its proxy and the result protocol) and
+  `rollouts/inference/` (the vLLM and CTranslate2 servers) are pure: they import neither Django (nor its
+  add-ons, Channels, DRF, Celery) nor any of the project's apps, only themselves and libraries. The two
+  rollouts packages do not import each other; the engine may import both, pure as well and on the allowed
+  side of training -> rollouts;
 - `training` depends on `rollouts`, never the other way round: nothing in `rollouts` imports `training`,
   and no rollouts model has a relation to a training model;
 - `artweb` plumbing that both apps use (artweb.api, artweb.pages, artweb.presenters, ...) imports neither app,
-  only the pure `rollouts.runtime` (a library to it: no Django, no models; e.g. the bounded JSON parser);
+  only the pure `rollouts.sandbox` and `rollouts.inference` (libraries to it: no Django, no models; e.g.
+  the bounded JSON parser);
 - the project's modules import each other without a cycle at module level, so no import has to hide
   inside a function to dodge one.
 """
@@ -79,7 +82,11 @@ def _top(name: str) -> str:
     return name.split(".", 1)[0]
 
 
-PURE = {"training.engine": ("training.engine", "rollouts.runtime"), "rollouts.runtime": ("rollouts.runtime",)}
+PURE = {
+    "training.engine": ("training.engine", "rollouts.sandbox", "rollouts.inference"),
+    "rollouts.sandbox": ("rollouts.sandbox",),
+    "rollouts.inference": ("rollouts.inference",),
+}
 
 
 @pytest.mark.parametrize("package", sorted(PURE))
@@ -104,9 +111,10 @@ def test_it_keeps_shared_artweb_plumbing_free_of_both_apps():
     violations = [
         v
         for path, module in _sources("artweb")
-        if module not in ARTWEB_WIRING and not module.startswith(("artweb.cli", "artweb.launcher"))
+        if module not in ARTWEB_WIRING and not module.startswith(("artweb.cli", "artweb.launcher", "artweb.testing"))
         for line, name in imported_modules(path, module)
-        if _top(name) in ("training", "rollouts") and not _is_within(name, "rollouts.runtime")
+        if _top(name) in ("training", "rollouts")
+        and not any(_is_within(name, pure) for pure in ("rollouts.sandbox", "rollouts.inference"))
         for v in [f"{path.relative_to(ROOT)}:{line} imports {name}"]
     ]
     assert violations == []
@@ -232,11 +240,11 @@ def test_the_cycle_check_finds_a_cycle_through_a_package_import(tmp_path):
 def test_the_checks_see_the_imports_they_forbid(tmp_path):
     """The walker finds an import inside a function and resolves a relative one: a forbidden import
     written either way would fail the tests above."""
-    pkg = tmp_path / "rollouts" / "runtime"
+    pkg = tmp_path / "rollouts" / "sandbox"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "bad.py").write_text("def f():\n    from django.db import models\n\nfrom ..views import x\n")
-    found = sorted(imported_modules(pkg / "bad.py", "rollouts.runtime.bad"))
+    found = sorted(imported_modules(pkg / "bad.py", "rollouts.sandbox.bad"))
     assert found == [(2, "django.db"), (4, "rollouts.views")]
 
 
@@ -256,3 +264,148 @@ def test_the_web_process_and_the_task_modules_load_without_torch():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "False"
+
+
+def _imports_with_names(path: Path, module: str) -> list[tuple[int, str]]:
+    """imported_modules, plus `package.name` for each name of a `from package import name`: so that
+    `from training import serving` counts as an import of training.serving."""
+    found = imported_modules(path, module)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+@pytest.mark.django_db(databases=[])
+def test_it_keeps_training_from_importing_its_serving_app():
+    """The serving app (training/serving/: the OpenAI endpoint, aliases, playground, diffs, the serving
+    thread) uses training's runs, checkpoints, inference server and serving gate; nothing else in training
+    imports it, and no training model has a relation to a serving model."""
+    violations = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path, module in _sources("training")
+        if not _is_within(module, "training.serving")
+        for line, name in _imports_with_names(path, module)
+        if _is_within(name, "training.serving")
+    ]
+    assert violations == []
+    relations = [
+        f"{model.__name__}.{field.name} -> {field.related_model._meta.label}"
+        for model in apps.get_app_config("training").get_models()
+        for field in model._meta.get_fields()
+        if field.is_relation and field.related_model is not None and field.concrete
+        if field.related_model._meta.app_label == "serving"
+    ]
+    assert relations == []
+    assert apps.get_app_config("serving").name == "training.serving"
+    assert {m.__name__ for m in apps.get_app_config("serving").get_models()} >= {"CheckpointAlias", "ServeJob"}
+
+
+def test_the_serving_check_sees_an_import_of_the_app_by_name(tmp_path):
+    pkg = tmp_path / "training" / "views"
+    pkg.mkdir(parents=True)
+    (pkg / "bad.py").write_text("from training import serving\n\ndef f():\n    from ..serving.models import ServeJob\n")
+    found = {name for _, name in _imports_with_names(pkg / "bad.py", "training.views.bad")}
+    assert {"training.serving", "training.serving.models"} <= found
+
+
+# --- the test harness, the REST client and the command line, the engine's import ------------------------
+
+
+def test_bench_imports_the_shared_harness_never_the_tests():
+    """What bench/ and tests/ share lives in artweb.testing; a benchmark that imported tests/ would tie
+    the two trees together (and load the tests' conftest-free modules outside pytest)."""
+    assert _violations("bench", lambda name: _top(name) == "tests") == []
+
+
+def test_only_the_tests_and_the_benchmarks_import_the_test_harness():
+    """artweb.testing (factories, started servers and workers) is for tests/ and bench/: product code
+    outside it never imports it, so nothing a deployment runs depends on it."""
+    violations = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for package in APPS
+        for path, module in _sources(package)
+        if not _is_within(module, "artweb.testing")
+        for line, name in imported_modules(path, module)
+        if _is_within(name, "artweb.testing")
+    ]
+    assert violations == []
+
+
+CLIENT_SIDE = ("artweb.client", "artweb.cli")
+
+
+def test_the_rest_client_and_the_cli_import_no_django_and_no_app():
+    """The REST client and the command line run on a user's machine with httpx, click and rich: no
+    Django, DRF, Celery or Channels, and nothing of the project but themselves."""
+
+    def forbidden(name: str) -> bool:
+        if any(_is_within(name, allowed) for allowed in CLIENT_SIDE):
+            return False
+        return _top(name) in FRAMEWORKS or _top(name) in APPS
+
+    assert [v for package in CLIENT_SIDE for v in _violations(package, forbidden)] == []
+
+
+def _loaded_by(statement: str) -> list[str]:
+    """The modules a fresh interpreter holds after running statement (no Django settings given)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()
+
+
+def test_importing_the_rest_client_and_the_cli_loads_no_django_and_no_app():
+    """Checked on a running interpreter too: the packages they live in (artweb) load nothing on import."""
+    loaded = _loaded_by("import artweb.client, artweb.cli")
+    frameworks = sorted({_top(m) for m in loaded} & set(FRAMEWORKS))
+    project = [
+        m for m in loaded if _top(m) in APPS and m != "artweb" and not any(_is_within(m, p) for p in CLIENT_SIDE)
+    ]
+    assert (frameworks, project) == ([], [])
+
+
+def test_importing_the_engine_loads_no_torch():
+    """training.engine's __init__ re-exports nothing: a caller that reads the config or the advantages
+    (the web process does) pays for torch only when it imports the trainer."""
+    loaded = _loaded_by("import training.engine, training.engine.config, training.engine.advantages")
+    assert "torch" not in loaded
+    assert "torch" in _loaded_by("import training.engine.trainer")  # the check can see torch load
+
+
+# --- analytics --------------------------------------------------------------------------------------------
+
+# What the rest of training may take from training.analytics: the recorders a step calls as it commits
+# (learning-signal figures, heatmap cells, the alert check) and the alert rules the run page edits.
+ANALYTICS_FOR_TRAINING = {
+    "training.analytics.learning_signals",
+    "training.analytics.heatmap",
+    "training.analytics.alerts",
+}
+# Wiring modules of training that join analytics in: the app's ready(), its task list and its URLs.
+TRAINING_WIRING = {"training.apps", "training.tasks", "training.urls"}
+
+
+def test_training_takes_only_the_step_recorders_from_analytics():
+    """Analytics reads what runs and steps stored; the rest of training imports from it only what a step
+    records as it commits, so re-scoring, reward health and the heatmap's reads stay out of the core."""
+    violations = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path, module in _sources("training")
+        if not _is_within(module, "training.analytics") and not _is_within(module, "training.serving")
+        if module not in TRAINING_WIRING
+        for line, name in _imports_with_names(path, module)
+        if _is_within(name, "training.analytics") and name != "training.analytics"
+        if not any(_is_within(name, allowed) for allowed in ANALYTICS_FOR_TRAINING)
+    ]
+    assert violations == []

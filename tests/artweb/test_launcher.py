@@ -60,6 +60,7 @@ def services_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow  # starts PostgreSQL and Redis
 def test_it_starts_reuses_and_stops_the_embedded_services(services_dir):
     env = {}
     services = start_services(services_dir, env)
@@ -97,6 +98,7 @@ def assert_password_required(env: dict) -> None:
     assert redis_ping(env["REDIS_URL"])
 
 
+@pytest.mark.slow  # starts PostgreSQL and Redis
 def test_it_requires_generated_passwords_kept_in_a_private_file(services_dir):
     env = {}
     services = start_services(services_dir, env)
@@ -109,6 +111,7 @@ def test_it_requires_generated_passwords_kept_in_a_private_file(services_dir):
     stop_services(services)
 
 
+@pytest.mark.slow  # starts PostgreSQL and Redis
 def test_it_gives_passwords_to_servers_an_earlier_version_left_without_one(services_dir):
     env = {}
     pg, red = start_services(services_dir, env)
@@ -139,6 +142,7 @@ def test_it_gives_passwords_to_servers_an_earlier_version_left_without_one(servi
     stop_services(services)
 
 
+@pytest.mark.slow  # starts PostgreSQL and Redis
 def test_it_keeps_the_data_across_restarts(services_dir):
     env = {}
     services = start_services(services_dir, {**env})
@@ -155,6 +159,7 @@ def test_it_keeps_the_data_across_restarts(services_dir):
     again.stop()
 
 
+@pytest.mark.slow  # starts PostgreSQL and Redis
 def test_it_adopts_servers_whose_launcher_died(services_dir):
     redis = EmbeddedRedis(services_dir / "services").start()
     redis.state.owner = dead_pid()
@@ -192,6 +197,7 @@ def test_it_allows_one_launcher_per_data_dir(tmp_path):
         pass
 
 
+@pytest.mark.slow  # starts PostgreSQL and Redis
 def test_services_mode_stops_everything_on_ctrl_c(services_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env["ARTWEB_DATA_DIR"] = str(services_dir)

@@ -1,5 +1,8 @@
-"""The README documents what a user can reach, and only that: every environment variable the code reads
-(its Configuration tables), every REST API route, every command of the `artweb` CLI and every page.
+"""The documentation (the MkDocs site under docs/, whose front page is the README) says what a user can
+reach, and only that: every environment variable the code reads (docs/reference/settings.md), every REST
+API route (docs/reference/rest-api.md), every command of the `artweb` CLI (docs/reference/cli.md), every
+page (docs/reference/pages.md), every run setting and every method of the Python client. Every page of the
+site is in its navigation, and the README's links into it lead to files that exist.
 
 The variables are found in the source itself: Python through its syntax tree (os.environ[...],
 os.environ.get/setdefault/pop, os.getenv, `"X" in os.environ`, names bound to os.environ or to a copy
@@ -10,16 +13,22 @@ Makefile through the `${NAME}` / `$(NAME)` forms they read the environment with.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import click
+import yaml
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from artweb.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MKDOCS = ROOT / "mkdocs.yml"
+SETTINGS_PAGE = "reference/settings.md"
 PYTHON_TREES = ("artweb", "training", "rollouts")
 SHELL_FILES = (
     "docker/common.sh",
@@ -31,7 +40,7 @@ SHELL_FILES = (
 )
 
 # Read by the code but not configuration: values one artweb process hands to another it starts, or
-# the sandbox hands to the code inside it. Nobody sets them by hand, so the README's table leaves them out.
+# the sandbox hands to the code inside it. Nobody sets them by hand, so the documentation's tables leave them out.
 NOT_CONFIGURATION = {
     "ARTWEB_NEW_ADMIN_PASSWORD": "the launcher to its `prepare` child: the generated admin password",
     "ARTWEB_PREPARE_RESULT": "the launcher to its `prepare` child: the file it reports back in",
@@ -50,7 +59,7 @@ NOT_CONFIGURATION = {
     "ARTWEB_SAMPLING": "set inside the sandbox for user code: the run's sampling settings",
     "ARTWEB_STEP": "set inside the sandbox for user code: the step being rolled out",
     "ARTWEB_JUDGE_MODEL": "set inside the sandbox for user code: the RULER judge's model name",
-    "DJANGO_SETTINGS_MODULE": "every entry point sets it to artweb.settings, the only settings module",
+    "DJANGO_SETTINGS_MODULE": "every entry point sets it to artweb.settings (the test suite: artweb.testing.settings)",
     "PATH": "the system's own, handed on to the Weave exporter's child process",
 }
 
@@ -65,8 +74,8 @@ NOT_PAGES = {
     "script-companion": "a script page's companion reward form posts here",
     "dry-run-status": "the dry run page polls it",
     "plotly-js": "the chart library the pages load",
-    "healthz": "a probe, documented under Health and metrics",
-    "metrics": "for Prometheus, documented under Health and metrics",
+    "healthz": "a probe, documented in docs/operations/monitoring.md",
+    "metrics": "for Prometheus, documented in docs/operations/monitoring.md",
     "logout": "the Sign out button posts here",
     "password_change_done": "where a password change lands",
     "password_reset": "Django's, reached from no page: artweb sends no e-mail",
@@ -227,13 +236,17 @@ def code_env_reads() -> tuple[dict[str, list[str]], list[str]]:
     return reads, unknown
 
 
-# --- what the README says --------------------------------------------------------------------------------
+# --- what the documentation says ----------------------------------------------------------------------------
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
-    assert match, f"README.md has no '## {title}' section"
+def doc_text(page: str) -> str:
+    """A page of the site, by its path under docs/."""
+    return (DOCS / page).read_text(encoding="utf-8")
+
+
+def doc_section(page: str, title: str) -> str:
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", doc_text(page), re.MULTILINE | re.DOTALL)
+    assert match, f"docs/{page} has no '## {title}' section"
     return match.group(1)
 
 
@@ -244,7 +257,7 @@ def table_first_cells(section: str) -> list[str]:
 
 
 def documented_variables() -> set[str]:
-    cells = table_first_cells(readme_section("Configuration"))
+    cells = table_first_cells(doc_text(SETTINGS_PAGE))
     return {name for cell in cells for name in re.findall(r"`([A-Z][A-Z0-9_]*)`", cell)}
 
 
@@ -254,9 +267,11 @@ def _route(text: str) -> str:
     return re.sub(r"<[^>]*>|\{[^}]*\}", "<>", words[-1]).lstrip("/")
 
 
-def documented_routes(section: str) -> set[str]:
+def documented_routes(page: str, section: str) -> set[str]:
     return {
-        _route(route) for cell in table_first_cells(readme_section(section)) for route in re.findall(r"`([^`]+)`", cell)
+        _route(route)
+        for cell in table_first_cells(doc_section(page, section))
+        for route in re.findall(r"`([^`]+)`", cell)
     }
 
 
@@ -333,7 +348,7 @@ def test_it_finds_what_shell_docker_and_make_files_read():
     assert makefile_env_reads(makefile) == {"STEPS", "URL", "DATABASE_URL"}
 
 
-# --- the README against the code ----------------------------------------------------------------------------
+# --- the documentation against the code ---------------------------------------------------------------------
 
 
 def test_it_can_tell_every_variable_the_code_reads():
@@ -352,7 +367,7 @@ def test_it_documents_every_variable_the_code_reads():
         if name not in documented_variables() and name not in NOT_CONFIGURATION
     }
     assert not missing, (
-        "Read by the code but missing from README.md's Configuration tables (add a row: meaning "
+        f"Read by the code but missing from docs/{SETTINGS_PAGE}'s tables (add a row: meaning "
         "and default): " + "; ".join(f"{n} ({', '.join(w)})" for n, w in sorted(missing.items()))
     )
 
@@ -360,7 +375,7 @@ def test_it_documents_every_variable_the_code_reads():
 def test_it_documents_only_variables_the_code_reads():
     reads, _ = code_env_reads()
     stale = documented_variables() - set(reads)
-    assert not stale, f"README.md's Configuration tables name variables nothing reads: {sorted(stale)}"
+    assert not stale, f"docs/{SETTINGS_PAGE}'s tables name variables nothing reads: {sorted(stale)}"
 
 
 def test_its_list_of_internal_variables_is_current():
@@ -373,11 +388,13 @@ def test_its_list_of_internal_variables_is_current():
 
 def test_it_documents_every_api_route_and_no_other():
     routes = {_route(r.removeprefix("api/v1/")) for r, _ in url_routes() if r.startswith("api/v1/")}
-    documented = {r.removeprefix("api/v1/") for r in documented_routes("REST API")}
+    documented = {r.removeprefix("api/v1/") for r in documented_routes("reference/rest-api.md", "Routes")}
 
-    assert not routes - documented, f"API routes missing from README.md's REST API table: {sorted(routes - documented)}"
+    assert not routes - documented, (
+        f"API routes missing from docs/reference/rest-api.md's Routes table: {sorted(routes - documented)}"
+    )
     assert not documented - routes, (
-        f"README.md's REST API table names routes that do not exist: {sorted(documented - routes)}"
+        f"docs/reference/rest-api.md's Routes table names routes that do not exist: {sorted(documented - routes)}"
     )
 
 
@@ -385,17 +402,17 @@ def test_it_documents_every_page_and_no_other():
     pages = {
         _route(r) or "/" for r, name in url_routes() if not r.startswith(("api/", "admin/")) and name not in NOT_PAGES
     }
-    documented = {r or "/" for r in documented_routes("Pages")}
+    documented = {r or "/" for r in documented_routes("reference/pages.md", "Every page")}
 
-    assert not pages - documented, f"Pages missing from README.md's Pages table: {sorted(pages - documented)}"
+    assert not pages - documented, f"Pages missing from docs/reference/pages.md's table: {sorted(pages - documented)}"
     assert not documented - pages, (
-        f"README.md's Pages table names pages that do not exist: {sorted(documented - pages)}"
+        f"docs/reference/pages.md's table names pages that do not exist: {sorted(documented - pages)}"
     )
     assert {name for _, name in url_routes()} >= set(NOT_PAGES), "NOT_PAGES names a route that no longer exists"
 
 
 def test_it_documents_the_probes():
-    section = readme_section("Health and metrics")
+    section = doc_section("operations/monitoring.md", "Health and metrics")
     assert "`GET /healthz`" in section and "`GET /metrics`" in section
     assert "ARTWEB_METRICS_TOKEN" in section
 
@@ -404,13 +421,78 @@ def test_it_documents_every_cli_command_and_no_other():
     commands = set(cli_commands())
     documented = {
         cmd
-        for cell in table_first_cells(readme_section("Command line"))
+        for cell in table_first_cells(doc_section("reference/cli.md", "Commands"))
         for cmd in re.findall(r"`(artweb [^`]+)`", cell)
     }
 
     assert not commands - documented, (
-        f"CLI commands missing from README.md's Command line table: {sorted(commands - documented)}"
+        f"CLI commands missing from docs/reference/cli.md's Commands table: {sorted(commands - documented)}"
     )
     assert not documented - commands, (
-        f"README.md's Command line table names commands that do not exist: {sorted(documented - commands)}"
+        f"docs/reference/cli.md's Commands table names commands that do not exist: {sorted(documented - commands)}"
+    )
+
+
+def _nav_pages(items) -> list[str]:
+    """The page paths of mkdocs.yml's nav: `- page.md` or `- Title: page.md`, sections nested."""
+    pages = []
+    for item in items:
+        for value in item.values() if isinstance(item, dict) else [item]:
+            pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_its_navigation_lists_every_page_and_no_other():
+    nav = _nav_pages(yaml.safe_load(MKDOCS.read_text(encoding="utf-8"))["nav"])
+    pages = {path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md")}
+
+    assert len(nav) == len(set(nav)), f"mkdocs.yml's nav lists a page twice: {sorted(nav)}"
+    assert not pages - set(nav), f"docs/ pages missing from mkdocs.yml's nav: {sorted(pages - set(nav))}"
+    assert not set(nav) - pages, f"mkdocs.yml's nav names pages docs/ does not have: {sorted(set(nav) - pages)}"
+
+
+def test_the_readme_links_into_the_docs_at_files_that_exist():
+    targets = re.findall(r"\]\((docs/[^)#\s]+)", README.read_text(encoding="utf-8"))
+    missing = [target for target in targets if not (ROOT / target).is_file()]
+
+    assert targets, "README.md links to no page of the documentation"
+    assert any(target.endswith(".png") for target in targets), "README.md shows no screenshot"
+    assert not missing, f"README.md links into docs/ at files that do not exist: {missing}"
+
+
+def test_it_documents_every_run_setting_and_no_other():
+    from training.config import AlertRules, RunConfig
+    from training.engine.config import TrainConfig
+
+    documented = {
+        name
+        for title in ("Run settings", "Alert rules", "Training settings")
+        for cell in table_first_cells(doc_section("reference/run-settings.md", title))
+        for name in re.findall(r"`([a-z0-9_]+)`", cell)
+    }
+    settings = {*RunConfig.model_fields, *AlertRules.model_fields, *(f.name for f in dataclass_fields(TrainConfig))}
+
+    assert not settings - documented, (
+        f"Run settings missing from docs/reference/run-settings.md: {sorted(settings - documented)}"
+    )
+    assert not documented - settings, (
+        f"docs/reference/run-settings.md names settings that do not exist: {sorted(documented - settings)}"
+    )
+
+
+def test_it_documents_every_method_of_the_python_client_and_no_other():
+    from artweb.client import Client
+
+    methods = {name for name, value in inspect.getmembers(Client) if callable(value) and not name.startswith("_")}
+    documented = {
+        name
+        for cell in table_first_cells(doc_section("reference/python-client.md", "Methods"))
+        for name in re.findall(r"`([a-z_]+)\(", cell)
+    }
+
+    assert not methods - documented, (
+        f"Client methods missing from docs/reference/python-client.md: {sorted(methods - documented)}"
+    )
+    assert not documented - methods, (
+        f"docs/reference/python-client.md names methods the client does not have: {sorted(documented - methods)}"
     )

@@ -11,17 +11,17 @@ from artweb.launcher import launch_env
 
 DUMP = """
 import json
-from artweb import settings as s
-db = s.DATABASES["default"]
+from artweb import settings
+db = settings.DATABASES["default"]
 print(json.dumps({
     "db": [db["NAME"], db["HOST"], db["PORT"], db["USER"], db["PASSWORD"]], "test_db": db["TEST"]["NAME"],
-    "redis": s.REDIS_URL, "cache": s.CACHES["default"]["LOCATION"],
-    "channels": s.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"], "broker": s.CELERY_BROKER_URL,
-    "debug": s.DEBUG, "data_dir": str(s.DATA_DIR), "media": str(s.MEDIA_ROOT), "hosts": s.ALLOWED_HOSTS,
-    "secret": s.SECRET_KEY, "static": s.STORAGES["staticfiles"]["BACKEND"],
-    "ssl_redirect": getattr(s, "SECURE_SSL_REDIRECT", None),
-    "session_secure": getattr(s, "SESSION_COOKIE_SECURE", None), "plain_http": s.ARTWEB_PLAIN_HTTP,
-    "fallbacks": s.SECRET_KEY_FALLBACKS,
+    "redis": settings.REDIS_URL, "cache": settings.CACHES["default"]["LOCATION"],
+    "channels": settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"], "broker": settings.CELERY_BROKER_URL,
+    "debug": settings.DEBUG, "data_dir": str(settings.DATA_DIR), "media": str(settings.MEDIA_ROOT), "hosts": settings.ALLOWED_HOSTS,
+    "secret": settings.SECRET_KEY, "static": settings.STORAGES["staticfiles"]["BACKEND"],
+    "ssl_redirect": getattr(settings, "SECURE_SSL_REDIRECT", None),
+    "session_secure": getattr(settings, "SESSION_COOKIE_SECURE", None), "plain_http": settings.ARTWEB_PLAIN_HTTP,
+    "fallbacks": settings.SECRET_KEY_FALLBACKS,
 }))
 """
 

@@ -13,8 +13,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from artweb.asgi import application
+from artweb.testing.factories import RunFactory
 from tests.artweb.live import LiveServer
-from tests.factories import RunFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,6 +35,7 @@ async def _connects(run_id: int, user, *, host: str, origin: str | None) -> bool
     return connected
 
 
+@pytest.mark.slow
 async def test_it_opens_only_from_the_sites_own_origin(alice):
     run = await sync_to_async(RunFactory)(owner=alice)
     site = "127.0.0.1:8000"

@@ -2,8 +2,8 @@
 
 import pytest
 
+from artweb.testing.factories import RunFactory, StepFactory
 from bench import step_phases
-from tests.factories import RunFactory, StepFactory
 
 
 @pytest.mark.django_db

@@ -10,7 +10,7 @@ from training.services.steps.batch import scenarios_sample
 
 @pytest.mark.django_db
 def test_the_schedule_is_the_scenarios_each_artweb_step_samples(alice):
-    from tests.factories import RunFactory
+    from artweb.testing.factories import RunFactory
 
     scenario_set = scenario_set_create(owner=alice, name="example", jsonl=(EXAMPLES / "scenarios.jsonl").read_text())
     run = RunFactory(owner=alice, scenario_set=scenario_set, config={"seed": 7})

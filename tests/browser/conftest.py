@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 
 from artweb.launcher.embedded import free_port
-from tests.browser.server import CHROMIUM, CHROMIUM_ARGS, AsgiServer, database_url
+from artweb.testing.web import CHROMIUM, CHROMIUM_ARGS, AsgiServer, database_url
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 PASSWORD = "browser-pass-123"

@@ -14,8 +14,7 @@ import pytest
 from django.db import connection as db_connection
 from django.db import transaction
 
-from tests.browser.conftest import shot
-from tests.factories import (
+from artweb.testing.factories import (
     REWARD,
     SCRIPT,
     BaseModelFactory,
@@ -24,14 +23,15 @@ from tests.factories import (
     TrajectoryFactory,
     TrajectoryGroupFactory,
 )
+from tests.browser.conftest import shot
 from training.models import Run, Step
 from training.services.broadcast import run_broadcast
 
 pytestmark = pytest.mark.timeout(120)
 
 needs_validation = pytest.mark.skipif(
-    importlib.util.find_spec("rollouts.runtime.validation") is None,
-    reason="rollouts.runtime.validation is not in this checkout yet",
+    importlib.util.find_spec("rollouts.sandbox.validation") is None,
+    reason="rollouts.sandbox.validation is not in this checkout yet",
 )
 
 BROKEN_SCRIPT = "import art\n\n\nasync def rollout(model, scenario)\n    return None\n"
@@ -316,7 +316,7 @@ def test_a_failed_steps_rollouts_are_shown_with_their_errors_in_the_inspector(si
 
 
 def test_the_launch_form_follows_the_chosen_script_and_model(signed_in, user):
-    from tests.factories import RewardFunctionVersionFactory, RolloutScriptVersionFactory, ScenarioSetFactory
+    from artweb.testing.factories import RewardFunctionVersionFactory, RolloutScriptVersionFactory, ScenarioSetFactory
 
     page = signed_in
     BaseModelFactory(name="a-small", recommended_train={"learning_rate": 0.0002})

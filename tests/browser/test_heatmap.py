@@ -11,10 +11,10 @@ import re
 import pytest
 from django.db import transaction
 
+from artweb.testing.factories import RunFactory, ScenarioSetFactory
 from rollouts.models import Scenario
 from tests.browser.conftest import shot
 from tests.browser.test_dashboard import as_worker, assert_no_console_errors
-from tests.factories import RunFactory, ScenarioSetFactory
 from training.models import Trajectory, TrajectoryGroup
 from training.services.broadcast import group_message, run_broadcast
 

@@ -10,15 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.browser.conftest import shot
-from tests.browser.test_dashboard import as_worker, assert_no_console_errors
-from tests.factories import (
+from artweb.testing.factories import (
     BaseModelFactory,
     RolloutScriptVersionFactory,
     RunFactory,
     ScenarioSetFactory,
     StepFactory,
 )
+from tests.browser.conftest import shot
+from tests.browser.test_dashboard import as_worker, assert_no_console_errors
 from training.services import run_create, run_transition
 from training.services.steps.groups import advantages_store, groups_persist
 

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
+from artweb.testing.serving import make_served_run
 from rollouts.services import reward_create, scenario_set_create
 from tests.browser import test_rescore
 from tests.browser.conftest import shot
 from tests.e2e import serving
-from tests.e2e.serving import make_served_run
-from training.models import ServeJob
+from training.serving.models import ServeJob
 
 # This module's own web server and default-queue worker, and alice signed in there (see test_rescore.py);
 # the serving thread on the session's vLLM server (tests/e2e/serving.py).
@@ -24,7 +24,7 @@ stack = test_rescore.stack
 alice_page = test_rescore.alice_page
 serving_worker = serving.serving_worker
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.timeout(900)]
 
 LENGTH_REWARD = """
 def reward(trajectory, scenario) -> float:

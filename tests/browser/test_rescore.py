@@ -3,25 +3,25 @@ runs it in the jail, and the re-score's page follows it until it shows the agree
 
 The shared browser server sends its Celery messages to a broker nobody reads; this module starts a server
 of its own whose broker a default-queue worker (a separate process, as `make run` starts it) does read.
-The run is seeded with stored trajectories (see tests/training/services/test_rescores.py).
+The run is seeded with stored trajectories (see tests/analytics/test_rescores.py).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 import redis
 from django.conf import settings
 
+from artweb.testing.stack import default_worker_command_for_tests
+from artweb.testing.web import ROOT, AsgiServer, database_url
+from tests.analytics.test_rescores import new_reward, seed_group, seed_run
 from tests.browser.conftest import ARTIFACTS, PASSWORD, shot
-from tests.browser.server import ROOT, AsgiServer, database_url
-from tests.training.services.test_rescores import new_reward, seed_group, seed_run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]  # the stack below starts one
 
 
 @pytest.fixture(scope="module")
@@ -48,26 +48,7 @@ def stack(django_db_setup, django_db_blocker, channel_prefix):
     }
     env = {k: v for k, v in env.items() if not k.startswith("PYTEST")}
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "artweb",
-            "worker",
-            "-Q",
-            "default",
-            "--pool",
-            "solo",
-            "--concurrency",
-            "1",
-            "-n",
-            f"rescore-{os.getpid()}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel",
-            "INFO",
-        ],
+        default_worker_command_for_tests(f"rescore-{os.getpid()}@%h"),
         cwd=ROOT,
         env=env,
         stdout=log,

@@ -8,9 +8,7 @@ through the real Redis channel layer and the run's consumer). Screenshots go to 
 import pytest
 from django.db import transaction
 
-from tests.browser.conftest import shot
-from tests.browser.test_dashboard import as_worker, assert_no_console_errors
-from tests.factories import (
+from artweb.testing.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
     RolloutScriptVersionFactory,
@@ -19,6 +17,8 @@ from tests.factories import (
     TrajectoryFactory,
     TrajectoryGroupFactory,
 )
+from tests.browser.conftest import shot
+from tests.browser.test_dashboard import as_worker, assert_no_console_errors
 from training.services.broadcast import run_broadcast
 
 pytestmark = pytest.mark.timeout(120)

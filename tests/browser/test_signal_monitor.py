@@ -7,11 +7,11 @@ the real Redis channel layer), and the alerts are raised by the service the work
 import pytest
 from django.db import transaction
 
+from artweb.testing.factories import RunFactory, StepFactory, TrajectoryGroupFactory
 from tests.browser.conftest import shot
 from tests.browser.test_dashboard import as_worker, assert_no_console_errors, points
-from tests.factories import RunFactory, StepFactory, TrajectoryGroupFactory
+from training.analytics.alerts import run_alerts_check
 from training.models import Run, Step
-from training.services.alerts import run_alerts_check
 from training.services.broadcast import run_broadcast
 
 pytestmark = pytest.mark.timeout(120)

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import pytest
 from django.db import connection
 
-from tests.e2e import stack
+from artweb.testing import stack
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "rollouts" / "examples"
 PASSWORD = "alice-cli-pass-123"
@@ -137,6 +137,7 @@ def write_run_file(path: Path, *, model: str, **config) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_cli_drives_a_run_against_a_live_server(server, alice_login, tmp_path):
     from training.models import Checkpoint, Run, Step, Trajectory, TrajectoryGroup
 
@@ -251,6 +252,7 @@ SMALL = {
 
 
 @pytest.mark.vllm
+@pytest.mark.worker
 @pytest.mark.e2e
 @pytest.mark.timeout(3600)
 def test_the_cli_trains_the_example_task_end_to_end(server_env, alice_login, vllm_model_dir, tmp_path):

@@ -14,11 +14,11 @@ import pytest
 from rest_framework.authtoken.models import Token
 
 from artweb.launcher.embedded import free_port
+from artweb.testing import stack
+from artweb.testing.factories import RunFactory
 from tests.cli import test_cli
 from tests.cli.test_cli import PASSWORD, Cli
-from tests.e2e import stack
 from tests.exports.conftest import start_recording_server
-from tests.factories import RunFactory
 from training.exports.selectors import export_target_secret
 from training.models import ExportTarget
 
@@ -61,6 +61,7 @@ class ExportsCli(Cli):
         return result
 
 
+@pytest.mark.slow
 def test_the_cli_creates_tests_edits_and_deletes_export_targets(server, egress_ports, alice_login, django_user_model):
     cli = ExportsCli(server.extra["url"])
     cli.token = cli("token", "create", "--username", "alice", "--password", PASSWORD).stdout.strip()

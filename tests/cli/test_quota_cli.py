@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from artweb.testing.factories import RunFactory
 from tests.cli import test_cli
 from tests.cli.test_cli import PASSWORD, Cli
-from tests.factories import RunFactory
 from training.models import Quota, Run
 
 server_env, server, alice_login = test_cli.server_env, test_cli.server, test_cli.alice_login  # its fixtures

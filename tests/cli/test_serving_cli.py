@@ -15,8 +15,8 @@ import pytest
 
 from rollouts.services import reward_create
 from tests.e2e import serving
-from training.models import ServeJob
-from training.services.serve_jobs import serve_job_execute
+from training.serving.models import ServeJob
+from training.serving.services.serve_jobs import serve_job_execute
 
 pytestmark = pytest.mark.timeout(900)
 

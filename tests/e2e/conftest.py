@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.e2e import stack
+from artweb.testing import stack
 from tests.e2e.serving import served_run, serving_worker, web  # noqa: F401 - the serving tests' fixtures
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "rollouts" / "examples"

@@ -5,49 +5,20 @@ ASGI server while it trains, then a re-score of the finished run by a real defau
 Each page must follow the run live (its WebSocket), not only show what was there when it loaded.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from tests.e2e import stack
+from artweb.testing import stack
 from tests.e2e.test_run_e2e import SMALL
 from training.models import Rescore, Run, Step
 from training.services import run_create
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]  # Playwright opens the pages itself
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "rollouts" / "examples"
-
-
-def _default_worker(env, log_dir):
-    return stack.start(
-        "default-worker",
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "artweb",
-            "worker",
-            "-Q",
-            "default",
-            "--pool",
-            "solo",
-            "--concurrency",
-            "1",
-            "-n",
-            f"default-{stack.free_port()}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel",
-            "INFO",
-        ],
-        env,
-        log_dir,
-    )
 
 
 @pytest.mark.inference_engine("ctranslate2")  # the views do not depend on the server; it starts in seconds
@@ -56,7 +27,7 @@ def test_the_heatmap_monitor_and_reward_health_follow_a_real_run_and_a_rescore_a
 ):
     from playwright.sync_api import expect, sync_playwright
 
-    from tests.browser.server import CHROMIUM, CHROMIUM_ARGS
+    from artweb.testing.web import CHROMIUM, CHROMIUM_ARGS
 
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium")
@@ -124,7 +95,7 @@ def test_the_heatmap_monitor_and_reward_health_follow_a_real_run_and_a_rescore_a
         assert monitor.evaluate("Array.from(document.getElementById('chart-effective').data[0].y)") == expected
 
         # A re-score of the finished run with the reward reweighted, by the default queue's worker.
-        procs.append(_default_worker(stack_env, tmp_path / "logs"))
+        procs.append(stack.start_default_worker(stack_env, tmp_path / "logs"))
         reweighted = (
             (EXAMPLES / "reward.py")
             .read_text()

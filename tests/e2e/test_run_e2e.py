@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import stack
+from artweb.testing import stack
 from training.models import Checkpoint, Run, RunEvent, Step
 from training.services import run_create
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = pytest.mark.e2e
 
 SMALL = {
     "num_steps": 3,
@@ -29,6 +29,7 @@ SMALL = {
 }
 
 
+@pytest.mark.vllm
 def test_it_runs_three_steps_end_to_end(example_run_inputs, stack_env, procs, socket_for, tmp_path):
     web = stack.start_web(stack_env, tmp_path / "logs")
     procs.append(web)
@@ -100,6 +101,7 @@ def test_a_run_trains_on_the_ctranslate2_server(example_run_inputs, stack_env, p
             assert len(message["token_ids"]) == len(message["logprobs"]) > 0
 
 
+@pytest.mark.vllm
 def test_overlapped_rollouts_run_one_policy_behind_on_vllms_runtime_adapters(
     example_run_inputs, stack_env, procs, tmp_path
 ):
@@ -329,6 +331,7 @@ def test_a_pool_child_killed_mid_step_is_replaced_at_once(example_run_inputs, st
     assert not RunEvent.objects.filter(run=run, kind="requeued").exists()  # taken over, not swept
 
 
+@pytest.mark.vllm
 def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(
     example_run_inputs, stack_env, procs, tmp_path
 ):

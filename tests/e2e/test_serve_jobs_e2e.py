@@ -10,17 +10,17 @@ import httpx
 import pytest
 
 from rollouts.services import reward_create
-from training.models import ServeJob
-from training.services.serve_jobs import (
+from training.serving.models import ServeJob
+from training.serving.selectors import diff_scenarios
+from training.serving.services.serve_jobs import (
     TOP_LOGPROBS,
     diff_create,
-    diff_scenarios,
     playground_create,
     scenario_messages,
     serve_job_execute,
 )
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 # The reward the jail runs; _length_reward below is the same rule, computed here for the direct evaluation.
 LENGTH_REWARD = """
@@ -36,7 +36,7 @@ def _length_reward(text: str) -> float:
 
 def _queued(django_capture_on_commit_callbacks, create, **kwargs) -> ServeJob:
     with (
-        mock.patch("training.tasks.serve_job_execute_task.apply_async") as send,
+        mock.patch("training.serving.tasks.serve_job_execute_task.apply_async") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
         job = create(**kwargs)

@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
 TOOLS = [

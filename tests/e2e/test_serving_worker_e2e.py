@@ -8,10 +8,10 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.e2e import stack
-from training.services.serving import ALIVE_KEY
+from artweb.testing import stack
+from training.serving.protocol import ALIVE_KEY
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize("pool", ["prefork", "solo"])

@@ -7,9 +7,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from artweb.testing.factories import RunFactory, StepFactory, TrajectoryFactory, TrajectoryGroupFactory
 from rollouts.models import Scenario
 from tests.egress import egress_allow
-from tests.factories import RunFactory, StepFactory, TrajectoryFactory, TrajectoryGroupFactory
 
 TOOL_MESSAGES = [
     {"role": "system", "content": "You answer with one word."},

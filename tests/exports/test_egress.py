@@ -1,6 +1,6 @@
 """Export targets and the egress guard: what a user names as their W&B, Weave or Langfuse server is reached
 from the worker's and the web server's network, so it goes through the guard like every connection made
-on a user's behalf (rollouts.runtime.egress).
+on a user's behalf (rollouts.sandbox.egress).
 
 The targets that point at a private address here are written as rows directly, as a target saved before
 the guard existed would be, or one whose name was pointed at 127.0.0.1 since: saving one is refused
@@ -127,6 +127,7 @@ def test_the_test_event_to_a_private_server_is_refused_without_connecting(alice,
     assert banner.connections == 0 and "SECRET" not in result.message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("server", ["banner", "admin_page"])
 def test_where_the_operator_allows_it_the_test_event_connects_but_quotes_no_body(

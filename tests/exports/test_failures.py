@@ -83,6 +83,7 @@ def test_the_task_retries_with_backoff(run_with_steps):
     assert opts.retry_backoff_max >= 600
 
 
+@pytest.mark.slow  # about 10 s: W&B's client waits out its start timeout on each attempt
 def test_a_failing_exporter_does_not_change_the_runs_result(run_with_steps, monkeypatch, settings):
     """Both exporters fail every attempt (Langfuse: nothing listening; W&B: a server that never answers);
     the whole retry chain runs (eagerly, so without the backoff waits) and the run comes out the same."""

@@ -4,8 +4,8 @@ their fields, the key write-only, and only one's own targets."""
 import pytest
 
 from artweb.launcher.embedded import free_port
+from artweb.testing.factories import RunFactory
 from tests.egress import egress_allow
-from tests.factories import RunFactory
 from training.exports.selectors import export_target_secret
 from training.exports.services import export_target_create
 from training.models import ExportTarget

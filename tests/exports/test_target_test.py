@@ -130,6 +130,7 @@ def test_it_logs_a_wandb_test_run_offline(alice, fast_wandb):
     assert wb["history"][0]["artweb/test_event"] == 1
 
 
+@pytest.mark.slow
 def test_it_reports_an_unreachable_wandb_server(alice, fast_wandb, dead_url):
     target = export_target_create(
         owner=alice, kind="wandb", secret=WANDB_KEY, settings={"project": "p", "base_url": dead_url}
@@ -141,6 +142,7 @@ def test_it_reports_an_unreachable_wandb_server(alice, fast_wandb, dead_url):
     assert WANDB_KEY not in result.message
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("weave") is None, reason="weave is not installed")
 def test_it_reports_an_unreachable_weave_server(alice, dead_url):
     """Real weave, in a process of its own (so not imported here); it answers within seconds when

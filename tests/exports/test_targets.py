@@ -4,7 +4,7 @@ import pytest
 from django.test import override_settings
 
 from artweb.errors import ApplicationError
-from tests.factories import RunFactory
+from artweb.testing.factories import RunFactory
 from training.exports.crypto import SecretUnreadable, secret_decrypt, secret_encrypt
 from training.exports.selectors import export_target_public, export_target_secret, export_targets_for_run
 from training.exports.services import export_target_create, export_target_update

@@ -53,7 +53,7 @@ def test_it_writes_config_metrics_validation_and_trajectories(run_with_steps, wa
 
 
 def test_it_resumes_from_its_cursor_and_closes_the_run_at_its_end(run_with_steps, wandb_offline, transactional_db):
-    from tests.factories import StepFactory
+    from artweb.testing.factories import StepFactory
 
     run = run_with_steps
     target = export_target_create(owner=run.owner, kind="wandb", settings={"project": "artweb-tests"})
@@ -75,7 +75,7 @@ def test_it_resumes_from_its_cursor_and_closes_the_run_at_its_end(run_with_steps
 
 
 def test_it_logs_checkpoints_as_artifacts_when_asked(run_with_steps, wandb_offline, transactional_db, tmp_path):
-    from tests.factories import CheckpointFactory
+    from artweb.testing.factories import CheckpointFactory
 
     run = run_with_steps
     ckpt_dir = tmp_path / "ckpt"

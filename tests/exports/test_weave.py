@@ -7,8 +7,10 @@ import textwrap
 
 import pytest
 
+from artweb.testing.factories import RunFactory
+from rollouts.sandbox.batch import SandboxLimits
+from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
 from tests.egress import egress_allow
-from tests.factories import RunFactory
 from training.exports.services import export_target_create, export_target_update
 from training.exports.weave import export_rollout_env
 
@@ -65,7 +67,6 @@ WEAVE_SCRIPT = textwrap.dedent("""
 def test_real_weave_with_tracing_disabled_runs_a_weave_op_script_offline(tmp_path):
     """What the sandbox does for a run without Weave: WEAVE_DISABLED=true, so even a script that calls
     weave.init itself neither prompts for a key nor touches the network."""
-    pytest.importorskip("weave")
     script = tmp_path / "s.py"
     script.write_text("import weave\nweave.init('someone/project')\n" + WEAVE_SCRIPT)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "WEAVE_DISABLED": "true"}
@@ -107,11 +108,6 @@ def test_a_weave_op_script_runs_in_the_sandbox_with_and_without_weave(weave_env,
     """With Weave configured, the sandbox initialises the real weave against the run's W&B server; a real
     W&B/Weave server cannot run here, so a local endpoint stands in. It answers nothing weave expects,
     so this checks the contract that matters most: a misbehaving Weave never fails a rollout."""
-    import dataclasses
-
-    sandbox = pytest.importorskip("rollouts.runtime.sandbox", reason="the rollout sandbox is not built yet")
-    if "env" not in {f.name for f in dataclasses.fields(sandbox.RolloutRequest)}:
-        pytest.skip("RolloutRequest does not take `env` yet: the Weave pass-through is not wired")
     env = (
         {}
         if not weave_env
@@ -122,7 +118,7 @@ def test_a_weave_op_script_runs_in_the_sandbox_with_and_without_weave(weave_env,
             "WF_TRACE_SERVER_URL": recording_server.url + "/traces",
         }
     )
-    request = sandbox.RolloutRequest(
+    request = RolloutRequest(
         script=script,
         reward=None,
         scenarios=[{"prompt": "four"}],
@@ -132,9 +128,9 @@ def test_a_weave_op_script_runs_in_the_sandbox_with_and_without_weave(weave_env,
         sampling={},
         concurrency=2,
         max_exceptions=0.0,
-        limits=sandbox.SandboxLimits(rollout_timeout_s=60),
+        limits=SandboxLimits(rollout_timeout_s=60),
         env=env,
     )
-    (result,) = sandbox.run_rollouts(request)
+    (result,) = run_rollouts(request)
     assert [t["error"] or "" for t in result.trajectories] == ["", ""]
     assert [t["reward"] for t in result.trajectories] == [4.0, 4.0]

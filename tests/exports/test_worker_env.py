@@ -11,9 +11,9 @@ import base64
 
 import pytest
 
+from artweb.testing.factories import RunFactory
 from tests.egress import egress_allow
 from tests.exports.conftest import start_recording_server
-from tests.factories import RunFactory
 from training.exports.base import ExportError
 from training.exports.langfuse import DEFAULT_HOST, langfuse_endpoint
 from training.exports.schemas import export_settings_parse

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 CUDA = importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available()
-pytestmark = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "rollouts" / "examples"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -29,7 +29,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 @pytest.fixture(scope="module")
 def lora_server(vllm_model_dir, tmp_path_factory):
     """A vLLM server of the default model in "lora" mode, as a GPU worker starts it."""
-    from rollouts.runtime.vllm_server import VLLMServer
+    from rollouts.inference.vllm_server import VLLMServer
 
     log_dir = tmp_path_factory.mktemp("vllm-lora")
     server = VLLMServer(
@@ -52,7 +52,7 @@ def lora_server(vllm_model_dir, tmp_path_factory):
 
 
 def _jail():
-    from rollouts.runtime.jail import JailConfig
+    from rollouts.sandbox.jail import JailConfig
 
     return JailConfig(mode=os.environ.get("ARTWEB_SANDBOX", "jail"))
 
@@ -79,7 +79,8 @@ def _greedy(server, model: str) -> dict:
 
 def _example_groups(server, model: str, *, scenarios: int, group_size: int) -> list:
     """The shipped example task's rollouts against `model`, through the sandbox and the inference proxy."""
-    from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
+    from rollouts.sandbox.batch import SandboxLimits
+    from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
 
     lines = (EXAMPLES / "scenarios.jsonl").read_text().splitlines()[:scenarios]
     request = RolloutRequest(
@@ -110,7 +111,7 @@ def test_a_gpu_build_serves_adapters_at_runtime_with_a_kv_cache_of_its_own_size(
 
 
 def test_it_generates_through_a_loaded_adapter_with_token_ids_and_logprobs(lora_server, tmp_path):
-    from tests.rollouts.runtime.adapters import make_adapter
+    from artweb.testing.weights import make_adapter
 
     base = _greedy(lora_server, lora_server.ensure_base())
     adapter = make_adapter(tmp_path / "step1", seed=1, std=0.05)
@@ -139,7 +140,7 @@ def test_it_generates_through_a_loaded_adapter_with_token_ids_and_logprobs(lora_
 
 
 def test_a_steps_adapter_is_replaced_in_place_under_the_same_name(lora_server, tmp_path):
-    from tests.rollouts.runtime.adapters import make_adapter
+    from artweb.testing.weights import make_adapter
 
     first = make_adapter(tmp_path / "a", seed=1, std=0.05)
     second = make_adapter(tmp_path / "b", seed=2, std=0.05)
@@ -153,7 +154,7 @@ def test_a_steps_adapter_is_replaced_in_place_under_the_same_name(lora_server, t
 
 
 def test_the_example_task_rolls_out_through_an_adapter_in_the_sandbox(lora_server, tmp_path):
-    from tests.rollouts.runtime.adapters import make_adapter
+    from artweb.testing.weights import make_adapter
 
     name = lora_server.ensure_adapter("run-3@1", str(make_adapter(tmp_path / "a", seed=3, std=0.02)))
     groups = _example_groups(lora_server, name, scenarios=2, group_size=3)
@@ -183,8 +184,9 @@ def _adapter_weights(trainer) -> dict:
 def test_the_peft_backend_trains_a_bf16_base_on_cuda_and_resumes_exactly(vllm_model_dir, tmp_path):
     import torch
 
-    from training.engine import TrainConfig, make_trainer
     from training.engine.checkpoint import read_checkpoint
+    from training.engine.config import TrainConfig
+    from training.engine.trainer import make_trainer
 
     cfg = TrainConfig.from_dict({"backend": "peft", "learning_rate": 1e-3, "lora_rank": 8})
     trainer = make_trainer(cfg, base_model_path=str(vllm_model_dir), device="cuda", seed=7)
@@ -222,7 +224,8 @@ def test_an_update_that_runs_out_of_gpu_memory_halves_its_micro_batches_and_fits
     import torch
 
     from tests.training.engine.conftest import trajectory
-    from training.engine import TrainConfig, make_trainer
+    from training.engine.config import TrainConfig
+    from training.engine.trainer import make_trainer
 
     cfg = TrainConfig.from_dict({"backend": "peft", "lora_rank": 8, "micro_batch_tokens": 65536})
     trainer = make_trainer(cfg, base_model_path=str(vllm_model_dir), device="cuda", seed=7)

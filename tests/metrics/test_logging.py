@@ -39,7 +39,7 @@ def test_every_line_inside_a_context_carries_the_run_and_step(lines):
     with log_context(run_id=7, step=3):
         logging.getLogger("training.engine.trainer").info("loss %.2f", 0.5)
         with log_context(step=4):
-            logging.getLogger("rollouts.runtime").warning("slow rollout", extra={"rollout": 2})
+            logging.getLogger("rollouts.sandbox").warning("slow rollout", extra={"rollout": 2})
     logging.getLogger("x").info("outside")
     a, b, c = (json.loads(line) for line in lines())
     assert a["run_id"] == 7 and a["step"] == 3 and a["message"] == "loss 0.50" and a["level"] == "INFO"
@@ -59,7 +59,7 @@ def test_explicit_extra_wins_and_exceptions_are_kept(lines):
 
 
 def test_the_run_log_service_lines_carry_ids(lines, alice):
-    from tests.factories import RunFactory
+    from artweb.testing.factories import RunFactory
     from training.services.logs import run_log
 
     run = RunFactory(owner=alice)

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.factories import RunFactory, StepFactory, TrajectoryFactory, TrajectoryGroupFactory
+from artweb.testing.factories import RunFactory, StepFactory, TrajectoryFactory, TrajectoryGroupFactory
 from training import prometheus as metrics
 from training.models import Run, Trajectory
 

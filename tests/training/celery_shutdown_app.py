@@ -17,7 +17,7 @@ from artweb.celery import app  # noqa: F401  (the app `celery -A` finds here, si
 
 @worker_process_init.connect
 def _start_stand_in_server(**kwargs) -> None:
-    from rollouts.runtime.inference_server import InferenceServer
+    from rollouts.inference.inference_server import InferenceServer
     from training.services import inference
 
     class StandIn(InferenceServer):

@@ -4,7 +4,7 @@ as they do on the API and the models page."""
 
 from django.urls import reverse
 
-from tests.factories import RunFactory
+from artweb.testing.factories import RunFactory
 from training.models import PretrainedModel, Run, RunEvent
 
 

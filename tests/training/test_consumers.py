@@ -7,7 +7,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from artweb.asgi import application
-from tests.factories import RunFactory, StepFactory
+from artweb.testing.factories import RunFactory, StepFactory
 from training.services.broadcast import broadcast_now, run_group_name, runs_list_groups
 from training.services.logs import run_log
 
@@ -68,4 +68,16 @@ async def test_the_runs_socket_forwards_only_own_runs(alice, bob):
             await sync_to_async(broadcast_now)(group, {"type": "status", "run": run.id, "status": "running"})
     assert (await comm.receive_json_from(timeout=5))["run"] == mine.id
     assert await comm.receive_nothing(timeout=0.5)
+    await comm.disconnect()
+
+
+async def test_staff_may_follow_anyones_run_and_the_status_names_its_actions(alice, staff):
+    """The status message carries what the status allows (training.services.runs.run_actions): the
+    page's buttons follow it."""
+    run = await sync_to_async(RunFactory)(owner=alice, status="paused")
+    comm, connected, _ = await _connect(f"/ws/runs/{run.id}/", staff)
+    assert connected
+    await comm.send_json_to({"type": "catch_up"})
+    status = await comm.receive_json_from(timeout=5)
+    assert status["type"] == "status" and status["actions"] == ["cancel", "resume"]
     await comm.disconnect()

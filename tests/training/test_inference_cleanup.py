@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from rollouts.runtime.inference_server import InferenceServer
-from tests.factories import RunFactory
+from artweb.testing.factories import RunFactory
+from rollouts.inference.inference_server import InferenceServer
 from training.services.checkpoints import checkpoint_apply_retention
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def _leave_a_copy_behind(env: dict) -> Path:
     code = (
         "import os, sys\n"
         "sys.path.insert(0, os.getcwd())\n"
-        "from rollouts.runtime.inference_server import InferenceServer\n"
+        "from rollouts.inference.inference_server import InferenceServer\n"
         "server = InferenceServer('/nonexistent/model')\n"
         "copy = server.work_dir / 'merged' / 'run-1@1'\n"
         "copy.mkdir(parents=True)\n"
@@ -110,7 +110,7 @@ def test_the_retention_sweep_removes_copies_whose_owner_is_gone_and_keeps_the_re
 
 
 def test_the_sweep_tells_a_reused_pid_from_the_owner(tmp_dir):
-    from rollouts.runtime.inference_server import work_dir_create, work_dirs_remove_orphaned
+    from rollouts.inference.inference_server import work_dir_create, work_dirs_remove_orphaned
 
     mine = work_dir_create()
     pid, started = mine.name.split("-")[2:4]
@@ -122,6 +122,7 @@ def test_the_sweep_tells_a_reused_pid_from_the_owner(tmp_dir):
     assert mine.is_dir()
 
 
+@pytest.mark.worker
 def test_sigterm_to_a_prefork_worker_removes_its_servers_copies(tmp_dir, tmp_path_factory):
     started = tmp_path_factory.mktemp("marker") / "started.json"
     env = {

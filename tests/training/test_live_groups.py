@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from asgiref.sync import sync_to_async
 
-from tests.factories import RunFactory, TrajectoryFactory, TrajectoryGroupFactory
+from artweb.testing.factories import RunFactory, TrajectoryFactory, TrajectoryGroupFactory
 from tests.training.test_consumers import _connect
 from training.selectors import GROUPS_SHOWN, run_groups_latest
 from training.services import broadcast

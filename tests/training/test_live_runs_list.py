@@ -5,7 +5,7 @@ layer, real ASGI application."""
 import pytest
 from asgiref.sync import sync_to_async
 
-from tests.factories import RunFactory
+from artweb.testing.factories import RunFactory
 from tests.training.test_consumers import _connect
 from training.models import Run
 from training.services import run_create, run_transition

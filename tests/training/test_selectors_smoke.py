@@ -1,4 +1,4 @@
-from tests.factories import RunFactory
+from artweb.testing.factories import RunFactory
 from training.selectors import run_get, run_list, run_metrics
 
 

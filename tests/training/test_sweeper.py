@@ -1,10 +1,11 @@
-"""Recovery that runs by itself: a broker that is down when a run or dry run is created costs the request
-nothing (201, the row saved and queued), and the sweep that every worker runs sends the owed message once
-the broker is back; the sweeper thread requeues a run whose worker stopped heartbeating without anyone
+"""Recovery that runs by itself: a broker that is down when a run, dry run or serve job is created costs
+the request nothing (201, the row saved and queued), and the sweep that every worker runs sends the owed
+message once the broker is back; the sweeper thread requeues a run whose worker stopped heartbeating without anyone
 calling it. The broker is the real Redis the tests use; "down" is a port where nothing listens."""
 
 import json
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 from unittest import mock
 
@@ -14,14 +15,14 @@ from django.conf import settings
 from django.utils import timezone
 
 from artweb.celery import app
-from tests.api.conftest import token_client
-from tests.factories import (
+from artweb.testing.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
     RolloutScriptVersionFactory,
     RunFactory,
     ScenarioSetFactory,
 )
+from tests.api.conftest import token_client
 from training.models import DryRun, Run
 from training.sweeper import Sweeper, dispatch_owed
 
@@ -38,14 +39,22 @@ def _reset_producers():
     app.amqp._producer_pool = None
 
 
-@pytest.fixture
-def broker_down():
+@contextmanager
+def broker_unreachable():
     saved = {k: app.conf[k] for k in ("broker_url", "broker_connection_timeout", "task_publish_retry")}
     app.conf.update(broker_url="redis://127.0.0.1:1/0", broker_connection_timeout=1, task_publish_retry=False)
     _reset_producers()
-    yield
-    app.conf.update(saved)
-    _reset_producers()
+    try:
+        yield
+    finally:
+        app.conf.update(saved)
+        _reset_producers()
+
+
+@pytest.fixture
+def broker_down():
+    with broker_unreachable():
+        yield
 
 
 def _queued_messages(queue: str) -> list[dict]:
@@ -96,13 +105,31 @@ def test_the_sweep_sends_what_is_owed_once_the_broker_is_back(alice):
     Run.objects.filter(id=run.id).update(created_at=old)
     DryRun.objects.filter(id=dry.id).update(created_at=old)
     try:
-        assert dispatch_owed() == {"runs": [run.id], "dry_runs": [dry.id], "rescores": []}
+        assert dispatch_owed() == {"runs": [run.id], "dry_runs": [dry.id], "rescores": [], "serve_jobs": []}
         assert Run.objects.get(id=run.id).dispatched_at is not None
         assert DryRun.objects.get(id=dry.id).dispatched_at is not None
-        assert dispatch_owed() == {"runs": [], "dry_runs": [], "rescores": []}  # sent once
+        assert dispatch_owed() == {"runs": [], "dry_runs": [], "rescores": [], "serve_jobs": []}  # sent once
     finally:
         assert _take_message("gpu", "training.tasks.run_step_task", run.id)
         assert _take_message("gpu", "rollouts.tasks.dry_run_task", dry.id)
+
+
+def test_a_serve_job_created_while_the_broker_is_down_is_sent_by_the_sweep(alice):
+    from training.serving.models import ServeJob
+    from training.serving.services.serve_jobs import playground_create
+
+    with broker_unreachable():
+        job = playground_create(user=alice, models=[BaseModelFactory().name], prompt="Say hi.")
+        job.refresh_from_db()
+        assert job.status == ServeJob.Status.QUEUED and job.dispatched_at is None  # saved, its message owed
+        ServeJob.objects.filter(id=job.id).update(created_at=timezone.now() - timedelta(minutes=1))
+        assert dispatch_owed()["serve_jobs"] == []  # still down: still owed, nothing lost
+    try:
+        assert dispatch_owed()["serve_jobs"] == [job.id]  # the broker is back
+        assert ServeJob.objects.get(id=job.id).dispatched_at is not None
+        assert dispatch_owed()["serve_jobs"] == []  # sent once
+    finally:
+        assert _take_message("default", "training.tasks.serve_job_execute_task", job.id)
 
 
 def test_the_sweeper_thread_requeues_a_run_whose_worker_died_without_being_asked(alice, settings):

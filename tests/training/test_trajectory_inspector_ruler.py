@@ -2,7 +2,7 @@
 
 from django.urls import reverse
 
-from tests.factories import RunFactory, TrajectoryFactory, TrajectoryGroupFactory
+from artweb.testing.factories import RunFactory, TrajectoryFactory, TrajectoryGroupFactory
 
 
 def page(client, user, traj):

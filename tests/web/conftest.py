@@ -1,6 +1,6 @@
 import pytest
 
-from tests.factories import (
+from artweb.testing.factories import (
     BaseModelFactory,
     CheckpointFactory,
     RunFactory,

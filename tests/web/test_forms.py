@@ -6,8 +6,7 @@ import json
 import pytest
 from django.urls import reverse
 
-from rollouts.models import RolloutScript, ScenarioSet
-from tests.factories import (
+from artweb.testing.factories import (
     REWARD,
     SCRIPT,
     BaseModelFactory,
@@ -16,11 +15,12 @@ from tests.factories import (
     RunFactory,
     ScenarioSetFactory,
 )
+from rollouts.models import RolloutScript, ScenarioSet
 from training.models import DryRun, PretrainedModel, Run, RunEvent
 
 needs_validation = pytest.mark.skipif(
-    importlib.util.find_spec("rollouts.runtime.validation") is None,
-    reason="rollouts.runtime.validation is not in this checkout yet",
+    importlib.util.find_spec("rollouts.sandbox.validation") is None,
+    reason="rollouts.sandbox.validation is not in this checkout yet",
 )
 
 

@@ -1,11 +1,12 @@
 """Every page renders for its owner, and nobody sees anybody else's objects through any page."""
 
 import gzip
+from html.parser import HTMLParser
 
 import pytest
 from django.urls import reverse
 
-from tests.factories import (
+from artweb.testing.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
     RolloutScriptVersionFactory,
@@ -247,7 +248,7 @@ def test_it_serves_plotly_from_the_package_with_long_caching(client, db):
 
 
 def test_it_downloads_a_checkpoint_archive(as_user, alice, tmp_path, settings):
-    from tests.factories import CheckpointFactory
+    from artweb.testing.factories import CheckpointFactory
 
     settings.DATA_DIR = tmp_path
     adapter = tmp_path / "ckpt"
@@ -269,6 +270,57 @@ def test_it_offers_shared_and_own_models(as_user, request, who, bob):
     body = as_user(user).get(reverse("model-list")).content.decode()
     assert "shared-model" in body
     assert ("bobs-model" in body) is (who == "staff")
+
+
+class _Outline(HTMLParser):
+    """Each element of a page with the tags it sits in: (tag, attributes, enclosing tags), and its text."""
+
+    VOID = {"meta", "link", "input", "br", "img", "hr", "source", "col", "area", "base", "wbr"}
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.open: list[tuple[str, dict]] = []
+        self.elements: list[tuple[str, dict, tuple[str, ...], list[str]]] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        element = (tag, dict(attrs), tuple(t for t, _ in self.open), [])
+        self.elements.append(element)
+        if tag not in self.VOID:
+            self.open.append((tag, element))
+
+    def handle_endtag(self, tag):
+        while self.open and self.open.pop()[0] != tag:
+            pass
+
+    def handle_data(self, data):
+        for _, element in self.open:
+            element[3].append(data)
+
+    def find(self, tag: str, **attrs) -> list[tuple[str, dict, tuple[str, ...], str]]:
+        return [
+            (t, a, inside, "".join(text).strip())
+            for t, a, inside, text in self.elements
+            if t == tag and all(a.get(k) == v for k, v in attrs.items())
+        ]
+
+
+def test_the_models_page_has_its_title_a_heading_the_models_table_and_the_judges_panel(as_user, alice):
+    BaseModelFactory(name="shared-model")
+    response = as_user(alice).get(reverse("model-list"))
+    assert response.status_code == 200
+    page = _Outline(response.content.decode())
+
+    [(_, _, inside, title)] = page.find("title")
+    assert title == "Models · artweb" and "body" not in inside
+    [(_, _, inside, heading)] = page.find("h1")
+    assert heading == "Model registry" and "main" in inside
+    tables = [text for _, _, inside, text in page.find("table") if "main" in inside]
+    assert any("Name" in text and "Source" in text and "shared-model" in text for text in tables)
+    # The judges panel: once, inside the main content, with its table and the form that adds one.
+    [(_, _, inside, judges)] = page.find("h2", id="judges")
+    assert judges == "RULER judges" and "main" in inside and "head" not in inside
+    assert any("main" in inside for _, _, inside, _ in page.find("form", action=reverse("judge-create")))
 
 
 def test_the_launch_form_offers_only_the_users_uploads(as_user, alice, bob):

@@ -11,7 +11,7 @@ import itertools
 import pytest
 from django.urls import reverse
 
-from tests.factories import (
+from artweb.testing.factories import (
     REWARD,
     SCRIPT,
     BaseModelFactory,

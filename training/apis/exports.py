@@ -51,10 +51,10 @@ def _out(target: ExportTarget) -> dict:
 
 
 def _run(user, run_id: int | None):
-    """The user's run, or an error on the `run` field (someone else's reads as not found)."""
+    """A run the user may see, or an error on the `run` field (any other reads as not found)."""
     if run_id is None:
         return None
-    run = run_visible(user).filter(owner=user, id=run_id).first()
+    run = run_visible(user).filter(id=run_id).first()
     if run is None:
         raise ApplicationError(
             f"No run {run_id} among yours. Give the id of one of your runs "

@@ -1,12 +1,11 @@
 """RULER judge endpoints: OpenAI-compatible servers elsewhere that your RULER runs may use as their judge
-(`ruler_judge: "endpoint:<name>"`). List, create, show, change, delete; only your own (someone else's
-answers 404). The key is write-only: answers show its last four characters at most. Changing an
+(`ruler_judge: "endpoint:<name>"`). List, create, show, change, delete; only your own, staff too
+(someone else's answers 404: a setting, artweb.visibility.own). The key is write-only: answers show its last four characters at most. Changing an
 endpoint without `api_key` keeps the stored key; `"api_key": ""` removes it.
 """
 
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -15,6 +14,7 @@ from artweb.api import Api, WriteApi, body
 from artweb.api_errors import ErrorSerializer
 from training.exports.crypto import secret_mask
 from training.models import JudgeEndpoint
+from training.selectors import judge_endpoint_get, judge_endpoint_list
 from training.services import judges
 
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
@@ -40,13 +40,13 @@ class JudgeEndpointOutput(serializers.Serializer):
 
 
 def _own(request, endpoint_id: int) -> JudgeEndpoint:
-    return get_object_or_404(JudgeEndpoint, owner=request.user, id=endpoint_id)
+    return judge_endpoint_get(user=request.user, endpoint_id=endpoint_id)
 
 
 class JudgeEndpointListApi(Api):
     @extend_schema(operation_id="judges_list", responses={200: JudgeEndpointOutput(many=True)})
     def get(self, request):
-        return Response(JudgeEndpointOutput(JudgeEndpoint.objects.filter(owner=request.user), many=True).data)
+        return Response(JudgeEndpointOutput(judge_endpoint_list(owner=request.user), many=True).data)
 
 
 class JudgeEndpointCreateApi(WriteApi):

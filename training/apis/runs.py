@@ -21,6 +21,7 @@ from artweb.api import (
 )
 from artweb.api_errors import ErrorSerializer
 from training import selectors, services
+from training.analytics.alerts import alert_rules, run_alert_rules_update
 from training.apis.common import (
     IdOrNameField,
     RefOutput,
@@ -32,7 +33,6 @@ from training.apis.common import (
 )
 from training.config import AlertRules
 from training.models import Run
-from training.services.alerts import alert_rules, run_alert_rules_update
 
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
 
@@ -61,9 +61,21 @@ class RunOutput(serializers.Serializer):
 
 
 class RunDetailOutput(RunOutput):
+    """context["user"]: who asks (the actions are theirs)."""
+
     config = serializers.JSONField(help_text="The validated RunConfig, every setting included.")
     worker = serializers.CharField()
     heartbeat_at = serializers.DateTimeField(allow_null=True)
+    actions = serializers.SerializerMethodField(
+        help_text="What you may do to the run now (cancel, pause, resume, retry): the run page's enabled buttons."
+    )
+
+    def get_actions(self, run) -> list[str]:
+        return services.run_actions(run=run, user=self.context["user"])
+
+
+def _detail(run: Run, user) -> dict:
+    return RunDetailOutput(run, context={"user": user}).data
 
 
 def _run(user, run_id: int) -> Run:
@@ -130,13 +142,13 @@ class RunCreateApi(WriteApi):
             config=data["config"],
             tags=data["tags"],
         )
-        return Response(RunDetailOutput(run).data, status=201)
+        return Response(_detail(run, user), status=201)
 
 
 class RunDetailApi(Api):
     @extend_schema(operation_id="runs_retrieve", responses={200: RunDetailOutput, 404: ErrorSerializer})
     def get(self, request, run_id: int):
-        return Response(RunDetailOutput(_run(request.user, run_id)).data)
+        return Response(_detail(_run(request.user, run_id), request.user))
 
 
 class _RunActionApi(WriteApi):
@@ -145,7 +157,7 @@ class _RunActionApi(WriteApi):
     def act(self, request, run_id: int):
         run = _run(request.user, run_id)
         run = type(self).service(run=run, actor=request.user)
-        return Response(RunDetailOutput(run).data)
+        return Response(_detail(run, request.user))
 
 
 class RunCancelApi(_RunActionApi):

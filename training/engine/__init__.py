@@ -1,24 +1,6 @@
 """The pure ML layer: scored trajectory groups → one GRPO update of a LoRA adapter → a checkpoint.
 
 Never imports Django; the `training` app turns database rows into a TrainConfig and calls this.
+Importing the package loads nothing: callers import the submodule they need, so the web process can
+read `config` and `advantages` without paying for torch, which only `trainer` and what it uses load.
 """
-
-from training.engine.advantages import Advantages, compute_advantages
-from training.engine.checkpoint import CheckpointError
-from training.engine.config import ConfigError, TrainConfig
-from training.engine.tokenize import TokenizedSequence, TrajectoryError, tokenize_trajectory
-from training.engine.trainer import Cancelled, GRPOTrainer, make_trainer
-
-__all__ = [
-    "Advantages",
-    "Cancelled",
-    "CheckpointError",
-    "ConfigError",
-    "GRPOTrainer",
-    "TokenizedSequence",
-    "TrainConfig",
-    "TrajectoryError",
-    "compute_advantages",
-    "make_trainer",
-    "tokenize_trajectory",
-]

@@ -25,7 +25,7 @@ import torch
 
 # One Cancelled for the whole step: should_stop() said stop, in the sandbox or during an update (where the
 # optimizer was not stepped). The runtime is pure too, and training may import rollouts.
-from rollouts.runtime import Cancelled
+from rollouts.sandbox import Cancelled
 from training.engine.advantages import compute_advantages
 from training.engine.attention import use_packed_attention
 from training.engine.backends import LOADERS, LoadedModel, resolve_dtype

@@ -11,7 +11,8 @@ from django import forms
 from artweb.errors import ApplicationError
 from training.exports.schemas import SCHEMAS
 from training.exports.selectors import export_target_public
-from training.models import ExportTarget, Run
+from training.models import ExportTarget
+from training.selectors import run_visible
 
 KEY_LABELS = {"wandb": "W&B API key", "weave": "W&B API key", "langfuse": "Langfuse secret key"}
 KEY_HELP = {
@@ -67,7 +68,7 @@ class ExportTargetForm(forms.Form):
         self.kind = kind
         if target is None:
             self.fields["run"] = forms.ModelChoiceField(
-                queryset=Run.objects.filter(owner=user).order_by("-created_at"),
+                queryset=run_visible(user).order_by("-created_at"),
                 required=False,
                 empty_label="All my runs",
                 label="Applies to",

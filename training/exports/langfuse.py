@@ -18,7 +18,7 @@ import httpx
 from django.conf import settings
 from django.utils import timezone
 
-from rollouts.runtime.egress import EgressRefused, egress_client, failure_reason
+from rollouts.sandbox.egress import EgressRefused, egress_client, failure_reason
 from training.exports.base import ExportError, ExportJob
 from training.models import Run, Trajectory
 
@@ -122,10 +122,37 @@ def _clip(message: dict) -> dict:
 def trajectory_events(run: Run, traj: Trajectory, namespace: uuid.UUID) -> list[dict]:
     """The ingestion events of one trajectory: a trace, its observations and its scores."""
     messages = [_clip(m) for m in (traj.messages or []) if isinstance(m, dict)]
-    last_reply = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
     end = traj.group.created_at
     start = end - timedelta(milliseconds=traj.duration_ms or 0)
     trace_id = _uid(namespace, "trace", traj.id)
+    events = [_event(namespace, "trace-create", _trace(run, traj, trace_id, messages, start), start)]
+    events += _observations(run, traj, namespace, trace_id, messages, start, end)
+    if traj.error:
+        error = {
+            "id": _uid(namespace, "error", traj.id),
+            "traceId": trace_id,
+            "name": "rollout error",
+            "startTime": end.isoformat(),
+            "level": "ERROR",
+            "statusMessage": traj.error[:5000],
+        }
+        events.append(_event(namespace, "event-create", error, end))
+    for name, value in (("reward", traj.reward), ("advantage", traj.advantage)):
+        if value is not None:
+            score = {
+                "id": _uid(namespace, "score", name, traj.id),
+                "traceId": trace_id,
+                "name": name,
+                "value": float(value),
+                "dataType": "NUMERIC",
+            }
+            events.append(_event(namespace, "score-create", score, end))
+    return events
+
+
+def _trace(run: Run, traj: Trajectory, trace_id: str, messages: list[dict], start) -> dict:
+    """The trace: the conversation up to the last reply as input, that reply as output."""
+    last_reply = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
     split = traj.group.split
     metadata = {
         "artweb_run_id": run.id,
@@ -146,7 +173,7 @@ def trajectory_events(run: Run, traj: Trajectory, namespace: uuid.UUID) -> list[
         metadata["error"] = traj.error[:5000]
     if traj.tools:
         metadata["tools"] = traj.tools
-    trace = {
+    return {
         "id": trace_id,
         "name": f"{run.name} · step {traj.step}",
         "timestamp": start.isoformat(),
@@ -157,8 +184,11 @@ def trajectory_events(run: Run, traj: Trajectory, namespace: uuid.UUID) -> list[
         "tags": ["artweb", split, f"step:{traj.step}"] + (["error"] if traj.error else []),
         "release": str(run.script_version),
     }
-    events = [_event(namespace, "trace-create", trace, start)]
 
+
+def _observations(run, traj, namespace: uuid.UUID, trace_id: str, messages: list[dict], start, end) -> list[dict]:
+    """One generation per assistant turn, then one span per tool result (named after its call)."""
+    events = []
     calls_by_id: dict[str, dict] = {}
     replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     for turn, i in enumerate(replies):
@@ -196,38 +226,6 @@ def trajectory_events(run: Run, traj: Trajectory, namespace: uuid.UUID) -> list[
             "metadata": {"message_index": i, "tool_call_id": m.get("tool_call_id")},
         }
         events.append(_event(namespace, "span-create", span, start))
-    if traj.error:
-        events.append(
-            _event(
-                namespace,
-                "event-create",
-                {
-                    "id": _uid(namespace, "error", traj.id),
-                    "traceId": trace_id,
-                    "name": "rollout error",
-                    "startTime": end.isoformat(),
-                    "level": "ERROR",
-                    "statusMessage": traj.error[:5000],
-                },
-                end,
-            )
-        )
-    for name, value in (("reward", traj.reward), ("advantage", traj.advantage)):
-        if value is not None:
-            events.append(
-                _event(
-                    namespace,
-                    "score-create",
-                    {
-                        "id": _uid(namespace, "score", name, traj.id),
-                        "traceId": trace_id,
-                        "name": name,
-                        "value": float(value),
-                        "dataType": "NUMERIC",
-                    },
-                    end,
-                )
-            )
     return events
 
 

@@ -7,13 +7,17 @@ import os
 from django.db.models import Q
 from django.shortcuts import get_object_or_404
 
+from artweb.visibility import own
 from training.exports.base import ExportError
 from training.exports.crypto import SecretUnreadable, secret_decrypt, secret_mask
 from training.models import ExportProgress, ExportTarget, Run
 
-K = ExportTarget.Kind
 # Where the key of an operator's target comes from when none is stored: the worker's environment.
-ENV_SECRET = {K.WANDB: "WANDB_API_KEY", K.WEAVE: "WANDB_API_KEY", K.LANGFUSE: "LANGFUSE_SECRET_KEY"}
+ENV_SECRET = {
+    ExportTarget.Kind.WANDB: "WANDB_API_KEY",
+    ExportTarget.Kind.WEAVE: "WANDB_API_KEY",
+    ExportTarget.Kind.LANGFUSE: "LANGFUSE_SECRET_KEY",
+}
 
 
 def export_targets_for_run(*, run: Run, include_disabled: bool = False) -> list[ExportTarget]:
@@ -37,16 +41,17 @@ def export_target_uses_worker_env(target: ExportTarget) -> bool:
 
 
 def export_target_list(*, owner, run: Run | None = None) -> list[ExportTarget]:
-    qs = ExportTarget.objects.filter(owner=owner).select_related("owner", "run")
+    """The owner's own targets (of one run, if given): a setting, artweb.visibility.own."""
+    qs = own(ExportTarget.objects.select_related("owner", "run"), owner)
     return list(qs.filter(run=run) if run is not None else qs)
 
 
 def export_target_get(*, user, target_id: int) -> ExportTarget:
     """One of the user's own targets, or 404: someone else's reads as missing, never as forbidden.
 
-    Staff too see only their own here; the admin is where they manage everyone's.
+    Staff too see only their own here; the admin is where they manage everyone's (artweb.visibility.own).
     """
-    return get_object_or_404(ExportTarget.objects.filter(owner=user).select_related("owner", "run"), id=target_id)
+    return get_object_or_404(own(ExportTarget.objects.select_related("owner", "run"), user), id=target_id)
 
 
 def export_target_public(target: ExportTarget) -> dict:

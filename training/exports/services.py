@@ -20,7 +20,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from artweb.errors import ApplicationError
-from rollouts.runtime.egress import EgressRefused, egress_url_check
+from artweb.visibility import may_change, require_visible
+from rollouts.sandbox.egress import EgressRefused, egress_url_check
 from training.exports.base import ExportError, ExportJob
 from training.exports.crypto import secret_encrypt
 from training.exports.langfuse import langfuse_export, langfuse_test_event
@@ -33,7 +34,6 @@ from training.services.runs import run_event
 
 logger = logging.getLogger(__name__)
 
-K = ExportTarget.Kind
 LOCK_SECONDS = 15 * 60  # longer than any one export attempt (the task's time limit)
 
 
@@ -41,12 +41,17 @@ LOCK_SECONDS = 15 * 60  # longer than any one export attempt (the task's time li
 
 
 def _check_run(owner, run: Run | None) -> None:
-    if run is not None and run.owner_id != owner.id and not owner.is_staff:
-        raise ApplicationError("That run is not yours.", field_errors={"run": ["not found"]})
+    """A target may be for any run its owner may see."""
+    if run is not None:
+        require_visible(owner, run, what="run", field="run")
 
 
 # The setting of each kind that names a server to connect to.
-URL_FIELDS = {K.WANDB: "base_url", K.WEAVE: "base_url", K.LANGFUSE: "host"}
+URL_FIELDS = {
+    ExportTarget.Kind.WANDB: "base_url",
+    ExportTarget.Kind.WEAVE: "base_url",
+    ExportTarget.Kind.LANGFUSE: "host",
+}
 
 
 def _check_server(kind: str, parsed) -> None:
@@ -89,7 +94,7 @@ def export_target_create(
     except IntegrityError as exc:
         where = f"run {run.id}" if run else "your runs"
         raise ApplicationError(
-            f"There is already a {K(kind).label} export for {where}; change that one.",
+            f"There is already a {ExportTarget.Kind(kind).label} export for {where}; change that one.",
             field_errors={"kind": ["exists"]},
         ) from exc
     return target
@@ -101,7 +106,7 @@ def export_target_update(
 ) -> ExportTarget:
     """secret None keeps the stored key, "" removes it (as at creation, only the operator's own targets
     then take one from the worker's environment)."""
-    if target.owner_id != actor.id and not actor.is_staff:
+    if not may_change(actor, target):
         raise ApplicationError("That export is not yours.")
     if settings is not None:
         parsed = export_settings_parse(target.kind, settings)
@@ -119,7 +124,7 @@ def export_target_update(
 
 @transaction.atomic
 def export_target_delete(*, target: ExportTarget, actor) -> None:
-    if target.owner_id != actor.id and not actor.is_staff:
+    if not may_change(actor, target):
         raise ApplicationError("That export is not yours.")
     target.delete()
 
@@ -131,9 +136,9 @@ class ExportTestResult:
 
 
 def _tester(kind: str) -> Callable[..., str]:
-    if kind == K.WANDB:
+    if kind == ExportTarget.Kind.WANDB:
         return wandb_test_event
-    if kind == K.WEAVE:
+    if kind == ExportTarget.Kind.WEAVE:
         return weave_test_event
 
     return langfuse_test_event
@@ -146,7 +151,7 @@ def export_target_test(*, target: ExportTarget, actor) -> ExportTestResult:
     noted on the target (last_success_at / last_error), as an export attempt's would be. No transaction
     around it: the network call may take seconds and holds no rows.
     """
-    if target.owner_id != actor.id and not actor.is_staff:
+    if not may_change(actor, target):
         raise ApplicationError("That export is not yours.")
     secret = ""
     try:
@@ -182,9 +187,9 @@ def export_target_test(*, target: ExportTarget, actor) -> ExportTestResult:
 
 
 def _exporter(kind: str) -> Callable[[ExportJob], None] | None:
-    if kind == K.WANDB:
+    if kind == ExportTarget.Kind.WANDB:
         return wandb_export
-    if kind == K.LANGFUSE:
+    if kind == ExportTarget.Kind.LANGFUSE:
         return langfuse_export
     return None  # Weave traces are written by the rollout scripts themselves, inside the sandbox
 
@@ -304,7 +309,7 @@ def export_failure_record(*, target: ExportTarget, run: Run, progress: ExportPro
         run_event(
             run=run,
             kind="export_warning",
-            message=f"{K(target.kind).label} export failed: {message} Retrying with backoff; "
+            message=f"{ExportTarget.Kind(target.kind).label} export failed: {message} Retrying with backoff; "
             "the run itself is not affected.",
             data={"target": target.id, "kind": target.kind, "error": message, "attempt": progress.failures + 1},
         )
@@ -317,7 +322,7 @@ def export_success_record(*, target: ExportTarget, run: Run, progress: ExportPro
         run_event(
             run=run,
             kind="export_recovered",
-            message=f"{K(target.kind).label} export works again; exported up to step {progress.last_step}.",
+            message=f"{ExportTarget.Kind(target.kind).label} export works again; exported up to step {progress.last_step}.",
             data={"target": target.id, "kind": target.kind},
         )
     ExportTarget.objects.filter(id=target.id).update(last_error="", last_error_at=None, last_success_at=timezone.now())

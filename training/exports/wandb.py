@@ -6,7 +6,7 @@ after the cursor and finishes. Online, a resumed run ignores steps it already ha
 failed half-way can simply be repeated.
 
 The network is wandb's own: its service process (wandb-core) opens the connections, so it cannot be handed
-a connection of ours. Every online attempt runs with a LocalEgressProxy (rollouts.runtime.tunnel) as that
+a connection of ours. Every online attempt runs with a LocalEgressProxy (rollouts.sandbox.tunnel) as that
 run's http_proxy and https_proxy: wandb-core sends all of a run's requests through it, to any host (the
 server, the storage its answers point uploads to, a host a redirect names), and the proxy connects only
 where the egress guard allows. The server is also checked before wandb starts, for a clear refusal.
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from django.conf import settings as django_settings
 
-from rollouts.runtime.egress import EgressRefused, egress_url_check
-from rollouts.runtime.tunnel import LocalEgressProxy
+from rollouts.sandbox.egress import EgressRefused, egress_url_check
+from rollouts.sandbox.tunnel import LocalEgressProxy
 from training.exports.base import ExportError, ExportJob
 from training.models import Checkpoint, Run, Step, Trajectory
 

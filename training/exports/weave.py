@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from rollouts.runtime.egress import EgressRefused, egress_url_check
-from rollouts.runtime.tunnel import LocalEgressProxy
+from rollouts.sandbox.egress import EgressRefused, egress_url_check
+from rollouts.sandbox.tunnel import LocalEgressProxy
 from training.exports.base import ExportError
 from training.exports.schemas import export_settings_parse
 from training.exports.selectors import export_target_secret, export_target_uses_worker_env, export_targets_for_run
@@ -70,8 +70,8 @@ DEFAULT_HOSTS = {"WANDB_BASE_URL": "https://api.wandb.ai", "WF_TRACE_SERVER_URL"
 
 def rollout_egress_hosts(env: dict[str, str]) -> tuple[str, ...]:
     """The "host:port" pairs a jailed rollout may tunnel to for the run's own Weave project, and nothing
-    else: the jail has no network, and the worker's proxy opens only these (rollouts.runtime.proxy), and
-    only where the egress guard allows them when the tunnel is opened (rollouts.runtime.egress)."""
+    else: the jail has no network, and the worker's proxy opens only these (rollouts.sandbox.proxy), and
+    only where the egress guard allows them when the tunnel is opened (rollouts.sandbox.egress)."""
     if not env.get("WEAVE_PROJECT"):
         return ()
     hosts = []

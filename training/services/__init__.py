@@ -1,5 +1,6 @@
 from training.services.base_models import base_model_recommend, base_model_register
 from training.services.runs import (
+    run_actions,
     run_cancel,
     run_create,
     run_event,
@@ -12,6 +13,7 @@ from training.services.runs import (
 __all__ = [
     "base_model_recommend",
     "base_model_register",
+    "run_actions",
     "run_cancel",
     "run_create",
     "run_event",

@@ -7,6 +7,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from artweb.errors import ApplicationError
+from artweb.visibility import may_see
+from training.engine.config import ConfigError, TrainConfig
 from training.models import PretrainedModel
 
 # A Hugging Face repository id: "name" or "org/name", letters, digits, '.', '_' and '-'.
@@ -52,15 +54,13 @@ def _check_source(*, source: str, owner: AbstractBaseUser | None, local_path: st
 
 
 def _visible(model: PretrainedModel, owner: AbstractBaseUser | None) -> bool:
-    return owner is None or owner.is_staff or model.owner_id in (None, owner.pk)
+    """Whether whoever registers sees the model: the operator's commands (owner None) see every one."""
+    return owner is None or may_see(owner, model)
 
 
 def recommended_train_check(value) -> dict:
     """A model's recommended training settings: a JSON object of TrainConfig keys, each within its bounds.
     Only the keys given are kept; the rest stay artweb's defaults."""
-    # Imported here: importing training.engine loads torch, which the web process should not pay for.
-    from training.engine.config import ConfigError, TrainConfig
-
     if value in (None, ""):
         return {}
     if not isinstance(value, dict):

@@ -6,8 +6,8 @@ live broadcast, the page's first paint and a reconnecting page's catch-up all us
 the browser renders one shape whichever way a row reached it.
 
 Groups: `run_<id>` for one run's page; `runs_user_<id>` for a person's runs list and `runs_staff` for
-the staff's (staff see every run). A staff member's socket joins only `runs_staff`, so a run of their
-own reaches them once.
+the lists of those who see every run (staff: artweb.visibility). A staff member's socket joins only
+`runs_staff`, so a run of their own reaches them once.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from artweb.visibility import sees_everything
 from training.models import Run
 from training.selectors import GROUPS_SHOWN, group_extremes, run_groups_latest
 
@@ -36,6 +37,11 @@ def run_group_name(run_id: int) -> str:
 
 def runs_user_group(user_id: int) -> str:
     return f"runs_user_{user_id}"
+
+
+def runs_list_group(user) -> str:
+    """The one runs-list group a person's socket joins: the one that carries every run they may see."""
+    return RUNS_STAFF_GROUP if sees_everything(user) else runs_user_group(user.pk)
 
 
 def runs_list_groups(owner_id: int) -> tuple[str, ...]:
@@ -125,8 +131,11 @@ def run_row_message(run) -> dict:
     }
 
 
-def status_message(*, run_id: int, status: str, steps_done: int, num_steps: int, error: str) -> dict:
-    """The run's status and progress, for its page and the runs list (live, and first on catch-up)."""
+def status_message(
+    *, run_id: int, status: str, steps_done: int, num_steps: int, error: str, actions: list[str]
+) -> dict:
+    """The run's status and progress, for its page and the runs list (live, and first on catch-up), with
+    the actions its status allows (training.services.runs.run_status_message): the page's buttons."""
     return {
         "type": "status",
         "run": run_id,
@@ -134,6 +143,7 @@ def status_message(*, run_id: int, status: str, steps_done: int, num_steps: int,
         "steps_done": steps_done,
         "num_steps": num_steps,
         "error": error,
+        "actions": actions,
     }
 
 

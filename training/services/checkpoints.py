@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from artweb.errors import ApplicationError
-from rollouts.runtime.inference_server import work_dirs_remove_orphaned
+from rollouts.inference.inference_server import work_dirs_remove_orphaned
 from training.models import Checkpoint, Run
 from training.services.runs import run_event
 

@@ -1,7 +1,9 @@
 """Dry runs: a rollout script tried on a few scenarios against the base model, before any run.
 
 dry_run_create validates and queues one; a GPU worker's dry_run_execute runs it on that worker's
-inference server and stores the trajectories with the reward's spread within each scenario.
+inference server and stores the trajectories with the reward's spread within each scenario. A dry run
+is a background job of the kind DRY_RUN_JOBS (training.jobs): claimed, heartbeating, finished or failed,
+and failed by the sweep when its worker stops heartbeating (a dry run is short: start it again).
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ import math
 import statistics
 
 from django.db import transaction
-from django.utils import timezone
 
-from artweb.dispatch import publish_on_commit
 from artweb.errors import ApplicationError
+from artweb.visibility import require_visible
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
-from rollouts.runtime.sandbox import dry_run
+from rollouts.sandbox.rollouts import dry_run
 from training import task_names
+from training.engine.advantages import group_advantages
+from training.jobs.kinds import FAIL, JobKind
+from training.jobs.leases import JobHeartbeat, worker_name
+from training.jobs.services import job_claim, job_enqueue, job_event, job_fail, job_finish
 from training.models import DryRun
 from training.services import inference
 
@@ -29,6 +34,8 @@ MAX_DRY_RUN_SAMPLES = 16  # rollouts per scenario
 MAX_DRY_RUN_ROLLOUTS = 64  # scenarios x samples: a dry run must finish within its task's time limit
 DRY_RUN_WAVE = 16  # rollouts the sandbox runs at once; each wave gets the single-wave time budget
 DRY_RUN_WAVE_S = 90.0
+
+DRY_RUN_JOBS = JobKind(name="dry_runs", model=DryRun, task=task_names.DRY_RUN, recovery=FAIL)
 
 
 def _bounded_int(value, *, name: str, low: int, high: int, what: str) -> int:
@@ -55,6 +62,15 @@ def dry_run_create(
     With samples > 1 each scenario is rolled out that many times as one group, and the result says
     whether the reward spreads within each group: GRPO learns only from groups whose rewards differ.
     """
+    # A dry run may use what its owner may see, as a run may.
+    require_visible(owner, script_version, what="script", field="script_version", owner_field="asset__owner")
+    require_visible(owner, base_model, what="base model", field="base_model")
+    if reward_version is not None:
+        require_visible(
+            owner, reward_version, what="reward function", field="reward_version", owner_field="asset__owner"
+        )
+    if scenario_set is not None:
+        require_visible(owner, scenario_set, what="scenario set", field="scenario_set")
     samples = _bounded_int(samples, name="samples", low=1, high=MAX_DRY_RUN_SAMPLES, what="rollouts per scenario")
     if scenarios is None:
         if scenario_set is None:
@@ -92,6 +108,7 @@ def dry_run_create(
         scenarios=scenarios,
         samples=samples,
     )
+    job_event(jobs=DRY_RUN_JOBS, job=dry_run, kind="created", message="Dry run queued.", actor=owner)
     dry_run_enqueue(dry_run)
     return dry_run
 
@@ -109,9 +126,6 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
     rollouts whose rewards are not all equal. Returns {"scenarios": [{"index", "rewards", "errors",
     "std", "min", "max", "signal"}], "with_spread", "scenario_count", "samples", "message"}.
     """
-    # Imported here: importing training.engine loads torch, which the web process should not pay for.
-    from training.engine.advantages import group_advantages
-
     rows = []
     for index in range(scenario_count):
         group = [t for t in trajectories if t.get("scenario_index") == index]
@@ -167,40 +181,39 @@ def _spread_message(rows: list[dict], with_spread: int, samples: int) -> str:
 
 def dry_run_enqueue(dry_run: DryRun) -> None:
     """Send the dry run's message after commit; when the broker cannot take it, the sweep sends it later."""
-    publish_on_commit(
-        task_names.DRY_RUN,
-        args=(dry_run.id,),
-        sent=lambda: DryRun.objects.filter(id=dry_run.id).update(dispatched_at=timezone.now()),
-    )
+    job_enqueue(jobs=DRY_RUN_JOBS, job=dry_run)
 
 
 def dry_run_execute(*, dry_run_id: int) -> None:
     """Run a dry run against the base model on this worker's inference server."""
-    if DryRun.objects.filter(id=dry_run_id, status=DryRun.Status.QUEUED).update(status=DryRun.Status.RUNNING) != 1:
+    me = worker_name()
+    if not job_claim(jobs=DRY_RUN_JOBS, job_id=dry_run_id, me=me):
         return
     obj = DryRun.objects.select_related("script_version", "reward_version", "base_model").get(id=dry_run_id)
     try:
-        server = inference.inference_server(obj.base_model)
-        # Each scenario is one group of `samples` rollouts, as a training step would roll it out.
-        result = dry_run(
-            script=obj.script_version.content,
-            reward=obj.reward_version.content if obj.reward_version else None,
-            scenarios=obj.scenarios,
-            max_scenarios=len(obj.scenarios),
-            group_size=obj.samples,
-            timeout_s=dry_run_timeout_s(rollouts=len(obj.scenarios) * obj.samples),
-            base_url=server.base_url,
-            model_name=server.ensure_base(),
-            api_key=server.api_key,
-            jail=inference.jail_config(),
-            vocab_size=inference.vocab_size(obj.base_model),
-        )
-        result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
-        DryRun.objects.filter(id=dry_run_id).update(
-            status=DryRun.Status.DONE, result=result, finished_at=timezone.now()
-        )
+        with JobHeartbeat(DRY_RUN_JOBS, obj.id, me):
+            result = _dry_run_result(obj)
+        job_finish(jobs=DRY_RUN_JOBS, job=obj, result=result)
     except Exception as exc:
         logger.exception("dry run %s failed", dry_run_id)
-        DryRun.objects.filter(id=dry_run_id).update(
-            status=DryRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}", finished_at=timezone.now()
-        )
+        job_fail(jobs=DRY_RUN_JOBS, job=obj, error=f"{type(exc).__name__}: {exc}")
+
+
+def _dry_run_result(obj: DryRun) -> dict:
+    server = inference.inference_server(obj.base_model)
+    # Each scenario is one group of `samples` rollouts, as a training step would roll it out.
+    result = dry_run(
+        script=obj.script_version.content,
+        reward=obj.reward_version.content if obj.reward_version else None,
+        scenarios=obj.scenarios,
+        max_scenarios=len(obj.scenarios),
+        group_size=obj.samples,
+        timeout_s=dry_run_timeout_s(rollouts=len(obj.scenarios) * obj.samples),
+        base_url=server.base_url,
+        model_name=server.ensure_base(),
+        api_key=server.api_key,
+        jail=inference.jail_config(),
+        vocab_size=inference.vocab_size(obj.base_model),
+    )
+    result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
+    return result

@@ -21,12 +21,12 @@ from pathlib import Path
 from django.conf import settings
 from django.core.cache import cache
 
-from rollouts.runtime import cpu_probe
-from rollouts.runtime.ct2_server import CT2Server
-from rollouts.runtime.jail import JailConfig
-from rollouts.runtime.proxy import Upstream
-from rollouts.runtime.uid_lease import uid_range
-from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_supports_tools
+from rollouts.inference import cpu_probe
+from rollouts.inference.ct2_server import CT2Server
+from rollouts.inference.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_supports_tools
+from rollouts.sandbox.jail import JailConfig
+from rollouts.sandbox.proxy import Upstream
+from rollouts.sandbox.uid_lease import uid_range
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 CPU_KV_CACHE_GB = 0.25
 
 _lock = threading.Lock()
-_server = None  # an InferenceServer: rollouts.runtime.vllm_server.VLLMServer or ct2_server.CT2Server
+_server = None  # an InferenceServer: rollouts.inference.vllm_server.VLLMServer or ct2_server.CT2Server
 _engine: tuple[tuple[str, str], cpu_probe.Choice] | None = None  # (device, setting) -> the server it starts
 _server_model: str | None = None  # _served_as() of the model it serves
 _judge = None  # a VLLMServer of the base model alone, for RULER while _server holds merged policy weights
@@ -173,7 +173,7 @@ def server_died() -> bool:
 
 def inference_engine() -> cpu_probe.Choice:
     """The inference server this worker runs: vLLM on a GPU; on a CPU, the one ARTWEB_INFERENCE_ENGINE
-    names, or with "auto" the one rollouts.runtime.cpu_probe measured faster on this processor."""
+    names, or with "auto" the one rollouts.inference.cpu_probe measured faster on this processor."""
     global _engine
     conf = settings.ARTWEB
     asked = (conf["DEVICE"], conf["INFERENCE_ENGINE"])
@@ -262,8 +262,9 @@ def adapters_loaded_publish() -> None:
 def trainer_for(run, *, checkpoint_dir: str | None):
     """The trainer for this run at run.steps_done, loading or resuming as needed."""
     global _trainer, _trainer_key
-    # Here, not at the top: the engine loads torch, which only a process that trains needs.
-    from training.engine import TrainConfig, make_trainer
+    # Here, not at the top: the trainer loads torch, which only a process that trains needs.
+    from training.engine.config import TrainConfig
+    from training.engine.trainer import make_trainer
 
     key = (run.id, run.steps_done)
     if _trainer is not None and _trainer_key == key:

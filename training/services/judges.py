@@ -4,7 +4,7 @@ A run's `ruler_judge` is "" (its own base model, served by the worker), "model:<
 registered base model the worker serves beside it) or "endpoint:<name>" (one of the owner's judge
 endpoints: an OpenAI-compatible server elsewhere, with a key stored write-only). Whichever it is, the
 judge is reached from the sandbox only through the batch's proxy, which adds the key on the way out and
-connects to an endpoint through the egress guard (rollouts.runtime.egress): public addresses on ports 443
+connects to an endpoint through the egress guard (rollouts.sandbox.egress): public addresses on ports 443
 and 80, unless the operator allows more with ARTWEB_EGRESS_ALLOW / ARTWEB_EGRESS_PORTS.
 """
 
@@ -16,11 +16,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from artweb.errors import ApplicationError
-from rollouts.runtime.egress import EgressRefused, egress_url_check
-from rollouts.runtime.proxy import Upstream
+from rollouts.sandbox.egress import EgressRefused, egress_url_check
+from rollouts.sandbox.proxy import Upstream
 from training.exports.crypto import secret_decrypt, secret_encrypt
 from training.models import JudgeEndpoint, PretrainedModel
-from training.selectors import base_model_visible
+from training.selectors import base_model_visible, judge_endpoint_list
 
 BASE = ""
 MODEL_PREFIX = "model:"
@@ -36,7 +36,7 @@ def judge_choices(*, owner) -> list[str]:
     return [
         BASE,
         *(f"{MODEL_PREFIX}{m.name}" for m in base_model_visible(owner)),
-        *(f"{ENDPOINT_PREFIX}{e.name}" for e in JudgeEndpoint.objects.filter(owner=owner)),
+        *(f"{ENDPOINT_PREFIX}{e.name}" for e in judge_endpoint_list(owner=owner)),
     ]
 
 
@@ -50,7 +50,7 @@ def judge_resolve(*, owner, value: str) -> PretrainedModel | JudgeEndpoint | Non
     if value.startswith(MODEL_PREFIX):
         found = base_model_visible(owner).filter(name=value.removeprefix(MODEL_PREFIX)).first()
     elif value.startswith(ENDPOINT_PREFIX):
-        found = JudgeEndpoint.objects.filter(owner=owner, name=value.removeprefix(ENDPOINT_PREFIX)).first()
+        found = judge_endpoint_list(owner=owner).filter(name=value.removeprefix(ENDPOINT_PREFIX)).first()
     if found is None:
         choices = ", ".join(repr(c) for c in judge_choices(owner=owner))
         raise _field_error(

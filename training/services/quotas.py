@@ -24,11 +24,10 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from artweb.errors import ApplicationError
-from rollouts.runtime.records import record_size
+from rollouts.sandbox.records import record_size
 from training.models import Run, Trajectory, TrajectoryGroup
 from training.selectors import QuotaLine, quota_status, quota_steps_window_frees
 
-S = Run.Status
 QUOTA_EVENT = "quota_reached"
 STEP_QUOTAS = ("trajectory_bytes", "steps_per_day")  # the quotas a step start checks
 # A stored trajectory's fields that were its record (what the step measured when it stored them).
@@ -106,7 +105,7 @@ def run_quota_pause(*, run: Run, line: QuotaLine, step: int) -> bool:
     paused = run_transition(
         run=run,
         from_statuses=Run.ACTIVE_STATUSES,
-        to_status=S.PAUSED,
+        to_status=Run.Status.PAUSED,
         message=f"Paused: the {line.label.lower()} quota is reached.",
         worker="",
         pause_requested=False,

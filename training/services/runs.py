@@ -1,18 +1,20 @@
 """The run lifecycle. Every status change is a conditional UPDATE plus a RunEvent row, so a duplicate
-Celery delivery or a double click changes nothing the second time."""
+Celery delivery or a double click changes nothing the second time: a run is a background job of the
+kind RUN_JOBS (training.jobs), whose changes its page and the runs list hear of."""
 
 from __future__ import annotations
 
 from django.db import transaction
-from django.utils import timezone
 
-from artweb.dispatch import publish_on_commit
 from artweb.errors import ApplicationError
+from artweb.visibility import may_change, require_visible
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
-from rollouts.runtime.validation import script_sets_reward
+from rollouts.sandbox.validation import script_sets_reward
 from training import task_names
 from training.config import run_config_parse
 from training.exports.hooks import run_finished
+from training.jobs.kinds import REQUEUE, JobKind
+from training.jobs.services import job_dispatched, job_enqueue, job_event, job_transition
 from training.models import Checkpoint, PretrainedModel, Run, RunEvent
 from training.services.broadcast import (
     event_message,
@@ -24,66 +26,96 @@ from training.services.broadcast import (
 from training.services.judges import judge_resolve
 from training.services.quotas import quota_check_run_start
 
-S = Run.Status
+# The statuses in which each action on a run is allowed: the rule the services below enforce, that the
+# run page's buttons show (run_actions, and run_status_message on the socket) and the API reports.
+# In button order.
+ACTION_STATUSES = {
+    "cancel": (Run.Status.QUEUED, Run.Status.STARTING, Run.Status.RUNNING, Run.Status.PAUSED),
+    "pause": Run.ACTIVE_STATUSES,
+    "resume": (Run.Status.PAUSED,),
+    "retry": (Run.Status.FAILED, Run.Status.CANCELLED),
+}
+
+
+def run_status_actions(status: str) -> list[str]:
+    """The actions a run in this status allows, for anyone who may change the run."""
+    return [action for action, statuses in ACTION_STATUSES.items() if status in statuses]
+
+
+def run_actions(*, run: Run, user) -> list[str]:
+    """The actions this user may take on the run now: none on a run they may not change."""
+    return run_status_actions(run.status) if may_change(user, run) else []
+
+
+def run_status_message(run: Run) -> dict:
+    """The run's status message (live and on a page's catch-up), with the actions its status allows."""
+    return status_message(
+        run_id=run.id,
+        status=run.status,
+        steps_done=run.steps_done,
+        num_steps=run.num_steps,
+        error=run.error,
+        actions=run_status_actions(run.status),
+    )
+
+
+def _run_event_sent(run: Run, event: RunEvent) -> None:
+    run_broadcast(run.id, event_message(event))
+
+
+def _run_status_changed(run: Run, old: str) -> None:
+    if run.status in Run.FINAL_STATUSES:
+        transaction.on_commit(lambda: run_finished(run_id=run.id))
+    run_broadcast(run.id, run_status_message(run), to_list=True)
+
+
+def _run_requeue_note(run: Run) -> tuple[str, dict]:
+    if run.worker:
+        message = f"Worker {run.worker} stopped heartbeating; requeued from step {run.steps_done}."
+    else:
+        message = f"No worker took step {run.steps_done + 1}; queued it again."
+    return message, {"worker": run.worker, "steps_done": run.steps_done}
+
+
+# A worker takes a run's lease for each step (training.services.steps.leases), and the step moves the
+# run's status; a run whose worker died is requeued at the step it owes, from its last checkpoint.
+RUN_JOBS = JobKind(
+    name="runs",
+    model=Run,
+    task=task_names.RUN_STEP,
+    claimable=Run.ACTIVE_STATUSES,
+    claimed_status=None,
+    working=(Run.Status.STARTING, Run.Status.RUNNING),
+    recovery=REQUEUE,
+    finished_status=Run.Status.COMPLETED,
+    requeue_kwargs=lambda run: {"step": run.steps_done + 1},
+    requeue_note=_run_requeue_note,
+    on_event=_run_event_sent,
+    on_status=_run_status_changed,
+)
 
 
 def run_event(*, run: Run, kind: str, message: str = "", data: dict | None = None, actor=None) -> RunEvent:
-    event = RunEvent.objects.create(run=run, kind=kind, message=message, data=data or {}, actor=actor)
-    run_broadcast(run.id, event_message(event))
-    return event
+    return job_event(jobs=RUN_JOBS, job=run, kind=kind, message=message, data=data, actor=actor)
 
 
-@transaction.atomic
 def run_transition(*, run: Run, from_statuses, to_status: str, message: str = "", actor=None, **fields) -> bool:
     """Move run to to_status if it is in one of from_statuses. Returns False (and writes nothing) if
     another actor got there first. The status and its event are committed together: nobody reads one
-    without the other."""
-    if isinstance(from_statuses, str):
-        from_statuses = (from_statuses,)
-    now = timezone.now()
-    if to_status == S.RUNNING:
-        fields.setdefault("started_at", run.started_at or now)
-    if to_status in Run.FINAL_STATUSES:
-        fields.setdefault("finished_at", now)
-    updated = Run.objects.filter(id=run.id, status__in=from_statuses).update(status=to_status, **fields)
-    if updated != 1:
-        return False
-    old = run.status
-    run.refresh_from_db()
-    run_event(
-        run=run,
-        kind="status",
-        message=message or f"{old} → {to_status}",
-        data={"from": old, "to": to_status},
-        actor=actor,
+    without the other (training.jobs.services.job_transition)."""
+    return job_transition(
+        jobs=RUN_JOBS, job=run, from_statuses=from_statuses, to_status=to_status, message=message, actor=actor, **fields
     )
-    if to_status in Run.FINAL_STATUSES:
-        transaction.on_commit(lambda: run_finished(run_id=run.id))
-    run_broadcast(
-        run.id,
-        status_message(
-            run_id=run.id, status=to_status, steps_done=run.steps_done, num_steps=run.num_steps, error=run.error
-        ),
-        to_list=True,
-    )
-    return True
 
 
 def _enqueue(run: Run) -> None:
     """Owe the run a step message and send it after commit; a broker that cannot take it leaves the run
     queued with the message owed, and the sweep sends it later (artweb.dispatch)."""
-    Run.objects.filter(id=run.id).update(dispatched_at=None)
-    publish_on_commit(task_names.RUN_STEP, args=(run.id,), sent=lambda: run_dispatched(run.id))
+    job_enqueue(jobs=RUN_JOBS, job=run)
 
 
 def run_dispatched(run_id: int) -> None:
-    Run.objects.filter(id=run_id).update(dispatched_at=timezone.now())
-
-
-def _owned(obj, owner, what: str, field: str):
-    """what: the thing as a person calls it (in the message); field: the input that named it (the key)."""
-    if getattr(obj, "owner_id", None) not in (None, owner.id) and not owner.is_staff:
-        raise ApplicationError(f"That {what} is not yours.", field_errors={field: ["not found"]})
+    job_dispatched(jobs=RUN_JOBS, job_id=run_id)
 
 
 def config_with_recommended(config: dict | None, base_model: PretrainedModel) -> dict:
@@ -123,11 +155,12 @@ def run_create(
 ) -> Run:
     name = _run_name(name)
     cfg = run_config_parse(config_with_recommended(config, base_model))
-    _owned(script_version.asset, owner, "script", "script_version")
-    _owned(scenario_set, owner, "scenario set", "scenario_set")
-    _owned(base_model, owner, "base model", "base_model")
+    # A run may use what its owner may see.
+    require_visible(owner, script_version.asset, what="script", field="script_version")
+    require_visible(owner, scenario_set, what="scenario set", field="scenario_set")
+    require_visible(owner, base_model, what="base model", field="base_model")
     if reward_version is not None:
-        _owned(reward_version.asset, owner, "reward function", "reward_version")
+        require_visible(owner, reward_version.asset, what="reward function", field="reward_version")
     elif not cfg.use_ruler and not script_sets_reward(script_version.content):
         # Every rollout would fail for want of a reward: say so now, not after the first step.
         raise ApplicationError(
@@ -152,7 +185,7 @@ def run_create(
         scenario_set=scenario_set,
         config=cfg.model_dump(),
         num_steps=cfg.num_steps,
-        status=S.QUEUED,
+        status=Run.Status.QUEUED,
     )
     run_event(run=run, kind="created", message="Run created and queued.", actor=owner)
     runs_list_broadcast(owner_id=owner.id, message=run_row_message(run))  # the runs list shows it live
@@ -181,12 +214,12 @@ def run_details_update(*, run: Run, name: str, tags: list[str] | None, actor=Non
 @transaction.atomic
 def run_cancel(*, run: Run, actor=None) -> Run:
     """Cancel now if nothing is executing; otherwise flag it and the worker stops at its next check."""
-    if run.status in Run.FINAL_STATUSES:
+    if run.status not in ACTION_STATUSES["cancel"]:
         raise ApplicationError(f"The run is already {run.status}; there is nothing to cancel.")
     if run_transition(
         run=run,
-        from_statuses=(S.QUEUED, S.PAUSED),
-        to_status=S.CANCELLED,
+        from_statuses=(Run.Status.QUEUED, Run.Status.PAUSED),
+        to_status=Run.Status.CANCELLED,
         message="Cancelled before it ran.",
         actor=actor,
     ):
@@ -199,9 +232,11 @@ def run_cancel(*, run: Run, actor=None) -> Run:
 
 @transaction.atomic
 def run_pause(*, run: Run, actor=None) -> Run:
-    if run.status not in Run.ACTIVE_STATUSES:
+    if run.status not in ACTION_STATUSES["pause"]:
         raise ApplicationError(f"Only a queued or running run can be paused; this one is {run.status}.")
-    if run_transition(run=run, from_statuses=(S.QUEUED,), to_status=S.PAUSED, message="Paused.", actor=actor):
+    if run_transition(
+        run=run, from_statuses=(Run.Status.QUEUED,), to_status=Run.Status.PAUSED, message="Paused.", actor=actor
+    ):
         return run
     Run.objects.filter(id=run.id).update(pause_requested=True)
     run_event(run=run, kind="pause_requested", message="Pause requested; pausing after the current step.", actor=actor)
@@ -211,11 +246,16 @@ def run_pause(*, run: Run, actor=None) -> Run:
 
 @transaction.atomic
 def run_resume(*, run: Run, actor=None) -> Run:
-    if run.status != S.PAUSED:
+    if run.status not in ACTION_STATUSES["resume"]:
         raise ApplicationError(f"Only a paused run can be resumed; this one is {run.status}.")
     quota_check_run_start(user=run.owner, actor=actor)
     if run_transition(
-        run=run, from_statuses=(S.PAUSED,), to_status=S.QUEUED, message="Resumed.", actor=actor, pause_requested=False
+        run=run,
+        from_statuses=(Run.Status.PAUSED,),
+        to_status=Run.Status.QUEUED,
+        message="Resumed.",
+        actor=actor,
+        pause_requested=False,
     ):
         _enqueue(run)
     return run
@@ -224,7 +264,7 @@ def run_resume(*, run: Run, actor=None) -> Run:
 @transaction.atomic
 def run_retry(*, run: Run, actor=None) -> Run:
     """Requeue a failed (or cancelled) run; it continues from its last checkpoint."""
-    if run.status not in (S.FAILED, S.CANCELLED):
+    if run.status not in ACTION_STATUSES["retry"]:
         raise ApplicationError(f"Only a failed or cancelled run can be retried; this one is {run.status}.")
     if run.steps_done:
         if not Checkpoint.objects.filter(run=run, step=run.steps_done, state=Checkpoint.State.ACTIVE).exists():
@@ -239,8 +279,8 @@ def run_retry(*, run: Run, actor=None) -> Run:
     quota_check_run_start(user=run.owner, actor=actor)
     if run_transition(
         run=run,
-        from_statuses=(S.FAILED, S.CANCELLED),
-        to_status=S.QUEUED,
+        from_statuses=(Run.Status.FAILED, Run.Status.CANCELLED),
+        to_status=Run.Status.QUEUED,
         message=message,
         actor=actor,
         error="",

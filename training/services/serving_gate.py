@@ -1,9 +1,10 @@
 """The worker's serving gate: a run step (and a dry run) holds it from start to end, and the serving
-thread (training.services.serving) takes it for each request, so requests to the OpenAI endpoint are
+thread (training.serving.worker) takes it for each request, so requests to the OpenAI endpoint are
 served between steps, never while a batch's rollouts use the inference server.
 
-A module of its own because both sides import it: the step (training.services.steps) and the serving
-thread, which itself names a step's adapter as the step does."""
+It stays in training, which the serving app depends on and never the other way round: the step
+(training.services.steps) holds it, and the serving thread, which names a step's adapter as the step does,
+takes it."""
 
 from __future__ import annotations
 

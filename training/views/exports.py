@@ -1,5 +1,6 @@
 """Export targets' pages: the list, a form to add one of a kind, each target's page (change it, send a
-test event, delete it). Only the user's own targets; someone else's is a 404.
+test event, delete it). Only the user's own targets, staff too; someone else's is a 404 (a setting:
+artweb.visibility.own). A target may be for any run the user may see.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from artweb.errors import ApplicationError
 from training.exports import services
 from training.exports.forms import ExportTargetForm
 from training.exports.selectors import export_target_get, export_target_list, export_target_public
-from training.models import ExportTarget, Run
+from training.models import ExportTarget
+from training.selectors import run_visible
 
 
 def _kind(kind: str) -> str:
@@ -27,7 +29,7 @@ def _kind(kind: str) -> str:
 def export_list_view(request):
     run = None
     if request.GET.get("run", "").isdigit():
-        run = Run.objects.filter(owner=request.user, id=int(request.GET["run"])).first()
+        run = run_visible(request.user).filter(id=int(request.GET["run"])).first()
     targets = export_target_list(owner=request.user, run=run)
     return render(
         request,

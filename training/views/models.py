@@ -2,15 +2,14 @@
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from artweb.errors import ApplicationError
 from artweb.pages import apply_service_errors
 from training.exports.crypto import secret_mask
 from training.forms import BaseModelForm, JudgeEndpointForm
-from training.models import JudgeEndpoint
-from training.selectors import base_model_visible
+from training.selectors import base_model_visible, judge_endpoint_get, judge_endpoint_list
 from training.services import base_model_register
 from training.services.judges import judge_endpoint_create, judge_endpoint_delete
 
@@ -30,7 +29,7 @@ def model_list_view(request):
 
 
 def _page(request, *, form=None, judge_form=None):
-    judges = list(JudgeEndpoint.objects.filter(owner=request.user))
+    judges = list(judge_endpoint_list(owner=request.user))
     for judge in judges:
         judge.key_shown = secret_mask(judge.key_last4) if judge.key_encrypted else "none"
     return render(
@@ -67,7 +66,7 @@ def judge_create_view(request):
 @login_required
 @require_POST
 def judge_delete_view(request, endpoint_id: int):
-    judge = get_object_or_404(JudgeEndpoint, owner=request.user, id=endpoint_id)
+    judge = judge_endpoint_get(user=request.user, endpoint_id=endpoint_id)
     judge_endpoint_delete(endpoint=judge)
     messages.success(request, f"Judge {judge.name} deleted.")
     return redirect("model-list")

@@ -16,6 +16,7 @@ from artweb.errors import ApplicationError
 from artweb.pages import apply_service_errors
 from rollouts.selectors import reward_version_list, scenario_set_list, script_version_list
 from training import services
+from training.analytics.alerts import run_alert_rules_update
 from training.charts import RUN_CHARTS
 from training.forms import AlertRulesForm, RunFilterForm, RunLaunchForm, train_config_reference
 from training.selectors import (
@@ -31,7 +32,6 @@ from training.selectors import (
     run_logs_recent,
     run_warnings,
 )
-from training.services.alerts import run_alert_rules_update
 from training.services.broadcast import run_group_messages
 from training.services.checkpoints import checkpoint_archive
 from training.views.plotly import plotly_url
@@ -72,11 +72,13 @@ def run_list_view(request):
     )
 
 
-def _run_page_data(run, chart, events, logs, groups) -> dict:
-    """What the run page's script starts from; the socket brings everything after it."""
+def _run_page_data(run, chart, events, logs, groups, actions) -> dict:
+    """What the run page's script starts from; the socket brings everything after it (a status message
+    brings the actions the new status allows)."""
     return {
         "run": run.id,
         "status": run.status,
+        "actions": actions,
         "steps_done": run.steps_done,
         "num_steps": run.num_steps,
         "started_at": run.started_at.isoformat() if run.started_at else None,
@@ -99,13 +101,15 @@ def run_detail_view(request, run_id: int):
     events = run_events_recent(run=run, limit=50)
     logs = run_logs_recent(run=run, limit=100)
     groups = run_group_messages(run_id=run.id)
+    actions = services.run_actions(run=run, user=request.user)
     return render(
         request,
         "training/run_detail.html",
         {
             "nav": "runs",
             "run": run,
-            "page_data": _run_page_data(run, chart, events, logs, groups),
+            "actions": actions,
+            "page_data": _run_page_data(run, chart, events, logs, groups, actions),
             "charts": RUN_CHARTS,
             "events": events,
             "warnings": run_warnings(run=run),

@@ -2,8 +2,7 @@ import math
 
 import pytest
 
-from training.engine import compute_advantages
-from training.engine.advantages import group_advantages
+from training.engine.advantages import compute_advantages, group_advantages
 
 
 def test_it_centres_and_scales_by_the_population_std():

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from training.engine import ConfigError, TrainConfig
+from training.engine.config import ConfigError, TrainConfig
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,10 @@ punished one."""
 
 import math
 
-from training.engine import TrainConfig, make_trainer
+import pytest
+
+from training.engine.config import TrainConfig
+from training.engine.trainer import make_trainer
 
 from .conftest import trajectory
 
@@ -11,6 +14,7 @@ PROMPT = "Capital of France? One word."
 ANSWERS = {"Paris": 1.0, "London": 0.0}
 
 
+@pytest.mark.slow  # two real updates of the default model
 def test_it_moves_the_policy_toward_rewarded_answers(default_model_dir, tokenizer):
     cfg = TrainConfig(learning_rate=3e-4, max_grad_norm=1.0, weight_decay=0.0)
     trainer = make_trainer(cfg, base_model_path=str(default_model_dir), device="cpu")

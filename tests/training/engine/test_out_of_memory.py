@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.engine import TrainConfig, make_trainer
-from training.engine.trainer import UpdateOutOfMemory
+from training.engine.config import TrainConfig
+from training.engine.trainer import UpdateOutOfMemory, make_trainer
 
 # Deterministic: no dropout, float32, so an update split differently gives the same gradient up to rounding.
 CFG = {"learning_rate": 1e-2, "lora_dropout": 0.0, "dtype": "float32", "micro_batch_tokens": 4096}

@@ -4,10 +4,11 @@ and gradients as padded rows, with each group's prompt run once."""
 import pytest
 import torch
 
-from training.engine import ConfigError, TrainConfig, make_trainer
 from training.engine.attention import Block, PackedLayout
 from training.engine.batching import common_prefix_length, pack, plan_packed
+from training.engine.config import ConfigError, TrainConfig
 from training.engine.tokenize import TokenizedSequence
+from training.engine.trainer import make_trainer
 
 from .conftest import completion
 

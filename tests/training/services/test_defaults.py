@@ -9,9 +9,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from artweb.errors import ApplicationError
-from rollouts.models import RolloutScript
-from rollouts.services import script_companion_set
-from tests.factories import (
+from artweb.testing.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
     RolloutScriptVersionFactory,
@@ -21,9 +19,11 @@ from tests.factories import (
     TrajectoryGroupFactory,
     UserFactory,
 )
+from rollouts.models import RolloutScript
+from rollouts.services import script_companion_set
+from training.analytics.alerts import run_alerts_check
 from training.engine.default_model import RECOMMENDED_TRAIN
 from training.services import base_model_recommend, base_model_register, run_create
-from training.services.alerts import run_alerts_check
 
 NO_SIGNAL_STEPS = 3  # the default rule
 

@@ -13,14 +13,14 @@ import pytest
 from django.urls import reverse
 
 from artweb.errors import ApplicationError
-from rollouts.runtime.sandbox import dry_run
-from tests.api.conftest import token_client
-from tests.factories import (
+from artweb.testing.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
     RolloutScriptVersionFactory,
     ScenarioSetFactory,
 )
+from rollouts.sandbox.rollouts import dry_run
+from tests.api.conftest import token_client
 from training.models import DryRun
 from training.services.dry_runs import MAX_DRY_RUN_ROLLOUTS, dry_run_create, dry_run_spread
 

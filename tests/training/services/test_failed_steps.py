@@ -15,7 +15,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from artweb.errors import ApplicationError
-from tests.factories import CheckpointFactory, RolloutScriptVersionFactory, RunFactory
+from artweb.testing.factories import CheckpointFactory, RolloutScriptVersionFactory, RunFactory
 from training.config import run_config_parse
 from training.models import Checkpoint, Run, TrajectoryGroup
 from training.services import inference, run_retry, steps

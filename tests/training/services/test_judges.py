@@ -1,7 +1,7 @@
 """RULER's judge is the run's base model, another registered model, or one of the owner's judge endpoints
 (an OpenAI-compatible server elsewhere whose key is stored write-only).
 
-The endpoint here is a server with known answers started by the test (tests.rollouts.runtime.fake_judge):
+The endpoint here is a server with known answers started by the test (tests.rollouts.sandbox.fake_judge):
 an external judge cannot be reached from these machines, and no model gives known scores. It listens on
 127.0.0.1, which the test lets the egress guard reach as the operator would with ARTWEB_EGRESS_ALLOW
 (tests/egress.py). Everything else is real: the jailed sandbox, the proxy that adds the stored key, the
@@ -16,15 +16,15 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from artweb.errors import ApplicationError
-from tests.egress import egress_allow
-from tests.factories import (
+from artweb.testing.factories import (
     BaseModelFactory,
     RewardFunctionVersionFactory,
     RolloutScriptVersionFactory,
     RunFactory,
     ScenarioSetFactory,
 )
-from tests.rollouts.runtime.fake_judge import FakeJudge
+from tests.egress import egress_allow
+from tests.rollouts.sandbox.fake_judge import FakeJudge
 from tests.training.services.test_ruler import NO_SERVER, SCORES, SCRIPT, rollouts
 from training.config import run_config_parse
 from training.engine.advantages import compute_advantages

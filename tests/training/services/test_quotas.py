@@ -15,9 +15,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from artweb.errors import ApplicationError
-from rollouts.runtime.records import record_size
-from rollouts.runtime.sandbox import GroupResult
-from tests.factories import RunFactory, StepFactory
+from artweb.testing.factories import RunFactory, StepFactory
+from rollouts.sandbox.records import record_size
+from rollouts.sandbox.rollouts import GroupResult
 from tests.training.services import test_step_service
 from tests.training.services.test_step_service import execute, make_run
 from training.models import Checkpoint, Quota, Run, RunEvent, Step, Trajectory, TrajectoryGroup
@@ -26,7 +26,6 @@ from training.services import run_create, run_resume, run_retry
 from training.services.quotas import QUOTA_EVENT, STORED_FIELDS
 from training.services.steps.groups import groups_persist
 
-S = Run.Status
 MB = 1 << 20
 world = test_step_service.world  # the step tests' fixture: stand-ins for the vLLM server and the trainer
 
@@ -90,10 +89,10 @@ def test_a_quota_row_names_a_user_or_a_group_never_both(alice):
 
 
 def test_usage_counts_the_users_own_runs_even_for_staff(alice, staff, settings):
-    RunFactory(owner=alice, status=S.RUNNING, trajectory_bytes=3 * MB)
-    RunFactory(owner=alice, status=S.PAUSED, trajectory_bytes=MB)
-    StepFactory(run=RunFactory(owner=alice, status=S.COMPLETED, finished_at=timezone.now()))
-    old = StepFactory(run=RunFactory(owner=alice, status=S.COMPLETED, finished_at=timezone.now()))
+    RunFactory(owner=alice, status=Run.Status.RUNNING, trajectory_bytes=3 * MB)
+    RunFactory(owner=alice, status=Run.Status.PAUSED, trajectory_bytes=MB)
+    StepFactory(run=RunFactory(owner=alice, status=Run.Status.COMPLETED, finished_at=timezone.now()))
+    old = StepFactory(run=RunFactory(owner=alice, status=Run.Status.COMPLETED, finished_at=timezone.now()))
     Step.objects.filter(id=old.id).update(created_at=timezone.now() - timedelta(hours=25))
     assert quota_usage(user=alice) == {"trajectory_bytes": 4 * MB, "concurrent_runs": 1, "steps_per_day": 1}
     # Staff see every run, but their quota counts theirs alone.
@@ -105,10 +104,10 @@ def test_usage_counts_the_users_own_runs_even_for_staff(alice, staff, settings):
 
 def test_launching_past_the_concurrent_runs_limit_is_refused_naming_it(alice, bob, settings, enqueued):
     settings.ARTWEB_QUOTA_CONCURRENT_RUNS = 2
-    template = RunFactory(owner=alice, status=S.RUNNING)
-    RunFactory(owner=alice, status=S.QUEUED)
-    RunFactory(owner=alice, status=S.PAUSED)  # paused runs hold no place
-    RunFactory(owner=bob, status=S.RUNNING)  # nor do anyone else's
+    template = RunFactory(owner=alice, status=Run.Status.RUNNING)
+    RunFactory(owner=alice, status=Run.Status.QUEUED)
+    RunFactory(owner=alice, status=Run.Status.PAUSED)  # paused runs hold no place
+    RunFactory(owner=bob, status=Run.Status.RUNNING)  # nor do anyone else's
     with pytest.raises(ApplicationError) as refused:
         launch(alice, template)
     assert refused.value.message.startswith(
@@ -119,27 +118,30 @@ def test_launching_past_the_concurrent_runs_limit_is_refused_naming_it(alice, bo
     assert Run.objects.filter(owner=alice).count() == 3 and enqueued == []
 
     Quota.objects.create(user=alice, concurrent_runs=3)  # an operator raises it
-    assert launch(alice, template).status == S.QUEUED
+    assert launch(alice, template).status == Run.Status.QUEUED
 
 
 def test_resuming_or_retrying_past_the_limit_is_refused_too(alice, staff, settings, enqueued):
     settings.ARTWEB_QUOTA_CONCURRENT_RUNS = 1
-    RunFactory(owner=alice, status=S.RUNNING)
-    paused, failed = RunFactory(owner=alice, status=S.PAUSED), RunFactory(owner=alice, status=S.FAILED)
+    RunFactory(owner=alice, status=Run.Status.RUNNING)
+    paused, failed = (
+        RunFactory(owner=alice, status=Run.Status.PAUSED),
+        RunFactory(owner=alice, status=Run.Status.FAILED),
+    )
     with pytest.raises(ApplicationError, match="You have 1 runs queued or running"):
         run_resume(run=paused, actor=alice)
     with pytest.raises(ApplicationError, match="alice has 1 runs queued or running, the limit of their quota"):
         run_retry(run=failed, actor=staff)
     paused.refresh_from_db()
     failed.refresh_from_db()
-    assert (paused.status, failed.status) == (S.PAUSED, S.FAILED) and enqueued == []
+    assert (paused.status, failed.status) == (Run.Status.PAUSED, Run.Status.FAILED) and enqueued == []
 
 
 def test_the_limit_of_zero_is_no_limit(alice, settings, enqueued):
     settings.ARTWEB_QUOTA_CONCURRENT_RUNS = 0
-    template = RunFactory(owner=alice, status=S.RUNNING)
-    RunFactory.create_batch(12, owner=alice, status=S.QUEUED)
-    assert launch(alice, template).status == S.QUEUED
+    template = RunFactory(owner=alice, status=Run.Status.RUNNING)
+    RunFactory.create_batch(12, owner=alice, status=Run.Status.QUEUED)
+    assert launch(alice, template).status == Run.Status.QUEUED
 
 
 # --- a step's start: steps a day, stored trajectories ------------------------------------------------------
@@ -153,7 +155,7 @@ def test_a_step_past_the_steps_a_day_limit_pauses_the_run_and_keeps_what_it_stor
     stored = (Step.objects.count(), Trajectory.objects.count(), Checkpoint.objects.count(), run.trajectory_bytes)
 
     run = execute(run, step=2)
-    assert run.status == S.PAUSED and run.steps_done == 1 and run.worker == ""
+    assert run.status == Run.Status.PAUSED and run.steps_done == 1 and run.worker == ""
     # Nothing of step 2 started, nothing of step 1 went, no step 2 is queued.
     assert not TrajectoryGroup.objects.filter(run=run, step=2).exists()
     assert (
@@ -177,21 +179,21 @@ def test_a_step_past_the_steps_a_day_limit_pauses_the_run_and_keeps_what_it_stor
         "source": "the default",
         "step": 2,
     }
-    assert run.events.filter(kind="status", data__to=S.PAUSED).exists()
+    assert run.events.filter(kind="status", data__to=Run.Status.PAUSED).exists()
 
     # A day later (the step ages out of the window) the run resumes and trains its step 2.
     Step.objects.filter(run=run).update(created_at=timezone.now() - timedelta(hours=25))
     run_resume(run=run, actor=alice)
     run = execute(run, step=2)
-    assert run.status == S.RUNNING and run.steps_done == 2
+    assert run.status == Run.Status.RUNNING and run.steps_done == 2
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_step_past_the_stored_trajectories_limit_pauses_the_run(alice, world, settings):
     Quota.objects.create(user=alice, trajectory_mb=1)
-    RunFactory(owner=alice, status=S.COMPLETED, trajectory_bytes=MB + 1)  # an older run's trajectories
+    RunFactory(owner=alice, status=Run.Status.COMPLETED, trajectory_bytes=MB + 1)  # an older run's trajectories
     run = execute(make_run(alice), step=1)
-    assert run.status == S.PAUSED and run.steps_done == 0 and run.worker == ""
+    assert run.status == Run.Status.PAUSED and run.steps_done == 0 and run.worker == ""
     assert not TrajectoryGroup.objects.filter(run=run).exists() and world.updates == []
     event = RunEvent.objects.get(run=run, kind=QUOTA_EVENT)
     assert event.message == (
@@ -221,7 +223,7 @@ def trajectory(content: str) -> dict:
 
 
 def test_stored_bytes_are_counted_as_the_worker_measures_and_a_replaced_attempt_is_taken_back(alice):
-    run = RunFactory(owner=alice, status=S.RUNNING, worker="w")
+    run = RunFactory(owner=alice, status=Run.Status.RUNNING, worker="w")
     scenarios = list(run.scenario_set.scenarios.filter(split="train")[:2])
     first = [GroupResult(s, [trajectory("a" * 1000), trajectory("b")]) for s in scenarios]
     groups_persist(run, 1, "train", scenarios, first, me="w")
@@ -241,7 +243,7 @@ def test_stored_bytes_are_counted_as_the_worker_measures_and_a_replaced_attempt_
 
 def test_the_runs_page_shows_usage_against_each_limit(client, alice, settings):
     settings.ARTWEB_QUOTA_CONCURRENT_RUNS = 1
-    RunFactory(owner=alice, status=S.RUNNING, trajectory_bytes=3 * MB)
+    RunFactory(owner=alice, status=Run.Status.RUNNING, trajectory_bytes=3 * MB)
     client.force_login(alice)
     page = client.get(reverse("run-list")).content.decode()
     assert "Stored trajectories: <strong>3.0\xa0MB</strong> of 10.0\xa0GB" in page
@@ -251,7 +253,7 @@ def test_the_runs_page_shows_usage_against_each_limit(client, alice, settings):
 
 
 def test_staff_edit_quotas_in_the_admin_and_see_the_usage(client, staff, alice):
-    RunFactory(owner=alice, status=S.RUNNING, trajectory_bytes=2 * MB)
+    RunFactory(owner=alice, status=Run.Status.RUNNING, trajectory_bytes=2 * MB)
     client.force_login(staff)
     response = client.post(
         reverse("admin:training_quota_add"),
@@ -272,7 +274,7 @@ def test_staff_edit_quotas_in_the_admin_and_see_the_usage(client, staff, alice):
 
 
 def test_deleting_trajectories_or_groups_in_the_admin_counts_the_bytes_again(client, staff, alice):
-    run = RunFactory(owner=alice, status=S.COMPLETED, worker="w")
+    run = RunFactory(owner=alice, status=Run.Status.COMPLETED, worker="w")
     scenarios = list(run.scenario_set.scenarios.filter(split="train")[:2])
     results = [GroupResult(s, [trajectory("a" * 5000), trajectory("b")]) for s in scenarios]
     first, second = groups_persist(run, 1, "train", scenarios, results, me="w")

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from rollouts.runtime import Cancelled
-from tests.factories import RolloutScriptVersionFactory
+from artweb.testing.factories import RolloutScriptVersionFactory
+from rollouts.sandbox import Cancelled
 from tests.training.services.test_step_service import FakeServer, execute, make_run, world  # noqa: F401
 from training.config import RunConfig
 from training.models import Run, RunEvent, Step, Trajectory
@@ -119,6 +119,7 @@ def test_a_server_that_merges_adapters_runs_steps_in_order_and_the_run_is_told_o
     assert sampled_by(run, 2) == {(f"run-{run.id}@1", 1)}  # in order: step 2 rolled out on step 1's policy
 
 
+@pytest.mark.slow
 def test_a_cancel_during_the_update_stops_the_batch_running_ahead(alice, lora):
     # Every rollout sleeps 3 s: step 1's batch (all 8 in flight) takes 3 s, then the update cancels the run
     # while the batch ahead is asleep.

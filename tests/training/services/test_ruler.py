@@ -1,6 +1,6 @@
 """A run scored by RULER: the step's batch is judged by the run's base model, through the proxy.
 
-The judge is a server with known answers (tests.rollouts.runtime.fake_judge) standing in for the base
+The judge is a server with known answers (tests.rollouts.sandbox.fake_judge) standing in for the base
 model on the worker's inference server: no model could be relied on to give known scores. The scripts
 never call the policy. Everything else is real: the jailed sandbox, the proxy, the database.
 """
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from artweb.errors import ApplicationError
-from tests.factories import RewardFunctionVersionFactory, RolloutScriptVersionFactory, RunFactory
-from tests.rollouts.runtime.fake_judge import FakeJudge
+from artweb.testing.factories import RewardFunctionVersionFactory, RolloutScriptVersionFactory, RunFactory
+from tests.rollouts.sandbox.fake_judge import FakeJudge
 from training.config import RunConfig, run_config_parse
 from training.engine.advantages import compute_advantages
 from training.models import Trajectory

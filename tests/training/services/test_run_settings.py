@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from artweb.errors import ApplicationError
-from rollouts.runtime.vllm_server import TOOLS_TEMPLATE, VLLMServer
-from tests.factories import BaseModelFactory, RunFactory
+from artweb.testing.factories import BaseModelFactory, RunFactory
+from rollouts.inference.vllm_server import TOOLS_TEMPLATE, VLLMServer
 from tests.training.engine.conftest import (  # noqa: F401 - fixtures of the engine tests, used here too
     default_model_dir,
     tiny_model_dir,
@@ -21,7 +21,8 @@ from tests.training.engine.conftest import (  # noqa: F401 - fixtures of the eng
     trajectory,
 )
 from training.config import run_config_parse
-from training.engine import ConfigError, TrainConfig, tokenize_trajectory
+from training.engine.config import ConfigError, TrainConfig
+from training.engine.tokenize import tokenize_trajectory
 from training.services import inference
 
 pytestmark = pytest.mark.django_db
@@ -56,6 +57,7 @@ def _lora(trainer) -> dict[str, torch.Tensor]:
 # --- seed ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_it_seeds_the_trainer_with_the_runs_seed(tiny_model_dir):  # noqa: F811 - a fixture
     model = BaseModelFactory(name="tiny", local_path=str(tiny_model_dir))
     weights = []

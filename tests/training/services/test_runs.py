@@ -3,12 +3,10 @@
 import pytest
 
 from artweb.errors import ApplicationError
-from tests.factories import CheckpointFactory, RunFactory
+from artweb.testing.factories import CheckpointFactory, RunFactory
 from training.models import Run, RunEvent
 from training.services import run_cancel, run_create, run_pause, run_resume, run_retry, run_transition
 from training.services.checkpoints import checkpoint_apply_retention, checkpoint_delete, checkpoint_promote
-
-S = Run.Status
 
 
 @pytest.fixture
@@ -40,7 +38,7 @@ def test_it_creates_a_run_with_defaults_and_enqueues_after_commit(alice, enqueue
             scenario_set=template.scenario_set,
             config={"num_steps": 3},
         )
-    assert run.status == S.QUEUED and run.num_steps == 3
+    assert run.status == Run.Status.QUEUED and run.num_steps == 3
     assert run.config["group_size"] == 6 and run.config["train"]["learning_rate"] > 0
     assert enqueued == [((run.id,), {})]
     assert callbacks  # the enqueue and the broadcast waited for the commit
@@ -88,10 +86,10 @@ def test_it_refuses_other_peoples_assets(alice, bob, enqueued):
 def test_it_cancels_a_queued_run_at_once_and_flags_a_running_one(alice):
     queued = RunFactory(owner=alice)
     run_cancel(run=queued, actor=alice)
-    assert queued.status == S.CANCELLED and queued.finished_at is not None
-    running = RunFactory(owner=alice, status=S.RUNNING)
+    assert queued.status == Run.Status.CANCELLED and queued.finished_at is not None
+    running = RunFactory(owner=alice, status=Run.Status.RUNNING)
     run_cancel(run=running, actor=alice)
-    assert running.status == S.RUNNING and running.cancel_requested
+    assert running.status == Run.Status.RUNNING and running.cancel_requested
     with pytest.raises(ApplicationError):
         run_cancel(run=queued, actor=alice)
 
@@ -100,28 +98,28 @@ def test_it_pauses_and_resumes(alice, sent_at_once):
     enqueued = sent_at_once
     run = RunFactory(owner=alice)
     run_pause(run=run, actor=alice)
-    assert run.status == S.PAUSED
+    assert run.status == Run.Status.PAUSED
     run_resume(run=run, actor=alice)
-    assert run.status == S.QUEUED
+    assert run.status == Run.Status.QUEUED
     assert len(enqueued) == 1
     with pytest.raises(ApplicationError):
         run_resume(run=run, actor=alice)
 
 
 def test_it_retries_a_failed_run_from_its_last_step(alice, enqueued):
-    run = RunFactory(owner=alice, status=S.FAILED, steps_done=2, error="boom")
+    run = RunFactory(owner=alice, status=Run.Status.FAILED, steps_done=2, error="boom")
     CheckpointFactory(run=run, step=2)
     run_retry(run=run, actor=alice)
-    assert run.status == S.QUEUED and run.error == "" and run.steps_done == 2
+    assert run.status == Run.Status.QUEUED and run.error == "" and run.steps_done == 2
     assert "step 2" in run.events.last().message
 
 
 def test_a_transition_happens_once(alice):
     run = RunFactory(owner=alice)
-    assert run_transition(run=run, from_statuses=S.QUEUED, to_status=S.STARTING)
+    assert run_transition(run=run, from_statuses=Run.Status.QUEUED, to_status=Run.Status.STARTING)
     stale = Run.objects.get(id=run.id)
-    stale.status = S.QUEUED  # a second actor that read the old status
-    assert not run_transition(run=stale, from_statuses=S.QUEUED, to_status=S.STARTING)
+    stale.status = Run.Status.QUEUED  # a second actor that read the old status
+    assert not run_transition(run=stale, from_statuses=Run.Status.QUEUED, to_status=Run.Status.STARTING)
     assert RunEvent.objects.filter(run=run, kind="status").count() == 1
 
 
@@ -129,24 +127,28 @@ def test_a_transition_happens_once(alice):
 def test_a_status_and_its_event_are_committed_together(alice, monkeypatch):
     """Outside any transaction of the caller's (as a worker ends a run): when the event cannot be written,
     the status does not change either, so nobody ever reads a status without its event."""
-    from training.services import runs
+    from training.jobs import services as job_services
 
-    run = RunFactory(owner=alice, status=S.RUNNING)
+    run = RunFactory(owner=alice, status=Run.Status.RUNNING)
 
     def failing_event(**kwargs):
         raise RuntimeError("the event table is unavailable")
 
-    monkeypatch.setattr(runs, "run_event", failing_event)
+    monkeypatch.setattr(job_services, "job_event", failing_event)
     with pytest.raises(RuntimeError):
-        run_transition(run=Run.objects.get(id=run.id), from_statuses=S.RUNNING, to_status=S.CANCELLED)
-    assert Run.objects.get(id=run.id).status == S.RUNNING
+        run_transition(run=Run.objects.get(id=run.id), from_statuses=Run.Status.RUNNING, to_status=Run.Status.CANCELLED)
+    assert Run.objects.get(id=run.id).status == Run.Status.RUNNING
     monkeypatch.undo()
-    assert run_transition(run=Run.objects.get(id=run.id), from_statuses=S.RUNNING, to_status=S.CANCELLED)
-    assert RunEvent.objects.filter(run=run, kind="status", data__to=S.CANCELLED).count() == 1
+    assert run_transition(
+        run=Run.objects.get(id=run.id), from_statuses=Run.Status.RUNNING, to_status=Run.Status.CANCELLED
+    )
+    assert RunEvent.objects.filter(run=run, kind="status", data__to=Run.Status.CANCELLED).count() == 1
 
 
 def test_retention_keeps_latest_best_and_promoted_and_refuses_the_resume_point(alice, tmp_path):
-    run = RunFactory(owner=alice, status=S.RUNNING, config={"keep_last_checkpoints": 1, "keep_best_checkpoints": 1})
+    run = RunFactory(
+        owner=alice, status=Run.Status.RUNNING, config={"keep_last_checkpoints": 1, "keep_best_checkpoints": 1}
+    )
     ckpts = {}
     for step, val in [(1, 0.2), (2, 0.9), (3, 0.1), (4, None), (5, None)]:
         d = tmp_path / f"s{step}"
@@ -176,7 +178,7 @@ EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[3] / "rollouts
     ],
 )
 def test_it_refuses_a_run_without_any_reward_source(alice, enqueued, script, reward, use_ruler, accepted):
-    from tests.factories import RolloutScriptVersionFactory
+    from artweb.testing.factories import RolloutScriptVersionFactory
 
     template = RunFactory(owner=alice)
     version = RolloutScriptVersionFactory(asset__owner=alice, content=(EXAMPLES / script).read_text())
@@ -190,7 +192,7 @@ def test_it_refuses_a_run_without_any_reward_source(alice, enqueued, script, rew
         "config": {"use_ruler": use_ruler},
     }
     if accepted:
-        assert run_create(**kwargs).status == S.QUEUED
+        assert run_create(**kwargs).status == Run.Status.QUEUED
     else:
         with pytest.raises(ApplicationError, match="no reward source") as info:
             run_create(**kwargs)
@@ -199,7 +201,7 @@ def test_it_refuses_a_run_without_any_reward_source(alice, enqueued, script, rew
 
 
 def test_it_reads_a_reward_from_the_script_statically():
-    from rollouts.runtime.validation import script_sets_reward
+    from rollouts.sandbox.validation import script_sets_reward
 
     assert script_sets_reward("async def rollout(m, s):\n    t = make()\n    t.reward = 1.0\n    return t\n")
     assert script_sets_reward(

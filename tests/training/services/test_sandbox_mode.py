@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.factories import RolloutScriptVersionFactory, RunFactory
+from artweb.testing.factories import RolloutScriptVersionFactory, RunFactory
 from training.config import RunConfig
 from training.models import RunEvent
 from training.services import steps
@@ -58,7 +58,7 @@ def test_it_marks_a_run_that_uses_the_opt_out_once(run, settings):
 
 
 def test_it_refuses_an_unknown_sandbox_mode(run, settings):
-    from rollouts.runtime.jail import JailUnavailable
+    from rollouts.sandbox.jail import JailUnavailable
 
     settings.ARTWEB = {**settings.ARTWEB, "SANDBOX": "off"}
     with pytest.raises(JailUnavailable, match="'jail' or 'insecure-no-jail'"):

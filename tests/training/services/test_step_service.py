@@ -25,13 +25,13 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from rollouts.runtime.sandbox import prestarted
-from tests.factories import RolloutScriptVersionFactory, RunFactory
+from artweb.testing.factories import RolloutScriptVersionFactory, RunFactory
+from rollouts.sandbox.prestart import prestarted
+from training.analytics.heatmap import CELL
 from training.config import run_config_parse
-from training.engine import Cancelled
 from training.engine.advantages import compute_advantages
+from training.engine.trainer import Cancelled
 from training.exports.tasks import run_exports_task
-from training.heatmap import CELL
 from training.models import Checkpoint, HeatmapColumn, Run, RunEvent, Step, Trajectory, TrajectoryGroup
 from training.services import inference, run_cancel, run_pause
 from training.services.broadcast import run_group_name
@@ -336,6 +336,7 @@ def test_the_run_completes_at_num_steps_and_each_step_continues_from_the_last_ch
     assert run.status == Run.Status.COMPLETED and Step.objects.filter(run=run).count() == 2
 
 
+@pytest.mark.slow
 def test_it_validates_every_val_every_steps_and_at_the_last(alice, world):
     run = make_run(alice, num_steps=3, val_every=2, val_scenarios=2)
     for step in (1, 2, 3):
@@ -359,6 +360,7 @@ def wait_for(should_stop, seconds: float = 10.0) -> None:
     raise Cancelled("stopped before the optimizer step")
 
 
+@pytest.mark.slow
 def test_the_next_batchs_sandbox_is_prestarted_after_the_update_not_beside_it(alice, world):
     # Beside the update, the pre-start's imports would compete with it for the cores (its cgroup weighs as
     # much as the whole worker, whatever its processes' priority).

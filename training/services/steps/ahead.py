@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection
 
-from rollouts.runtime.sandbox import RolloutRequest, run_rollouts
+from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
 
 logger = logging.getLogger(__name__)
 

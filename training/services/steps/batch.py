@@ -12,8 +12,9 @@ from django.conf import settings
 
 from artweb.errors import ApplicationError
 from rollouts.models import Scenario
-from rollouts.runtime.proxy import Upstream
-from rollouts.runtime.sandbox import RolloutRequest, SandboxLimits, run_rollouts
+from rollouts.sandbox.batch import SandboxLimits
+from rollouts.sandbox.proxy import Upstream
+from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
 from training.config import RunConfig
 from training.exports.weave import export_rollout_env, rollout_egress_hosts
 from training.models import PretrainedModel, Run
@@ -115,7 +116,7 @@ def rollouts_execute(
     prestart: bool = True,
 ):
     """rollouts_run's batch from its request; prestart=False leaves the next batch's pre-start to the
-    caller (rollouts.runtime.sandbox.prestart_batch), at a moment of its choosing."""
+    caller (rollouts.sandbox.rollouts.prestart_batch), at a moment of its choosing."""
     if not prestart:
         request = dataclasses.replace(request, prestart_next=False)
     results = run_rollouts(request, should_stop=hb.should_stop)

@@ -9,8 +9,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from training.analytics.heatmap import heatmap_columns_record
 from training.exports.hooks import step_committed
-from training.heatmap import heatmap_columns_record
 from training.models import Checkpoint, Run, Step
 from training.services.broadcast import run_broadcast, step_message
 from training.services.checkpoints import checkpoint_apply_retention

@@ -24,13 +24,14 @@ from django.db import InterfaceError, OperationalError, transaction
 
 from artweb.dispatch import publish
 from artweb.logging import log_context
-from rollouts.runtime import Cancelled, TooManyErrors
-from rollouts.runtime.sandbox import prestart_batch
-from training import signals, task_names
+from rollouts.sandbox import Cancelled, TooManyErrors
+from rollouts.sandbox.rollouts import prestart_batch
+from training import task_names
+from training.analytics import learning_signals
+from training.analytics.alerts import run_alerts_check
 from training.config import RunConfig
 from training.models import Checkpoint, Run, TrajectoryGroup
 from training.services import inference
-from training.services.alerts import run_alerts_check
 from training.services.logs import run_log
 from training.services.quotas import quota_step_refusal, run_quota_pause
 from training.services.runs import run_event, run_transition
@@ -47,7 +48,6 @@ logger = logging.getLogger(__name__)
 OUT_OF_MEMORY_EVENT = "update_out_of_memory"
 
 
-S = Run.Status
 AHEAD_UNAVAILABLE_EVENT = "overlap_unavailable"
 
 
@@ -105,19 +105,22 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
             ahead_discard(run_id)
             run_release(run_id=run_id, me=me)
             return
-        if run.status == S.QUEUED:
+        if run.status == Run.Status.QUEUED:
             run_transition(
-                run=run, from_statuses=(S.QUEUED,), to_status=S.STARTING, message=f"Worker {me} picked the run up."
+                run=run,
+                from_statuses=(Run.Status.QUEUED,),
+                to_status=Run.Status.STARTING,
+                message=f"Worker {me} picked the run up.",
             )
         cfg = RunConfig.model_validate(run.config)
         # serving_paused: requests to the OpenAI endpoint wait for the step's end (training.services.serving_gate).
         with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step), serving_paused():
             server = inference.inference_server(run.base_model)
-            if run.status == S.STARTING:
+            if run.status == Run.Status.STARTING:
                 run_transition(
                     run=run,
-                    from_statuses=(S.STARTING,),
-                    to_status=S.RUNNING,
+                    from_statuses=(Run.Status.STARTING,),
+                    to_status=Run.Status.RUNNING,
                     message="Inference server ready; training.",
                 )
             _execute(run, cfg, next_step, server, hb)
@@ -152,7 +155,7 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
         run_transition(
             run=run,
             from_statuses=Run.ACTIVE_STATUSES,
-            to_status=S.FAILED,
+            to_status=Run.Status.FAILED,
             message=f"Step {next_step} failed: {type(exc).__name__}: {exc}"[:1000],
             error=f"{type(exc).__name__}: {exc}"[:5000],
             worker="",
@@ -167,50 +170,8 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     timings: dict[str, float] = {}
     t_step = time.perf_counter()
 
-    def check():
-        if hb.cancel:
-            raise StepAborted("cancel")
-        if hb.lost:
-            raise StepAborted("lease lost")
-
     # 1. Rollouts against the current policy, or the batch rolled out ahead during the last update.
-    t = time.perf_counter()
-    ahead = request = None
-    if cfg.overlap_rollouts:
-        ahead = ahead_take(run_id=run.id, step=step, served={server.base_model_name, *server.adapters})
-    try:
-        if ahead is not None:
-            policy, scenarios, lag = ahead.policy, ahead.scenarios, 1
-            results = ahead.wait(hb.should_stop)
-            timings["rollouts_ahead"] = ahead.seconds or 0.0
-            if cfg.use_ruler:
-                timings["ruler"] = sum(group.judge_s for group in results)
-        else:
-            policy, lag = _policy_model_name(run, server), 0
-            scenarios = scenarios_sample(run, cfg, step, "train", cfg.scenarios_per_step)
-            request = rollouts_request(run, cfg, scenarios, policy, server, cfg.group_size, timings=timings, warm=True)
-            # The next batch's jail is pre-started after the update, not beside it (see rollouts.runtime.sandbox).
-            results = rollouts_execute(request, cfg, hb, timings=timings, prestart=False)
-    except TooManyErrors as exc:
-        failed = sum(1 for g in exc.groups for t in g.trajectories if t.get("error"))
-        groups_persist(run, step, "train", scenarios, exc.groups, me=hb.me, failed=True)
-        raise StepFailed(
-            f"{failed} of {len(scenarios) * cfg.group_size} rollouts failed, more than "
-            f"max_exceptions={cfg.max_exceptions:g} allows; the rollouts are kept under step {step} "
-            f"in the trajectory inspector. First error:\n{_first_error(exc.groups)[:2000]}"
-        ) from exc
-    except Cancelled as exc:  # should_stop() said stop: the sandbox was killed
-        raise StepAborted(hb.stop_reason()) from exc
-    timings["rollouts"] = time.perf_counter() - t
-    check()
-    stats = reward_stats(results, cfg)
-    if stats["rollouts"] and stats["rollout_errors"] == stats["rollouts"]:
-        groups_persist(run, step, "train", scenarios, results, me=hb.me, failed=True)
-        raise StepFailed(
-            f"All {stats['rollouts']} rollouts failed, so there is nothing to train on; they are "
-            f"kept under step {step} in the trajectory inspector. First error:\n"
-            f"{_first_error(results)[:2000]}"
-        )
+    results, scenarios, lag, request, stats = _rollouts(run, cfg, step, server, hb, timings)
 
     # The next step's batch, against the policy that sampled this one, while this step trains.
     if cfg.overlap_rollouts and step < run.num_steps:
@@ -230,24 +191,12 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     )
 
     # 3. One training update on the LoRA.
-    t = time.perf_counter()
-    ckpt = _latest_checkpoint(run)
-    trainer = inference.trainer_for(run, checkpoint_dir=ckpt.path if ckpt else None)
-    timings["trainer_load"] = time.perf_counter() - t
-    t = time.perf_counter()
-    try:
-        train_metrics = trainer.train_step([r.trajectories for r in results], should_stop=hb.should_stop)
-    except Cancelled as exc:
-        inference.trainer_close()  # its state may be mid-accumulation: reload from the checkpoint next time
-        raise StepAborted(hb.stop_reason()) from exc
-    timings["train"] = time.perf_counter() - t
-    if retries := int(train_metrics.get("out_of_memory_retries", 0)):
-        _out_of_memory_event(run, step, train_metrics, retries)
+    trainer, train_metrics = _train(run, step, results, hb, timings)
     if request is not None and request.prestart_next:
         prestart_batch(request)
     advantages = train_metrics.pop("advantages", None) or []
     advantages_store(groups, advantages)
-    stats.update(signals.advantage_stats(advantages))
+    stats.update(learning_signals.advantage_stats(advantages))
 
     # 4. Checkpoint, then the new policy into the inference server.
     t = time.perf_counter()
@@ -262,7 +211,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         server.retire_adapters(keep={new_name} | ahead_policies(run.id))
         inference.adapters_loaded_publish()
         timings["adapter_load"] = time.perf_counter() - t
-        check()
+        _stop_if_asked(hb)
 
         # 5. Validation on held-out scenarios every val_every steps (and at the last step).
         val_reward = None
@@ -285,6 +234,76 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
             shutil.rmtree(ckpt_dir, ignore_errors=True)
         raise
     run_alerts_check(run=run, step=step)
+
+
+def _rollouts(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat, timings: dict) -> tuple:
+    """The step's rollouts (or the batch rolled out ahead) and their reward figures; a step whose rollouts
+    failed beyond what the run allows fails here, its groups kept for the inspector."""
+    t = time.perf_counter()
+    ahead = request = None
+    if cfg.overlap_rollouts:
+        ahead = ahead_take(run_id=run.id, step=step, served={server.base_model_name, *server.adapters})
+    try:
+        if ahead is not None:
+            policy, scenarios, lag = ahead.policy, ahead.scenarios, 1
+            results = ahead.wait(hb.should_stop)
+            timings["rollouts_ahead"] = ahead.seconds or 0.0
+            if cfg.use_ruler:
+                timings["ruler"] = sum(group.judge_s for group in results)
+        else:
+            policy, lag = _policy_model_name(run, server), 0
+            scenarios = scenarios_sample(run, cfg, step, "train", cfg.scenarios_per_step)
+            request = rollouts_request(run, cfg, scenarios, policy, server, cfg.group_size, timings=timings, warm=True)
+            # The next batch's jail is pre-started after the update, not beside it (see rollouts.sandbox.prestart).
+            results = rollouts_execute(request, cfg, hb, timings=timings, prestart=False)
+    except TooManyErrors as exc:
+        failed = sum(1 for g in exc.groups for t in g.trajectories if t.get("error"))
+        groups_persist(run, step, "train", scenarios, exc.groups, me=hb.me, failed=True)
+        raise StepFailed(
+            f"{failed} of {len(scenarios) * cfg.group_size} rollouts failed, more than "
+            f"max_exceptions={cfg.max_exceptions:g} allows; the rollouts are kept under step {step} "
+            f"in the trajectory inspector. First error:\n{_first_error(exc.groups)[:2000]}"
+        ) from exc
+    except Cancelled as exc:  # should_stop() said stop: the sandbox was killed
+        raise StepAborted(hb.stop_reason()) from exc
+    timings["rollouts"] = time.perf_counter() - t
+    _stop_if_asked(hb)
+    stats = reward_stats(results, cfg)
+    if stats["rollouts"] and stats["rollout_errors"] == stats["rollouts"]:
+        groups_persist(run, step, "train", scenarios, results, me=hb.me, failed=True)
+        raise StepFailed(
+            f"All {stats['rollouts']} rollouts failed, so there is nothing to train on; they are "
+            f"kept under step {step} in the trajectory inspector. First error:\n"
+            f"{_first_error(results)[:2000]}"
+        )
+    return results, scenarios, lag, request, stats
+
+
+def _train(run: Run, step: int, results: list, hb: Heartbeat, timings: dict) -> tuple:
+    """One update of the LoRA on the step's groups: the trainer (loaded from the latest checkpoint) and
+    its metrics."""
+    t = time.perf_counter()
+    ckpt = _latest_checkpoint(run)
+    trainer = inference.trainer_for(run, checkpoint_dir=ckpt.path if ckpt else None)
+    timings["trainer_load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    try:
+        train_metrics = trainer.train_step([r.trajectories for r in results], should_stop=hb.should_stop)
+    except Cancelled as exc:
+        inference.trainer_close()  # its state may be mid-accumulation: reload from the checkpoint next time
+        raise StepAborted(hb.stop_reason()) from exc
+    timings["train"] = time.perf_counter() - t
+    if retries := int(train_metrics.get("out_of_memory_retries", 0)):
+        _out_of_memory_event(run, step, train_metrics, retries)
+    return trainer, train_metrics
+
+
+def _stop_if_asked(hb: Heartbeat) -> None:
+    """Stop the step where it stands when it was cancelled or its lease was lost."""
+    if hb.cancel:
+        raise StepAborted("cancel")
+    if hb.lost:
+        raise StepAborted("lease lost")
 
 
 def _start_ahead(run: Run, cfg: RunConfig, next_step: int, server) -> None:
@@ -367,7 +386,7 @@ def _finish(run: Run, me: str, reason: str | None) -> bool:
         run_transition(
             run=run,
             from_statuses=Run.ACTIVE_STATUSES,
-            to_status=S.CANCELLED,
+            to_status=Run.Status.CANCELLED,
             message=f"Cancelled after {run.steps_done} steps.",
             worker="",
         )
@@ -376,7 +395,7 @@ def _finish(run: Run, me: str, reason: str | None) -> bool:
         run_transition(
             run=run,
             from_statuses=Run.ACTIVE_STATUSES,
-            to_status=S.PAUSED,
+            to_status=Run.Status.PAUSED,
             message=f"Paused after {run.steps_done} steps.",
             worker="",
             pause_requested=False,
@@ -386,7 +405,7 @@ def _finish(run: Run, me: str, reason: str | None) -> bool:
         run_transition(
             run=run,
             from_statuses=Run.ACTIVE_STATUSES,
-            to_status=S.COMPLETED,
+            to_status=Run.Status.COMPLETED,
             message=f"Completed {run.steps_done} steps.",
             worker="",
         )

@@ -9,13 +9,13 @@ from django.db import transaction
 from django.db.models import F, Sum
 
 from rollouts.models import Scenario
-from rollouts.runtime.records import record_size
-from training import signals
+from rollouts.sandbox.records import record_size
+from training.analytics import learning_signals
+from training.analytics.learning_signals import truncated
 from training.config import RunConfig
 from training.models import Run, Trajectory, TrajectoryGroup
 from training.services.broadcast import final_answer, group_message, run_broadcast
 from training.services.steps.errors import StepAborted
-from training.signals import truncated
 
 
 def _search_text(messages: list[dict]) -> str:
@@ -131,12 +131,12 @@ def reward_stats(results, cfg: RunConfig | None = None) -> dict:
         sum(1 for t in finished if truncated(t.get("messages") or [])) / len(finished) if finished else None
     )
     stats.update(
-        signals.answer_repeat(
+        learning_signals.answer_repeat(
             [[final_answer(t.get("messages")) for t in r.trajectories if not t.get("error")] for r in results]
         )
     )
     names = cfg.alerts.reward_components if cfg is not None else []
-    stats.update(signals.component_shares(finished, names))
+    stats.update(learning_signals.component_shares(finished, names))
     return stats
 
 

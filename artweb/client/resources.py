@@ -1,0 +1,159 @@
+"""Tokens, base models, uploaded code, scenario sets, dry runs and checkpoints."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from artweb.client.session import DEFAULT_TIMEOUT, Session, raise_for
+
+
+class ResourcesApi(Session):
+    """What a run is made of, and what it leaves behind."""
+
+    # --- tokens -----------------------------------------------------------------------------------
+
+    @classmethod
+    def token_create(
+        cls,
+        base_url: str,
+        username: str,
+        password: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> str:
+        """Create (or replace) the user's API token with username and password; returns the key."""
+        with httpx.Client(
+            base_url=base_url.rstrip("/") + "/api/v1", auth=(username, password), timeout=timeout, transport=transport
+        ) as http:
+            response = http.post("/tokens/")
+            raise_for(response)
+            return response.json()["key"]
+
+    def token_revoke(self) -> bool:
+        return self._post("/tokens/revoke/")["revoked"]
+
+    # --- base models ------------------------------------------------------------------------------
+
+    def base_models(self) -> list[dict]:
+        return list(self._pages("/base-models/"))
+
+    def base_model_register(self, *, name: str, source: str, **fields) -> dict:
+        return self._post("/base-models/register/", {"name": name, "source": source, **fields})
+
+    # --- code uploads -----------------------------------------------------------------------------
+
+    def _code_upload(
+        self,
+        kind: str,
+        name: str,
+        content: str | bytes,
+        *,
+        description: str = "",
+        note: str = "",
+        new_version: bool = True,
+    ) -> dict:
+        """Create the asset, or (new_version) add a version when one of that name exists."""
+        existing = self._by_name(f"/{kind}/", name) if new_version else None
+        files = {
+            "file": (f"{name}.py", content if isinstance(content, bytes) else content.encode("utf-8"), "text/x-python")
+        }
+        if existing:
+            return self._post(f"/{kind}/{existing['id']}/versions/create/", data={"note": note}, files=files)
+        return self._post(f"/{kind}/create/", data={"name": name, "description": description}, files=files)
+
+    def script_upload(self, name: str, content: str | bytes, **kwargs) -> dict:
+        return self._code_upload("scripts", name, content, **kwargs)
+
+    def reward_upload(self, name: str, content: str | bytes, **kwargs) -> dict:
+        return self._code_upload("rewards", name, content, **kwargs)
+
+    def script_validate(self, content: str) -> dict:
+        return self._post("/scripts/validate/", {"content": content})
+
+    def reward_validate(self, content: str) -> dict:
+        return self._post("/rewards/validate/", {"content": content})
+
+    def scripts(self) -> list[dict]:
+        return list(self._pages("/scripts/"))
+
+    def rewards(self) -> list[dict]:
+        return list(self._pages("/rewards/"))
+
+    def script_versions(self, script_id: int) -> list[dict]:
+        return list(self._pages(f"/scripts/{script_id}/versions/"))
+
+    def script_version(self, script_id: int, number: int) -> dict:
+        return self._get(f"/scripts/{script_id}/versions/{number}/")
+
+    def reward_version(self, reward_id: int, number: int) -> dict:
+        return self._get(f"/rewards/{reward_id}/versions/{number}/")
+
+    # --- scenario sets ----------------------------------------------------------------------------
+
+    def scenarios_upload(
+        self, name: str, jsonl: str | bytes, *, validation_fraction: float = 0.2, description: str = ""
+    ) -> dict:
+        raw = jsonl if isinstance(jsonl, bytes) else jsonl.encode("utf-8")
+        return self._post(
+            "/scenario-sets/create/",
+            data={"name": name, "description": description, "validation_fraction": str(validation_fraction)},
+            files={"file": (f"{name}.jsonl", raw, "application/x-ndjson")},
+        )
+
+    def scenario_sets(self) -> list[dict]:
+        return list(self._pages("/scenario-sets/"))
+
+    def scenario_set(self, scenario_set_id: int) -> dict:
+        return self._get(f"/scenario-sets/{scenario_set_id}/")
+
+    def scenarios(self, scenario_set_id: int, *, split: str | None = None) -> list[dict]:
+        return list(self._pages(f"/scenario-sets/{scenario_set_id}/scenarios/", split=split))
+
+    # --- dry runs ---------------------------------------------------------------------------------
+
+    def dry_run_create(self, **fields) -> dict:
+        return self._post("/dry-runs/create/", fields)
+
+    def dry_run(self, dry_run_id: int) -> dict:
+        return self._get(f"/dry-runs/{dry_run_id}/")
+
+    def dry_run_wait(self, dry_run_id: int, *, timeout: float = 600, interval: float = 1.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            dry_run = self.dry_run(dry_run_id)
+            if dry_run["status"] in ("done", "failed") or time.monotonic() > deadline:
+                return dry_run
+            time.sleep(interval)
+
+    # --- checkpoints ------------------------------------------------------------------------------
+
+    def checkpoints(self, run_id: int) -> list[dict]:
+        return self._get(f"/runs/{run_id}/checkpoints/")["results"]
+
+    def checkpoint_promote(self, checkpoint_id: int) -> dict:
+        return self._post(f"/checkpoints/{checkpoint_id}/promote/")
+
+    def checkpoint_delete(self, checkpoint_id: int) -> dict:
+        return self._post(f"/checkpoints/{checkpoint_id}/delete/")
+
+    def checkpoint_download(self, checkpoint_id: int, out: str | Path, *, progress=None) -> int:
+        """Save the checkpoint's .tar.gz to out; progress(done_bytes, total_bytes|None) is called per chunk."""
+        written = 0
+        tmp = Path(str(out) + ".partial")
+        with self._http.stream("GET", f"/checkpoints/{checkpoint_id}/download/") as response:
+            if response.status_code >= 400:
+                response.read()
+                raise_for(response)
+            total = int(response.headers["Content-Length"]) if "Content-Length" in response.headers else None
+            with tmp.open("wb") as fh:
+                for chunk in response.iter_bytes():
+                    fh.write(chunk)
+                    written += len(chunk)
+                    if progress:
+                        progress(written, total)
+        tmp.replace(out)
+        return written

@@ -1,0 +1,242 @@
+"""A batch of rollouts in the guest: every rollout of its groups concurrently on one asyncio loop, each under
+its wall-clock limit, then scored by the reward function (per trajectory or per group) or by RULER.
+
+Timeouts: `asyncio.timeout` stops a rollout that waits too long; a rollout that blocks the loop
+itself (`while True: pass`) is interrupted by a watchdog thread, which signals the main thread so
+that a RolloutTimeout is raised inside the blocking code, failing that rollout and no other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import signal
+import threading
+import time
+from pathlib import Path
+
+from _artweb_runner.results import ResultPipe, bounded_record, empty_record, plain_metrics, stage_error
+from _artweb_runner.user_code import RolloutLog, call_maybe_async, current_log, describe_error, load_module
+from artweb_sdk import Scenario, TrainableModel, Trajectory, TrajectoryGroup
+from artweb_sdk.model import Endpoint, Usage, current_usage
+from artweb_sdk.ruler import RulerError, TrajectoryScore, apply_score, judge_client, score_message_lists
+from artweb_sdk.trajectory import check_reward
+
+
+class RolloutTimeout(BaseException):
+    """Raised inside a rollout that overran its wall-clock limit.
+
+    A BaseException, so a script's `except Exception:` cannot swallow it and keep going.
+    """
+
+
+class Watchdog(threading.Thread):
+    """Interrupts a rollout that keeps the event loop blocked past its deadline."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, grace_s: float = 1.0) -> None:
+        super().__init__(name="artweb-watchdog", daemon=True)
+        self.loop = loop
+        self.grace_s = grace_s
+        self.deadlines: dict[asyncio.Task, float] = {}
+        self.target: asyncio.Task | None = None
+        self._main = threading.main_thread().ident
+
+    def run(self) -> None:
+        while True:
+            time.sleep(0.2)
+            task = asyncio.current_task(self.loop) if self.loop.is_running() else None
+            deadline = self.deadlines.get(task) if task is not None else None
+            if deadline is not None and time.monotonic() > deadline + self.grace_s:
+                self.target = task
+                signal.pthread_kill(self._main, signal.SIGUSR1)
+                time.sleep(self.grace_s)
+
+    def on_signal(self, _signum, _frame) -> None:
+        task = asyncio.current_task(self.loop) if self.loop.is_running() else None
+        if task is not None and task is self.target:
+            self.target = None
+            raise RolloutTimeout()
+
+
+class Batch:
+    def __init__(self, spec: dict, pipe: ResultPipe) -> None:
+        self.spec = spec
+        self.pipe = pipe
+        self.timeout_s = float(spec["rollout_timeout_s"])
+        endpoint = Endpoint.from_env()
+        endpoint.max_connections = max(1, int(spec["concurrency"]))
+        self.model = TrainableModel(name=spec["model_name"], project="artweb", _endpoint=endpoint)
+        self.semaphore = asyncio.Semaphore(max(1, int(spec["concurrency"])))
+        self.user_files = {"rollout.py", "reward.py"}
+        self.rollout = None
+        self.reward = None
+        self.reward_kind = spec.get("reward_kind")
+        # RULER: after a group's rollouts (and its reward function), the judge's scores become the rewards.
+        self.ruler = bool(spec.get("ruler"))
+        self.judge_model = spec.get("judge_model")
+        self.load_error: str | None = None
+        self.watchdog: Watchdog | None = None
+
+    def load(self, workdir: Path) -> None:
+        try:
+            script = load_module(workdir / "rollout.py", "rollout_script")
+            self.rollout = getattr(script, "rollout", None)
+            if not callable(self.rollout):
+                raise AttributeError("the rollout script defines no function named `rollout(model, scenario)`")
+            if self.reward_kind:
+                self.load_reward(workdir)
+        except BaseException as exc:
+            self.load_error = "Loading your code failed: " + describe_error(exc, self.user_files)
+
+    def load_reward(self, workdir: Path) -> None:
+        """The reward function file's `reward` (per trajectory) or `score_group` (per group)."""
+        module = load_module(workdir / "reward.py", "reward_function")
+        name = "score_group" if self.reward_kind == "group" else "reward"
+        self.reward = getattr(module, name, None)
+        if not callable(self.reward):
+            raise AttributeError(f"the reward function file defines no function named `{name}`")
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.watchdog = Watchdog(loop)
+        signal.signal(signal.SIGUSR1, self.watchdog.on_signal)
+        self.watchdog.start()
+        await asyncio.gather(*(self.run_group(g) for g in self.spec["groups"]))
+
+    async def run_group(self, group: dict) -> None:
+        records = await asyncio.gather(*(self.run_one(group, i) for i in range(int(self.spec["group_size"]))))
+        if self.reward_kind == "group" and self.load_error is None:
+            await self.score_group(group, records)
+        if self.ruler and self.load_error is None:
+            await self.ruler_group(group, records)
+        for index, (record, _) in enumerate(records):
+            self.pipe.send({"kind": "trajectory", "group": group["index"], "index": index, "trajectory": record})
+
+    async def run_one(self, group: dict, index: int) -> tuple[dict, Trajectory | None]:
+        async with self.semaphore:
+            log, usage = RolloutLog(), Usage()
+            current_log.set(log)
+            current_usage.set(usage)
+            started = time.monotonic()
+            trajectory, error = None, self.load_error
+            scenario = Scenario(copy.deepcopy(group["scenario"]))
+            timing: dict[str, int] = {}
+            if error is None:
+                trajectory, error = await self._rollout_and_reward(scenario, timing)
+            record = trajectory.to_record() if trajectory is not None else empty_record()
+            record.update(
+                logs=log.finish() + record["logs"],
+                error=error,
+                duration_ms=int((time.monotonic() - started) * 1000),
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                **timing,
+            )
+            if error is not None:
+                record["reward"] = None
+            return bounded_record(record), trajectory
+
+    async def _rollout_and_reward(self, scenario: Scenario, timing: dict) -> tuple[Trajectory | None, str | None]:
+        """Runs the rollout and then, when it is per trajectory, the reward function; the reward's time goes
+        to timing["reward_ms"], for the run's reward-health panel."""
+        task = asyncio.current_task()
+        self.watchdog.deadlines[task] = time.monotonic() + self.timeout_s
+        trajectory, stage = None, "rollout"
+        try:
+            async with asyncio.timeout(self.timeout_s) as deadline:
+                trajectory = await call_maybe_async(self.rollout, self.model, scenario)
+                if not isinstance(trajectory, Trajectory):
+                    bad, trajectory = trajectory, None
+                    raise TypeError(f"rollout() must return an art.Trajectory, not {type(bad).__name__}")
+                stage = "reward"
+                if self.reward_kind == "trajectory":
+                    reward_started = time.monotonic()
+                    try:
+                        trajectory.reward = check_reward(await call_maybe_async(self.reward, trajectory, scenario))
+                    finally:
+                        timing["reward_ms"] = int((time.monotonic() - reward_started) * 1000)
+                elif self.reward_kind is None:
+                    trajectory.reward = check_reward(trajectory.reward)
+                    if trajectory.reward is None and not self.ruler:
+                        return trajectory, "The rollout set no trajectory.reward and no reward function is attached."
+                stage = "result"
+                trajectory.to_record()  # unserialisable content is this rollout's error, not the batch's
+            return trajectory, None
+        except RolloutTimeout:
+            return trajectory, f"Timed out: the {stage} did not finish within {self.timeout_s:g} s (wall clock)."
+        except TimeoutError as exc:
+            if deadline.expired():
+                return trajectory, f"Timed out: the {stage} did not finish within {self.timeout_s:g} s (wall clock)."
+            return trajectory, stage_error(stage, exc, self.user_files)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return trajectory, stage_error(stage, exc, self.user_files)
+        finally:
+            self.watchdog.deadlines.pop(task, None)
+
+    async def score_group(self, group: dict, records: list[tuple[dict, Trajectory | None]]) -> None:
+        scored = [(record, traj) for record, traj in records if record["error"] is None and traj is not None]
+        if not scored:
+            return
+        scenario = Scenario(copy.deepcopy(group["scenario"]))
+        error = None
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                rewards = await call_maybe_async(self.reward, TrajectoryGroup(t for _, t in scored), scenario)
+            rewards = list(rewards)
+            if len(rewards) != len(scored):
+                raise ValueError(f"score_group returned {len(rewards)} rewards for {len(scored)} trajectories")
+            rewards = [check_reward(r) for r in rewards]
+        except TimeoutError:
+            error = f"Timed out: score_group did not finish within {self.timeout_s:g} s (wall clock)."
+        except Exception as exc:
+            error = stage_error("reward", exc, self.user_files)
+        share_ms = int((time.monotonic() - started) * 1000 / len(scored))
+        for i, (record, traj) in enumerate(scored):
+            record["reward_ms"] = share_ms
+            if error is None:
+                traj.reward = rewards[i]
+                record.update(reward=rewards[i], metrics={**record["metrics"], **plain_metrics(traj)})
+            else:
+                record.update(reward=None, error=error)
+
+    async def ruler_group(self, group: dict, records: list[tuple[dict, Trajectory | None]]) -> None:
+        """The judge scores the group's finished rollouts side by side; its scores become their rewards
+        (artweb_sdk.ruler.apply_score says what else is kept). The time it took goes to judge_ms, for the
+        step's timings. A judge that gives no usable answer fails the group's rollouts: they have no
+        reward under the run's scoring.
+        """
+        scored = [(record, traj) for record, traj in records if record["error"] is None and traj is not None]
+        if not scored:
+            return
+        scores, error, judge_ms = await self.judge(group, [t for _, t in scored])
+        for i, (record, traj) in enumerate(scored):
+            record["judge_ms"] = judge_ms
+            if error is not None:
+                record.update(reward=None, error=error)
+                continue
+            apply_score(record, scores[i])
+            traj.reward = scores[i].score
+
+    async def judge(self, group: dict, trajectories: list[Trajectory]) -> tuple[list[TrajectoryScore], str | None, int]:
+        """The RULER judge's scores of the trajectories side by side: (scores, None, milliseconds), or
+        ([], the error saying why there are none, milliseconds)."""
+        started = time.monotonic()
+        client = judge_client()
+        error, scores = None, []
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                scores = await score_message_lists(
+                    client, self.judge_model, [t.messages() for t in trajectories], scenario=group["scenario"]
+                )
+        except TimeoutError:
+            error = f"RULER did not score this group: the judge did not answer within {self.timeout_s:g} s."
+        except RulerError as exc:
+            error = f"RULER did not score this group: {exc}"
+        except Exception as exc:
+            error = f"RULER did not score this group: {type(exc).__name__}: {exc}"
+        finally:
+            await client.close()
+        return scores, error, int((time.monotonic() - started) * 1000)

@@ -1,0 +1,78 @@
+"""What the guest sends the worker: one JSON line per result on the result pipe, each record shaped, and
+bounded in size, here. The worker checks every line again with its own caps (rollouts.sandbox.reader);
+this cap only keeps an honest script's oversized record from failing without its logs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from _artweb_runner.user_code import describe_error
+from artweb_sdk import Trajectory
+
+MAX_RECORD_BYTES = 4 << 20  # one trajectory; larger ones are replaced by an error. Set from the batch
+# (SandboxLimits.record_bytes): the worker refuses larger records itself, this only keeps their logs.
+
+
+class ResultPipe:
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pid = os.getpid()
+
+    def send(self, message: dict) -> None:
+        if os.getpid() != self._pid:
+            # A process forked by the script reached our code: it must not report or run other rollouts.
+            os._exit(0)
+        data = (json.dumps(message, allow_nan=False) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+
+def score_record(
+    reward, metrics: dict, error: str | None, reward_ms: int | None, explanation: str | None = None
+) -> dict:
+    score = {"reward": reward if error is None else None, "metrics": metrics, "error": error, "reward_ms": reward_ms}
+    if explanation:
+        score["metrics"] = {**metrics, "ruler_explanation": str(explanation)[:2000]}
+    return score
+
+
+def safe_metrics(trajectory: Trajectory) -> dict:
+    try:
+        return plain_metrics(trajectory)
+    except Exception:
+        return {}
+
+
+def bounded_score(score: dict) -> dict:
+    if len(json.dumps(score, default=str)) <= MAX_RECORD_BYTES:
+        return score
+    return {**score, "metrics": {}, "error": score["error"] and score["error"][:4000]}
+
+
+def stage_error(stage: str, exc: BaseException, user_files: set[str]) -> str:
+    prefix = {"rollout": "", "reward": "The reward function failed: ", "result": "The trajectory is not JSON: "}
+    return prefix.get(stage, "") + describe_error(exc, user_files)
+
+
+def plain_metrics(traj: Trajectory) -> dict:
+    return traj.to_record()["metrics"]
+
+
+def empty_record() -> dict:
+    return {"messages": [], "tools": None, "reward": None, "metrics": {}, "metadata": {}, "logs": []}
+
+
+def bounded_record(record: dict) -> dict:
+    size = len(json.dumps(record, default=str))
+    if size <= MAX_RECORD_BYTES:
+        return record
+    return {
+        **empty_record(),
+        "logs": record["logs"][-50:],
+        "error": f"The trajectory is {size / (1 << 20):.1f} MB as JSON; the limit is {MAX_RECORD_BYTES / (1 << 20):.1f} MB.",
+        "duration_ms": record["duration_ms"],
+        "prompt_tokens": record["prompt_tokens"],
+        "completion_tokens": record["completion_tokens"],
+    }

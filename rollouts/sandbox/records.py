@@ -1,0 +1,187 @@
+"""What a sandbox sends back, checked before anything is stored or trained on.
+
+The guest program runs in the same process as the user's code, so everything it writes is the user's
+word: a record may claim any group, any reward, any token id, and the guest's own caps are the user's to
+bypass (the script can write to the result pipe itself, or change the guest's limits). So the worker
+enforces every cap again, with the numbers of rollouts.sandbox.batch.SandboxLimits:
+
+- a line's nesting depth is bounded before it is parsed (the parser recurses once per level);
+- a line longer than twice the record limit is not read further (line_limit);
+- each record (a trajectory or a score) is held to the record limit by the length of its line, which is
+  the record as the guest wrote it and measured it (record_size) plus a few bytes around it, and the
+  batch's records together to the batch limit (ResultBudget);
+- the number of records is bounded by the protocol: one per rollout slot the sandbox owns, each once,
+  then one "done" line, after which nothing.
+
+Each line is parsed without NaN or Infinity and checked field by field here; a record that fails becomes
+that rollout's error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from rollouts.sandbox.jsonsafe import JSONLimitError, loads_bounded
+
+
+class RecordError(ValueError):
+    """A record from a sandbox breaks the protocol; the message says how."""
+
+
+def _no_constants(name: str):
+    raise RecordError(f"the record holds {name}, which JSON does not allow")
+
+
+def parse_line(line: bytes, kinds: tuple[str, ...], *, max_depth: int) -> dict:
+    """One protocol line → a message dict ({"kind": one of kinds, ...}); a re-scoring batch sends "score"
+    and "done" lines instead of trajectories. A line nested deeper than max_depth is refused unparsed."""
+    try:
+        message = loads_bounded(line, max_depth=max_depth, parse_constant=_no_constants)
+    except RecordError:
+        raise
+    except JSONLimitError:
+        raise RecordError(
+            f"a line of its output is nested more than {max_depth} levels deep, the limit "
+            "(SandboxLimits.record_depth); keep metadata and metrics flatter"
+        ) from None
+    except ValueError as exc:
+        raise RecordError(f"a line of its output is not JSON ({exc})") from None
+    if not isinstance(message, dict) or message.get("kind") not in kinds:
+        raise RecordError(f"a line of its output is not a {' or '.join(kinds)} message")
+    return message
+
+
+# A result line is {"kind": ..., "group": ..., "index": ..., "trajectory" or "score": <record>}: these bytes
+# cover what surrounds the record, which the guest's cap (on the record alone) leaves out.
+RECORD_ENVELOPE_BYTES = 1024
+
+
+def line_limit(record_bytes: int) -> int:
+    """The longest line the worker reads: twice the record limit, so that a record over the limit (which
+    no guest sends: it replaces those) is still read whole and fails its own rollout only. Past it, the
+    worker cannot tell whose record it is and stops reading the sandbox."""
+    return 2 * record_bytes
+
+
+def record_size(value: Any) -> int:
+    """Bytes of a record as JSON, measured as the guest measures it against its cap (ASCII-escaped JSON:
+    one byte a character): what a stored trajectory counts against its owner's quota."""
+    return len(json.dumps(value))
+
+
+def megabytes(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MB"
+
+
+class ResultBudget:
+    """The bytes a batch's records may take together (SandboxLimits.batch_bytes), shared by its sandbox
+    processes: each record kept takes its size, and one that no longer fits fails its own rollout."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+
+def _int(value: Any, what: str, low: int = 0, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value >= high):
+        bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+        raise RecordError(f"{what} must be an integer {bound}, got {value!r:.80}")
+    return value
+
+
+def _finite(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RecordError(f"{what} must be a finite number, got {value!r:.80}")
+    return float(value)
+
+
+def _check_message(message: Any, i: int, vocab_size: int | None) -> None:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise RecordError(f"message {i} must be an object with a string role")
+    token_ids, logprobs = message.get("token_ids"), message.get("logprobs")
+    if token_ids is None:
+        return
+    if not isinstance(token_ids, list) or not isinstance(logprobs, list) or len(token_ids) != len(logprobs):
+        raise RecordError(f"message {i}: token_ids and logprobs must be lists of the same length")
+    for t in token_ids:
+        _int(t, f"message {i}: a token id", 0, vocab_size)
+    for lp in logprobs:
+        if _finite(lp, f"message {i}: a logprob") > 0:
+            raise RecordError(f"message {i}: a logprob must be <= 0, got {lp!r:.40}")
+
+
+def check_trajectory(record: Any, *, vocab_size: int | None) -> dict:
+    """The record if every field has the type and range the rest of artweb relies on; else RecordError."""
+    if not isinstance(record, dict):
+        raise RecordError("the trajectory is not an object")
+    messages = record.get("messages")
+    if not isinstance(messages, list):
+        raise RecordError("messages must be a list")
+    for i, message in enumerate(messages):
+        _check_message(message, i, vocab_size)
+    if record.get("reward") is not None:
+        _finite(record["reward"], "reward")
+    if record.get("error") is not None and not isinstance(record["error"], str):
+        raise RecordError("error must be a string or null")
+    if record.get("tools") is not None and not isinstance(record["tools"], list):
+        raise RecordError("tools must be a list or null")
+    for key in ("metrics", "metadata"):
+        if not isinstance(record.get(key), dict):
+            raise RecordError(f"{key} must be an object")
+    logs = record.get("logs")
+    if not isinstance(logs, list) or not all(isinstance(line, str) for line in logs):
+        raise RecordError("logs must be a list of strings")
+    for key in ("duration_ms", "prompt_tokens", "completion_tokens"):
+        _int(record.get(key), key)
+    if record.get("reward_ms") is not None:
+        _int(record["reward_ms"], "reward_ms")
+    return _without_nul(record)  # PostgreSQL's text and jsonb refuse NUL characters: the step could not save it
+
+
+MAX_SCORE_ERROR_CHARS = 20_000
+
+
+def check_score(record: Any) -> dict:
+    """A re-scored trajectory's result ({"reward", "metrics", "error", "reward_ms"}) with the types and
+    ranges artweb stores; else RecordError. Only these four keys are kept."""
+    if not isinstance(record, dict):
+        raise RecordError("the score is not an object")
+    reward = record.get("reward")
+    if reward is not None:
+        reward = _finite(reward, "reward")
+    error = record.get("error")
+    if error is not None and not isinstance(error, str):
+        raise RecordError("error must be a string or null")
+    metrics = record.get("metrics")
+    if not isinstance(metrics, dict):
+        raise RecordError("metrics must be an object")
+    reward_ms = record.get("reward_ms")
+    if reward_ms is not None:
+        _int(reward_ms, "reward_ms")
+    if error is not None:
+        reward = None  # a failed score has no reward, whatever the record says
+    return {
+        "reward": reward,
+        "metrics": _without_nul(metrics),
+        "error": _without_nul(error[:MAX_SCORE_ERROR_CHARS]) if error else error,
+        "reward_ms": reward_ms,
+    }
+
+
+def _without_nul(value: Any) -> Any:
+    """PostgreSQL stores no NUL character in text or jsonb: drop them rather than lose the score."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value

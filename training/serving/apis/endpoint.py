@@ -1,0 +1,83 @@
+"""The OpenAI-compatible endpoint (`/api/v1/openai/`).
+
+It speaks OpenAI's protocol, not the rest of the API's: `Authorization: Bearer <token>` (the API token;
+`Token <token>` works too), errors as {"error": {"message", "type", "param", "code"}}, and server-sent
+events when `stream` is true. So the official `openai` client works unchanged with
+`base_url=<server>/api/v1/openai`. They are plain async Django views (no DRF): a streamed answer is
+relayed chunk by chunk from the worker's reply list (training.serving.protocol) without a thread per
+request.
+"""
+
+from __future__ import annotations
+
+from asgiref.sync import sync_to_async
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.authtoken.models import Token
+
+from artweb.jsonlimits import JSONLimitError, json_loads_limited
+from training.serving.protocol import ServeError, ServeTarget
+from training.serving.selectors import serve_model_list, serve_model_resolve
+from training.serving.services.serving import serve_body_check, serve_exchange_start
+
+
+def _error(exc: ServeError) -> JsonResponse:
+    return JsonResponse(exc.as_dict(), status=exc.status)
+
+
+def _user_for(request):
+    header = request.headers.get("Authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() not in ("bearer", "token") or not key.strip():
+        raise ServeError(
+            401,
+            "Send your API token as 'Authorization: Bearer <token>' (create one with POST /api/v1/tokens/).",
+            code="invalid_api_key",
+        )
+    token = Token.objects.select_related("user").filter(key=key.strip()).first()
+    if token is None or not token.user.is_active:
+        raise ServeError(401, "That API token is not valid; create a new one.", code="invalid_api_key")
+    return token.user
+
+
+def _prepare(request, raw: bytes) -> tuple[ServeTarget, dict]:
+    user = _user_for(request)
+    try:
+        body = json_loads_limited(raw or b"null")
+    except JSONLimitError as exc:
+        raise ServeError(400, str(exc)) from None
+    except ValueError:
+        raise ServeError(400, "The request body is not JSON.") from None
+    body = serve_body_check(body)
+    target = serve_model_resolve(user=user, name=body.get("model"))
+    return target, body
+
+
+_prepare_async = sync_to_async(_prepare, thread_sensitive=False)
+_user_async = sync_to_async(_user_for, thread_sensitive=False)
+
+
+@csrf_exempt
+async def chat_completions(request):
+    if request.method != "POST":
+        return _error(ServeError(405, "Use POST for chat completions."))
+    try:
+        target, body = await _prepare_async(request, request.body)
+        exchange = await serve_exchange_start(target=target, body=body)
+        if not body.get("stream"):
+            return HttpResponse(await exchange.answer(), content_type="application/json")
+    except ServeError as exc:
+        return _error(exc)
+    response = StreamingHttpResponse(exchange.events(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def models_list(request):
+    try:
+        user = await _user_async(request)
+    except ServeError as exc:
+        return _error(exc)
+    data = await sync_to_async(serve_model_list, thread_sensitive=False)(user=user)
+    return JsonResponse({"object": "list", "data": data})
