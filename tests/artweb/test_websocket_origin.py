@@ -66,6 +66,7 @@ async def test_an_origin_listed_in_csrf_trusted_origins_opens(alice, settings):
     assert not await _connects(run.id, alice, host="127.0.0.1:8000", origin="http://app.example.com")
 
 
+@pytest.mark.slow
 def test_a_real_server_refuses_another_ports_page_and_serves_its_own(tmp_path, alice):
     run = RunFactory(owner=alice, status="running")
     server = LiveServer(tmp_path).start()

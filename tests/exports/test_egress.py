@@ -147,6 +147,7 @@ def test_where_the_operator_allows_it_the_test_event_connects_but_quotes_no_body
     assert "SECRET" not in target.last_error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["langfuse", "wandb"])
 def test_a_redirect_of_the_users_server_is_not_followed(alice, settings, kind):
     """The user's server (allowed here) answers 307 toward another server; W&B's own client, which
