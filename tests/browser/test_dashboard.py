@@ -5,7 +5,6 @@ exactly as the step loop does (training.services.broadcast.run_broadcast inside 
 writes the row, so the message leaves on commit). Screenshots go to tests/artifacts/.
 """
 
-import importlib.util
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -28,11 +27,6 @@ from training.models import Run, Step
 from training.services.broadcast import run_broadcast
 
 pytestmark = pytest.mark.timeout(120)
-
-needs_validation = pytest.mark.skipif(
-    importlib.util.find_spec("rollouts.sandbox.validation") is None,
-    reason="rollouts.sandbox.validation is not in this checkout yet",
-)
 
 BROKEN_SCRIPT = "import art\n\n\nasync def rollout(model, scenario)\n    return None\n"
 SCENARIOS = "\n".join(
@@ -99,7 +93,6 @@ def assert_no_console_errors(page):
     assert not page.console_errors, page.console_errors
 
 
-@needs_validation
 def test_it_uploads_code_shows_inline_errors_and_launches_a_run(signed_in):
     page = signed_in
     BaseModelFactory()

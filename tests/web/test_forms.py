@@ -1,6 +1,5 @@
 """Forms show service errors inline, under the field they concern; actions call the services."""
 
-import importlib.util
 import json
 
 import pytest
@@ -17,11 +16,6 @@ from artweb.testing.factories import (
 )
 from rollouts.models import RolloutScript, ScenarioSet
 from training.models import DryRun, PretrainedModel, Run, RunEvent
-
-needs_validation = pytest.mark.skipif(
-    importlib.util.find_spec("rollouts.sandbox.validation") is None,
-    reason="rollouts.sandbox.validation is not in this checkout yet",
-)
 
 
 def _errors(response, field) -> list[str]:
@@ -178,7 +172,6 @@ def test_it_asks_for_code_when_none_is_given(as_user, alice):
     assert _errors(response, "content") == ["Choose a file or paste the code."]
 
 
-@needs_validation
 def test_it_shows_syntax_errors_with_line_numbers(as_user, alice):
     broken = "import art\n\nasync def rollout(model, scenario)\n    return None\n"
     response = as_user(alice).post(reverse("script-new"), {"name": "broken", "content": broken})
@@ -188,7 +181,6 @@ def test_it_shows_syntax_errors_with_line_numbers(as_user, alice):
     assert not RolloutScript.objects.exists()
 
 
-@needs_validation
 def test_it_uploads_scripts_and_rewards_with_versions_and_diffs(as_user, alice):
     client = as_user(alice)
     response = client.post(reverse("script-new"), {"name": "agent", "content": SCRIPT})

@@ -15,12 +15,13 @@ import threading
 import time
 from pathlib import Path
 
-from _artweb_runner.results import ResultPipe, bounded_record, empty_record, plain_metrics, stage_error
-from _artweb_runner.user_code import RolloutLog, call_maybe_async, current_log, describe_error, load_module
 from artweb_sdk import Scenario, TrainableModel, Trajectory, TrajectoryGroup
 from artweb_sdk.model import Endpoint, Usage, current_usage
 from artweb_sdk.ruler import RulerError, TrajectoryScore, apply_score, judge_client, score_message_lists
 from artweb_sdk.trajectory import check_reward
+
+from _artweb_runner.results import ResultPipe, bounded_record, empty_record, plain_metrics, stage_error
+from _artweb_runner.user_code import RolloutLog, call_maybe_async, current_log, describe_error, load_module
 
 
 class RolloutTimeout(BaseException):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import os
 
-from _artweb_runner.user_code import describe_error
 from artweb_sdk import Trajectory
+
+from _artweb_runner.user_code import describe_error
 
 MAX_RECORD_BYTES = 4 << 20  # one trajectory; larger ones are replaced by an error. Set from the batch
 # (SandboxLimits.record_bytes): the worker refuses larger records itself, this only keeps their logs.

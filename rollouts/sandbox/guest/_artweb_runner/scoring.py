@@ -9,11 +9,12 @@ import time
 import types
 from pathlib import Path
 
+from artweb_sdk import Scenario, Trajectory, TrajectoryGroup
+from artweb_sdk.trajectory import check_reward
+
 from _artweb_runner.batch import Batch, RolloutTimeout
 from _artweb_runner.results import bounded_score, safe_metrics, score_record, stage_error
 from _artweb_runner.user_code import RolloutLog, call_maybe_async, current_log, describe_error
-from artweb_sdk import Scenario, Trajectory, TrajectoryGroup
-from artweb_sdk.trajectory import check_reward
 
 
 class StoredMessage:
