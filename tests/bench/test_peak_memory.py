@@ -32,6 +32,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_a_fork_before_its_exec_is_not_counted_again():
     root = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -102,6 +102,7 @@ SANDBOX_SCRIPT = textwrap.dedent("""
 SANDBOX_SCRIPT_WITH_INIT = "import weave\nweave.init('team/agents')\n" + SANDBOX_SCRIPT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [SANDBOX_SCRIPT, SANDBOX_SCRIPT_WITH_INIT], ids=["op-only", "op-and-init"])
 @pytest.mark.parametrize("weave_env", [{}, "configured"], ids=["without-weave", "with-weave"])
 def test_a_weave_op_script_runs_in_the_sandbox_with_and_without_weave(weave_env, script, recording_server):

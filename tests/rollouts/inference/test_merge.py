@@ -26,6 +26,7 @@ def test_it_merges_like_peft(tmp_path):
     assert torch.equal(merged["model.norm.weight"], original["model.norm.weight"])
 
 
+@pytest.mark.slow
 def test_a_new_adapter_is_written_over_the_previous_merged_copy(tmp_path):
     base = default_model_dir()
     first = make_adapter(tmp_path / "first", seed=3, std=0.02)

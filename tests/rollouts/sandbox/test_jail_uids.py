@@ -51,6 +51,7 @@ def wait_named(comm: str, timeout_s: float = 60.0) -> list[int]:
 @pytest.mark.skipif(
     int(Path("/proc/sys/fs/pipe-user-pages-soft").read_text()) == 0, reason="this host sets no per-user pipe quota"
 )
+@pytest.mark.slow
 def test_concurrent_batches_run_as_different_uids_and_share_no_quota(request_for):
     """Batch A uses up its uid's pipe-buffer quota (fs.pipe-user-pages-soft: capacity only, no memory) and
     holds it; batch B, running meanwhile, must still get full-size pipes and another kernel uid."""

@@ -106,6 +106,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_it_hands_the_prestarted_batch_to_the_runs_next_batch_only(probe):
     first = probe(1, step=1, prestart_next=True)
     assert first["preloaded"] is False  # a cold batch imports only what its code does

@@ -47,6 +47,7 @@ def adapter(trainer) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
 
+@pytest.mark.slow
 def test_it_halves_the_micro_batches_until_the_update_fits(tiny_model_dir, groups):
     trainer = make_trainer(TrainConfig(**CFG), base_model_path=str(tiny_model_dir), device="cpu")
     trainer.load(None)

@@ -157,6 +157,7 @@ def test_a_worker_never_continues_from_a_fresh_adapter_when_the_checkpoint_is_go
     assert run.status == Run.Status.FAILED and "checkpoint of step 2" in run.error and "was deleted" in run.error
 
 
+@pytest.mark.slow
 def test_a_step_whose_inference_server_died_is_retried_a_bounded_number_of_times(alice, monkeypatch):
     # The server's death is what this test cannot cause without a vLLM server (minutes to start here):
     # the check that reads the server's process is replaced; the retry around it is real.

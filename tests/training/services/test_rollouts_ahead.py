@@ -64,6 +64,7 @@ def lora(world):  # noqa: F811
     return world
 
 
+@pytest.mark.slow
 def test_the_next_steps_rollouts_run_during_the_update_against_the_policy_before_it(alice, lora):
     run = overlap_run(alice)
     base, first = lora.server.base_model_name, f"run-{run.id}@1"
@@ -144,6 +145,7 @@ def test_a_cancel_during_the_update_stops_the_batch_running_ahead(alice, lora):
     assert ahead_module._ahead.get(run.id) is None
 
 
+@pytest.mark.slow
 def test_a_batch_ahead_whose_policy_the_server_no_longer_serves_is_dropped_not_used(alice, lora):
     run = overlap_run(alice)
     for step in (1, 2):

@@ -432,6 +432,7 @@ def test_a_worker_that_lost_its_lease_stops_without_touching_the_run(alice, worl
     assert world.next_steps == []
 
 
+@pytest.mark.slow
 def test_retention_keeps_the_newest_checkpoints_and_removes_the_files_of_the_rest(alice, world):
     run = make_run(alice, num_steps=3, keep_last_checkpoints=1, keep_best_checkpoints=0)
     for step in (1, 2, 3):
