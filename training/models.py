@@ -9,7 +9,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from training.jobs.models import BackgroundJob, JobEvent, job_status_field
+from training.jobs.models import BackgroundJob, JobEvent, JobStatus, job_status_field
 
 
 class PretrainedModel(models.Model):
@@ -171,11 +171,7 @@ class DryRun(BackgroundJob):
     A background job (training.jobs) of a GPU worker (it owns the inference server); the page polls it.
     """
 
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"
+    Status = JobStatus
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     script_version = models.ForeignKey(
@@ -390,11 +386,7 @@ class Rescore(BackgroundJob):
     touching training: each trajectory's old and new reward, how well they agree, and the reward curve the
     run would have had. A background job of the default queue (training.jobs); the run may still train."""
 
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"
+    Status = JobStatus
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rescores")

@@ -15,6 +15,15 @@ DONE = "done"
 FAILED = "failed"
 
 
+class JobStatus(models.TextChoices):
+    """The statuses of a job that has no others (dry runs, re-scores, serve jobs)."""
+
+    QUEUED = QUEUED
+    RUNNING = RUNNING
+    DONE = DONE
+    FAILED = FAILED
+
+
 def job_status_field(status: type[models.TextChoices]) -> models.CharField:
     """A job's status column, with its kind's choices: queued when created, indexed for the sweep."""
     return models.CharField(max_length=12, choices=status.choices, default=QUEUED, db_index=True)

@@ -7,7 +7,7 @@ They were training models once: their tables keep the training_ names.
 from django.conf import settings
 from django.db import models
 
-from training.jobs.models import BackgroundJob, JobEvent, job_status_field
+from training.jobs.models import BackgroundJob, JobEvent, JobStatus, job_status_field
 
 
 class CheckpointAlias(models.Model):
@@ -38,11 +38,7 @@ class ServeJob(BackgroundJob):
         PLAYGROUND = "playground"
         DIFF = "diff"
 
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"
+    Status = JobStatus
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=12, choices=Kind.choices, db_index=True)
