@@ -9,4 +9,5 @@ urlpatterns = [
     path("", include("training.analytics.api_urls")),
     path("", include("training.serving.api_urls")),
     path("openai/", include("training.serving.openai_urls")),
+    path("art/", include("training.client_runs.urls")),
 ]

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "rollouts",
     "training",
     "training.serving",
+    "training.client_runs",
 ]
 
 MIDDLEWARE = [

@@ -52,6 +52,7 @@ class Run(BackgroundJob):
         STARTING = "starting"
         RUNNING = "running"
         PAUSED = "paused"
+        WAITING = "waiting", "waiting for its client"
         COMPLETED = "completed"
         FAILED = "failed"
         CANCELLED = "cancelled"
@@ -63,7 +64,16 @@ class Run(BackgroundJob):
     name = models.CharField(max_length=200)
     tags = ArrayField(models.CharField(max_length=50), default=list, blank=True)
     base_model = models.ForeignKey(PretrainedModel, on_delete=models.PROTECT, related_name="runs")
-    script_version = models.ForeignKey("rollouts.RolloutScriptVersion", on_delete=models.PROTECT, related_name="runs")
+
+    class Driver(models.TextChoices):
+        SCRIPT = "script", "uploaded rollout script"
+        CLIENT = "client", "ART client"
+
+    # Who rolls out: the sandbox runs the script, or an ART client posts its groups (training.client_runs).
+    driver = models.CharField(max_length=10, choices=Driver.choices, default=Driver.SCRIPT)
+    script_version = models.ForeignKey(
+        "rollouts.RolloutScriptVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
     reward_version = models.ForeignKey(
         "rollouts.RewardFunctionVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
     )

@@ -148,3 +148,66 @@ def _split_on(text: str, placeholders: list[str]) -> list[str]:
         rest = after
     segments.append(rest)
     return segments
+
+
+def is_unsampled_turn(message: dict[str, Any]) -> bool:
+    """An assistant turn the policy sampled whose token ids or log-probs did not come with it (a client
+    that asked for neither): complete_sampled_turns gives it both before the update."""
+    return (
+        message.get("role") == "assistant"
+        and bool(message.get("sampled"))
+        and (message.get("token_ids") is None or message.get("logprobs") is None)
+    )
+
+
+def encode_sampled_turn(tokenizer: Any, messages: list[dict[str, Any]], index: int, tools: list | None) -> list[int]:
+    """The token ids of assistant turn `index` as the chat template writes it after the generation prompt,
+    up to its end-of-turn token: what the sampler would have drawn, for a turn that came without its ids.
+
+    The template renders the conversation up to the turn twice, with the turn and with a generation prompt
+    in its place; the difference is the turn. A template that does not render the prompt as a prefix gets
+    the content's own tokens and the end-of-sequence token.
+    """
+    rendered = [_render_message(m) for m in messages[: index + 1]]
+    kwargs = {"tools": tools or None, "tokenize": False}
+    full = tokenizer.apply_chat_template(rendered, add_generation_prompt=False, **kwargs)
+    prompt = tokenizer.apply_chat_template(rendered[:-1], add_generation_prompt=True, **kwargs)
+    eos = tokenizer.eos_token or ""
+    if full.startswith(prompt):
+        turn = full[len(prompt) :]
+        if eos and eos in turn:
+            turn = turn[: turn.index(eos) + len(eos)]  # what follows the end-of-turn token was never sampled
+        return tokenizer.encode(turn, add_special_tokens=False)
+    ids = tokenizer.encode(rendered[-1].get("content") or "", add_special_tokens=False)
+    return ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+
+
+def complete_sampled_turns(trainer: Any, groups: list[list[dict]]) -> int:
+    """Give each sampled turn that came without token ids the ids the chat template writes for it, and
+    each without log-probs the current policy's (the client sampled from it: the update's ratio starts
+    at 1). Returns how many turns were completed."""
+    pending: list[dict] = []
+    completed = 0
+    for traj in (t for group in groups for t in group):
+        messages = traj.get("messages") or []
+        for i, message in enumerate(messages):
+            if not is_unsampled_turn(message):
+                continue
+            if message.get("token_ids") is None:
+                message["token_ids"] = message.pop("sampled_token_ids", None) or encode_sampled_turn(
+                    trainer.tokenizer, messages, i, traj.get("tools")
+                )
+            message["logprobs"] = [0.0] * len(message["token_ids"])
+            message["_fill"] = True
+            completed += 1
+            if not pending or pending[-1] is not traj:
+                pending.append(traj)
+    for traj, values in zip(pending, trainer.logprobs(pending) if pending else [], strict=True):
+        at = 0  # the trainable positions: the sampled turns' tokens, in order (cut to max_seq_len)
+        for message in filter(is_trainable_turn, traj["messages"]):
+            n = len(message["token_ids"])
+            if message.pop("_fill", False):
+                chunk = values[at : at + n]
+                message["logprobs"] = [float(v) for v in chunk] + [0.0] * (n - len(chunk))
+            at += n
+    return completed

@@ -17,7 +17,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -294,6 +294,19 @@ class GRPOTrainer:
                 seq.advantage, seq.source = a, (g, t)
                 seqs.append(seq)
         return seqs
+
+    # --- a step whose groups a client posted (training.services.steps.sources) ----------------------------
+    def apply_step_settings(self, settings: dict[str, Any]) -> None:
+        """Train the next updates with these TrainConfig keys (a client's job sends its loss, clip bounds,
+        reward scaling and learning rate); the learning rate goes to the optimizer and its schedule."""
+        if not settings:
+            return
+        self.cfg = replace(self.cfg, **settings)
+        if (lr := settings.get("learning_rate")) is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["initial_lr"] = lr
+            if self.scheduler is not None:
+                self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
 
     @torch.no_grad()
     def logprobs(self, trajectories: list[dict]) -> list[list[float]]:

@@ -123,8 +123,9 @@ def run_row_message(run) -> dict:
         "latest_reward": _finite(run.latest_reward),
         "best_val_reward": _finite(run.best_val_reward),
         "base_model": run.base_model.name,
-        "task": run.script_version.asset.name,
-        "task_version": run.script_version.number,
+        # A client-driven run has no script: its rollouts run in the ART client (training.client_runs).
+        "task": run.script_version.asset.name if run.script_version else "ART client",
+        "task_version": run.script_version.number if run.script_version else None,
         "owner": run.owner.get_username(),
         "created_at": run.created_at.isoformat() if run.created_at else None,
         "started_at": run.started_at.isoformat() if run.started_at else None,

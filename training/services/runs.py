@@ -30,8 +30,8 @@ from training.services.quotas import quota_check_run_start
 # run page's buttons show (run_actions, and run_status_message on the socket) and the API reports.
 # In button order.
 ACTION_STATUSES = {
-    "cancel": (Run.Status.QUEUED, Run.Status.STARTING, Run.Status.RUNNING, Run.Status.PAUSED),
-    "pause": Run.ACTIVE_STATUSES,
+    "cancel": (Run.Status.QUEUED, Run.Status.STARTING, Run.Status.RUNNING, Run.Status.WAITING, Run.Status.PAUSED),
+    "pause": (*Run.ACTIVE_STATUSES, Run.Status.WAITING),
     "resume": (Run.Status.PAUSED,),
     "retry": (Run.Status.FAILED, Run.Status.CANCELLED),
 }
@@ -218,9 +218,9 @@ def run_cancel(*, run: Run, actor=None) -> Run:
         raise ApplicationError(f"The run is already {run.status}; there is nothing to cancel.")
     if run_transition(
         run=run,
-        from_statuses=(Run.Status.QUEUED, Run.Status.PAUSED),
+        from_statuses=(Run.Status.QUEUED, Run.Status.WAITING, Run.Status.PAUSED),
         to_status=Run.Status.CANCELLED,
-        message="Cancelled before it ran.",
+        message="Cancelled before it ran." if run.status != Run.Status.WAITING else "Cancelled between steps.",
         actor=actor,
     ):
         return run
@@ -235,7 +235,11 @@ def run_pause(*, run: Run, actor=None) -> Run:
     if run.status not in ACTION_STATUSES["pause"]:
         raise ApplicationError(f"Only a queued or running run can be paused; this one is {run.status}.")
     if run_transition(
-        run=run, from_statuses=(Run.Status.QUEUED,), to_status=Run.Status.PAUSED, message="Paused.", actor=actor
+        run=run,
+        from_statuses=(Run.Status.QUEUED, Run.Status.WAITING),
+        to_status=Run.Status.PAUSED,
+        message="Paused.",
+        actor=actor,
     ):
         return run
     Run.objects.filter(id=run.id).update(pause_requested=True)

@@ -17,7 +17,8 @@ from training.services.checkpoints import checkpoint_apply_retention
 from training.services.steps.errors import StepAborted
 
 
-def step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir: Path, info: dict) -> None:
+def step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir: Path, info: dict, in_commit=None) -> None:
+    """`in_commit`: what else belongs to the step's record (a client's training job marked done)."""
     with transaction.atomic():
         if (
             Run.objects.filter(id=run.id, steps_done=step - 1).update(
@@ -53,6 +54,8 @@ def step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir: Path, 
             Run.objects.filter(Q(best_val_reward__isnull=True) | Q(best_val_reward__lt=val_reward), id=run.id).update(
                 best_val_reward=val_reward
             )
+        if in_commit is not None:
+            in_commit()
         run_broadcast(run.id, step_message(row, steps_done=step, num_steps=run.num_steps), to_list=True)
 
         transaction.on_commit(lambda: step_committed(run_id=run.id, step=step))

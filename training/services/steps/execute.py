@@ -30,6 +30,7 @@ from training import task_names
 from training.analytics import learning_signals
 from training.analytics.alerts import run_alerts_check
 from training.config import RunConfig
+from training.engine.tokenize import complete_sampled_turns
 from training.models import Checkpoint, Run, TrajectoryGroup
 from training.services import inference
 from training.services.logs import run_log
@@ -43,6 +44,7 @@ from training.services.steps.errors import StepAborted, StepFailed
 from training.services.steps.groups import advantages_store, groups_persist, reward_stats
 from training.services.steps.leases import Heartbeat, run_claim, run_release, worker_name
 from training.services.steps.recovery import requeue_after_database_loss, retry_after_inference_death
+from training.services.steps.sources import PostedStep, step_source
 
 logger = logging.getLogger(__name__)
 OUT_OF_MEMORY_EVENT = "update_out_of_memory"
@@ -99,6 +101,8 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
     try:
         if _finish_if_requested(run, me):
             return
+        if _nothing_posted(run, me):
+            return
         if (reached := quota_step_refusal(user=run.owner)) is not None:
             # Before any of the step's work: the step does not start, and what the run stored stays.
             run_quota_pause(run=run, line=reached, step=next_step)
@@ -126,6 +130,8 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
             _execute(run, cfg, next_step, server, hb)
     except StepAborted as exc:
         ahead_discard(run_id)
+        if exc.reason == "cancel":  # (a lost lease: another worker has the step, and the client's job)
+            _posted_failed(run, "The run was cancelled on artweb; nothing of this job was trained.")
         logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
         # Groups it persisted before stopping were never trained on: kept, marked (only while ours).
         if Run.objects.filter(id=run_id, worker=me).exists():
@@ -152,6 +158,11 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
             return
         run_log(run_id=run_id, step=next_step, level="ERROR", message=traceback.format_exc()[-5000:])
         run.refresh_from_db()
+        if _posted_failed(run, f"{type(exc).__name__}: {exc}"):
+            _client_wait(
+                run, me, f"Step {next_step} failed; the run is as it was before it: {type(exc).__name__}: {exc}"
+            )
+            return
         run_transition(
             run=run,
             from_statuses=Run.ACTIVE_STATUSES,
@@ -170,11 +181,16 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     timings: dict[str, float] = {}
     t_step = time.perf_counter()
 
-    # 1. Rollouts against the current policy, or the batch rolled out ahead during the last update.
-    results, scenarios, lag, request, stats = _rollouts(run, cfg, step, server, hb, timings)
+    # 1. Rollouts against the current policy, or the batch rolled out ahead during the last update; or the
+    # groups a client posted (a step source's).
+    posted = None
+    if (source := step_source(run)) is not None:
+        posted, results, scenarios, lag, request, stats = _posted(run, cfg, step, source, timings)
+    else:
+        results, scenarios, lag, request, stats = _rollouts(run, cfg, step, server, hb, timings)
 
     # The next step's batch, against the policy that sampled this one, while this step trains.
-    if cfg.overlap_rollouts and step < run.num_steps:
+    if cfg.overlap_rollouts and posted is None and step < run.num_steps:
         _start_ahead(run, cfg, step + 1, server)
 
     # 2. Persist the groups (replacing any left by a crashed attempt of this step).
@@ -191,7 +207,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     )
 
     # 3. One training update on the LoRA.
-    trainer, train_metrics = _train(run, step, results, hb, timings)
+    trainer, train_metrics = _train(run, step, results, hb, timings, posted)
     if request is not None and request.prestart_next:
         prestart_batch(request)
     advantages = train_metrics.pop("advantages", None) or []
@@ -227,7 +243,11 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
             metrics["policy_lag"] = lag
         if val_reward is not None:
             metrics["val_reward"] = val_reward
-        step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir, info)
+        in_commit = None
+        if posted is not None:
+            metrics.update(posted.metrics)
+            in_commit = lambda: source.committed(posted, step=step)  # noqa: E731
+        step_commit(run, step, stats, val_reward, metrics, timings, ckpt_dir, info, in_commit=in_commit)
     except BaseException:
         # Committed, the directory is the step's checkpoint; otherwise nothing will ever read it.
         if not Checkpoint.objects.filter(run=run, step=step, path=str(ckpt_dir)).exists():
@@ -279,22 +299,30 @@ def _rollouts(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat, timing
     return results, scenarios, lag, request, stats
 
 
-def _train(run: Run, step: int, results: list, hb: Heartbeat, timings: dict) -> tuple:
+def _train(run: Run, step: int, results: list, hb: Heartbeat, timings: dict, posted: PostedStep | None) -> tuple:
     """One update of the LoRA on the step's groups: the trainer (loaded from the latest checkpoint) and
-    its metrics."""
+    its metrics. A posted step's settings apply to this update, and its turns that came without the
+    sampler's token ids or logprobs get them from the chat template and the current policy."""
     t = time.perf_counter()
     ckpt = _latest_checkpoint(run)
     trainer = inference.trainer_for(run, checkpoint_dir=ckpt.path if ckpt else None)
     timings["trainer_load"] = time.perf_counter() - t
     t = time.perf_counter()
+    groups = [r.trajectories for r in results]
+    if posted is not None:
+        trainer.apply_step_settings(posted.settings)
+        complete_sampled_turns(trainer, groups)
+        step_source(run).started(posted, num_sequences=sum(len(g) for g in groups))
     try:
-        train_metrics = trainer.train_step([r.trajectories for r in results], should_stop=hb.should_stop)
+        train_metrics = trainer.train_step(groups, should_stop=hb.should_stop)
     except Cancelled as exc:
         inference.trainer_close()  # its state may be mid-accumulation: reload from the checkpoint next time
         raise StepAborted(hb.stop_reason()) from exc
     timings["train"] = time.perf_counter() - t
     if retries := int(train_metrics.get("out_of_memory_retries", 0)):
         _out_of_memory_event(run, step, train_metrics, retries)
+    if posted is not None:
+        step_source(run).trained(posted, _numeric(train_metrics))
     return trainer, train_metrics
 
 
@@ -401,7 +429,7 @@ def _finish(run: Run, me: str, reason: str | None) -> bool:
             pause_requested=False,
         )
         return True
-    if run.steps_done >= run.num_steps:
+    if run.steps_done >= run.num_steps and step_source(run) is None:  # a client's run ends when it says so
         run_transition(
             run=run,
             from_statuses=Run.ACTIVE_STATUSES,
@@ -421,7 +449,51 @@ def _after_step(run_id: int, me: str) -> None:
     run = Run.objects.get(id=run_id)
     if _finish_if_requested(run, me):
         return
+    if _nothing_posted(run, me):
+        return
     next_step = run.steps_done + 1
     with transaction.atomic():
         run_release(run_id=run_id, me=me)
         transaction.on_commit(lambda: publish(task_names.RUN_STEP, args=(run_id,), kwargs={"step": next_step}))
+
+
+# --- runs whose groups a client posts (training.services.steps.sources) ---------------------------------
+
+
+def _posted(run: Run, cfg: RunConfig, step: int, source, timings: dict) -> tuple:
+    """The groups a client posted for this step, in the shape of a batch's results."""
+    t = time.perf_counter()
+    posted = source.take(run, step)
+    if posted is None:  # taken by another attempt that is gone: the client posts again
+        raise StepAborted("nothing posted")
+    timings["rollouts"] = time.perf_counter() - t
+    return posted, posted.groups, posted.scenarios, 0, None, reward_stats(posted.groups, cfg)
+
+
+def _posted_failed(run: Run, message: str) -> bool:
+    """Tell a step source its step ended without a commit; False for a run without one."""
+    source = step_source(run)
+    if source is None:
+        return False
+    posted = source.take(run, run.steps_done + 1) if source.pending(run) else None
+    if posted is not None:
+        source.failed(posted, message)
+    return True
+
+
+def _nothing_posted(run: Run, me: str) -> bool:
+    """A client-driven run with no training job waiting goes back to waiting for its client (under the
+    run's row lock, which a new job's post takes too: a job posted meanwhile is never left unseen)."""
+    source = step_source(run)
+    if source is None:
+        return False
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(id=run.id)
+        if source.pending(run):
+            return False
+        _client_wait(run, me, f"Step {run.steps_done} done; waiting for the client's next training job.")
+    return True
+
+
+def _client_wait(run: Run, me: str, message: str) -> None:
+    run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=Run.Status.WAITING, message=message, worker="")

@@ -25,7 +25,7 @@ def _error(exc: ServeError) -> JsonResponse:
     return JsonResponse(exc.as_dict(), status=exc.status)
 
 
-def _user_for(request):
+def bearer_user(request):
     header = request.headers.get("Authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() not in ("bearer", "token") or not key.strip():
@@ -41,7 +41,7 @@ def _user_for(request):
 
 
 def _prepare(request, raw: bytes) -> tuple[ServeTarget, dict]:
-    user = _user_for(request)
+    user = bearer_user(request)
     try:
         body = json_loads_limited(raw or b"null")
     except JSONLimitError as exc:
@@ -54,7 +54,7 @@ def _prepare(request, raw: bytes) -> tuple[ServeTarget, dict]:
 
 
 _prepare_async = sync_to_async(_prepare, thread_sensitive=False)
-_user_async = sync_to_async(_user_for, thread_sensitive=False)
+_user_async = sync_to_async(bearer_user, thread_sensitive=False)
 
 
 @csrf_exempt
