@@ -3,6 +3,7 @@
 //
 // A new run goes at the top of the table when the page lists the newest runs first, unfiltered, page 1;
 // anywhere else it might not belong here, so the page names it in a notice with a link instead.
+import { showStatus } from "./status.js";
 import { LiveSocket, showConnState } from "./ws.js";
 
 const root = document.getElementById("runs-live");
@@ -17,14 +18,11 @@ const runUrl = (id) => root.dataset.runUrl.replace(/\/0\/$/, `/${id}/`);
 const fixed3 = (x) => (typeof x === "number" ? x.toFixed(3) : null);
 
 function update(tr, msg) {
-  if (msg.status) {
-    const badge = tr.querySelector("[data-status]");
-    badge.textContent = msg.status;
-    badge.className = `badge status-${msg.status}`;
-  }
-  if (msg.steps_done != null && msg.num_steps) {
+  if (msg.status) showStatus(tr.querySelector("[data-status]"), msg.status);
+  // A client-driven run starts with no steps to do: its client's training jobs add them.
+  if (msg.steps_done != null && msg.num_steps != null) {
     const bar = tr.querySelector("[data-progress]");
-    bar.max = msg.num_steps;
+    if (msg.num_steps) bar.max = msg.num_steps;
     bar.value = msg.steps_done;
     tr.querySelector("[data-steps]").textContent = `${msg.steps_done}/${msg.num_steps}`;
   }
@@ -55,7 +53,8 @@ function buildRow(msg) {
   }
   field(tr, "base_model", msg.base_model);
   field(tr, "task", msg.task);
-  field(tr, "task_version", `v${msg.task_version}`);
+  // A client-driven run's task is "ART client", with no version.
+  field(tr, "task_version", msg.task_version != null ? `v${msg.task_version}` : "");
   field(tr, "owner", msg.owner);
   if (msg.started_at) field(tr, "started", new Date(msg.started_at).toLocaleString());
   else field(tr, "started", "").append(Object.assign(document.createElement("span"), { className: "muted", textContent: "not yet" }));

@@ -3,6 +3,7 @@
 // window.__artwebLive.received[step] / .points[step] record when each live step arrived and when it
 // was drawn (epoch ms); the page benchmark reads them to measure commit-to-screen latency.
 import { MetricChart, restyleOnThemeChange } from "./charts.js";
+import { showStatus } from "./status.js";
 import { LiveSocket, showConnState } from "./ws.js";
 
 const data = JSON.parse(document.getElementById("run-data").textContent);
@@ -40,7 +41,8 @@ if (slider) {
 
 // --- status, progress, ETA --------------------------------------------------------------------------
 const durations = [...((data.series.duration_s || {}).y || [])].slice(-20);
-const FINAL = ["completed", "failed", "cancelled"];
+// No time left to tell: a finished run, or a client-driven one waiting for its client's next job.
+const NO_ETA = ["completed", "failed", "cancelled", "waiting"];
 
 function fmtDuration(s) {
   if (!isFinite(s) || s < 0) return "—";
@@ -50,15 +52,13 @@ function fmtDuration(s) {
 }
 
 function renderStatus() {
-  const badge = document.getElementById("run-status");
-  badge.textContent = state.status;
-  badge.className = `badge status-${state.status}`;
+  showStatus(document.getElementById("run-status"), state.status);
   const bar = document.getElementById("run-progress");
   bar.max = state.numSteps;
   bar.value = state.stepsDone;
   document.getElementById("run-steps").textContent = `${state.stepsDone} / ${state.numSteps}`;
   const eta = document.getElementById("run-eta");
-  if (FINAL.includes(state.status)) eta.textContent = "—";
+  if (NO_ETA.includes(state.status)) eta.textContent = "—";
   else if (durations.length) {
     const mean = durations.reduce((a, b) => a + b, 0) / durations.length;
     eta.textContent = fmtDuration(mean * (state.numSteps - state.stepsDone));

@@ -140,7 +140,7 @@ class RunAdmin(VisibleAdminMixin, admin.ModelAdmin):
         "worker",
         "created_at",
     )
-    list_filter = ("status", "base_model")
+    list_filter = ("status", "driver", "base_model")
     search_fields = ("name", "owner__username", "tags")
     fields = (
         "name",
@@ -148,6 +148,7 @@ class RunAdmin(VisibleAdminMixin, admin.ModelAdmin):
         "owner",
         "status",
         "base_model",
+        "driver",  # "client": an ART client posts its groups (no script; its model and jobs: client_runs' admin)
         "script_version",
         "reward_version",
         "scenario_set",

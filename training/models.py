@@ -52,7 +52,7 @@ class Run(BackgroundJob):
         STARTING = "starting"
         RUNNING = "running"
         PAUSED = "paused"
-        WAITING = "waiting", "waiting for its client"
+        WAITING = "waiting", "Waiting for its client"
         COMPLETED = "completed"
         FAILED = "failed"
         CANCELLED = "cancelled"

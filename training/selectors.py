@@ -57,6 +57,10 @@ RUN_ORDER_LABELS = {
 }
 
 
+# What a client-driven run shows where a run names its script: its rollouts run in an ART client.
+CLIENT_TASK = "ART client"
+
+
 def run_visible(user) -> QuerySet[Run]:
     return visible(Run.objects.all(), user)
 
@@ -85,8 +89,30 @@ def run_list(
     if tag:
         qs = qs.filter(tags__contains=[tag])
     if q:
-        qs = qs.filter(Q(name__icontains=q) | Q(script_version__asset__name__icontains=q))
+        task = Q(script_version__asset__name__icontains=q)
+        if q.strip() and q.strip().lower() in CLIENT_TASK.lower():  # the text of a client-driven run's Task column
+            task |= Q(driver=Run.Driver.CLIENT)
+        qs = qs.filter(Q(name__icontains=q) | task)
     return qs.order_by(order if order in RUN_ORDERS else "-created_at", "-id")
+
+
+def run_client_summary(*, run: Run) -> dict | None:
+    """What the run page says of a client-driven run (None for any other): the ART client's model that
+    drives it (None once the client deleted it), its last call, and its training jobs. Read through the
+    reverse relations of training.client_runs' models, which training never imports."""
+    if run.driver != Run.Driver.CLIENT:
+        return None
+    model = getattr(run, "client_model", None)  # the reverse one-to-one raises AttributeError when absent
+    jobs = run.client_jobs.all()
+    contacted_at = model.contacted_at if model else None
+    return {
+        "model": str(model) if model else None,
+        "inference_name": model.inference_name if model else None,
+        "contacted_at": contacted_at,
+        "contacted_just_now": contacted_at is not None and timezone.now() - contacted_at < timedelta(minutes=1),
+        "jobs": jobs.count(),
+        "last_job": jobs.order_by("-id").only("id", "status", "step", "error", "created_at").first(),
+    }
 
 
 def base_model_visible(user) -> QuerySet[PretrainedModel]:

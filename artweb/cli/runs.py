@@ -58,7 +58,9 @@ def _runs_table(rows) -> Table:
 
 @runs.command("list")
 @click.option(
-    "--status", type=click.Choice(["queued", "starting", "running", "paused", "completed", "failed", "cancelled"])
+    "--status",
+    type=click.Choice(["queued", "starting", "running", "paused", "waiting", "completed", "failed", "cancelled"]),
+    help="waiting: a client-driven run between its ART client's training jobs.",
 )
 @click.option("--tag")
 @click.option("--q", help="Text in the run's or script's name.")
@@ -106,11 +108,29 @@ def runs_show(ctx, run_id, as_json):
     ):
         table.add_row(key, str(run[key]))
     table.add_row("base model", run["base_model"]["name"])
-    table.add_row("script", f"{run['script']['name']} v{run['script']['version']}")
+    if run.get("script"):
+        table.add_row("script", f"{run['script']['name']} v{run['script']['version']}")
+    else:
+        for key, value in _client_rows(run.get("client")):
+            table.add_row(key, value)
     table.add_row("reward", f"{run['reward']['name']} v{run['reward']['version']}" if run["reward"] else "-")
     table.add_row("scenario set", run["scenario_set"]["name"])
     table.add_row("config", json.dumps(run["config"]))
     console.print(table)
+
+
+def _client_rows(client: dict | None) -> list[tuple[str, str]]:
+    """A client-driven run's rows in place of its script: where its rollouts run, the client's last
+    call, its training jobs."""
+    if not client:
+        return [("rollouts", "in an ART client")]
+    last = client.get("last_job")
+    jobs = str(client["jobs"]) + (f" (last: {last['status']})" if last else "")
+    return [
+        ("rollouts", f"in the ART client {client['model']}" if client.get("model") else "in an ART client"),
+        ("last contact", (client.get("contacted_at") or "-")[:19].replace("T", " ")),
+        ("training jobs", jobs),
+    ]
 
 
 def load_run_file(path: str) -> dict:

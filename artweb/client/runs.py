@@ -133,7 +133,10 @@ class RunsApi(Session):
     def metrics_follow(
         self, run_id: int, *, series: list[str] | None = None, interval: float = 2.0, timeout: float | None = None
     ) -> Iterator[tuple[dict, dict]]:
-        """Yield (run, new_metrics) each poll until the run is finished (or paused), using the since cursor."""
+        """Yield (run, new_metrics) each poll until the run is finished (or paused), using the since cursor.
+
+        A client-driven run ("driver": "client") waits for its ART client between steps and never finishes
+        by itself: it is followed through "waiting" until the timeout, or until it is paused or stopped."""
         since = None
         deadline = time.monotonic() + timeout if timeout else None
         while True:

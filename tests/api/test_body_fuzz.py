@@ -16,6 +16,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from artweb.api import MIB
+from artweb.testing.client_factories import ClientRunFactory
 from artweb.testing.factories import (
     CheckpointFactory,
     RewardFunctionVersionFactory,
@@ -87,7 +88,9 @@ def world(db, alice, api_settings):
             owner=alice, script_version=run.script_version, base_model=run.base_model, scenarios=[]
         ).id,
         "rescore_id": Rescore.objects.create(owner=alice, run=run, reward_version=reward).id,
+        # A serve job's id: on the ART routes (training.client_runs) it names no training job of hers: a 404.
         "job_id": ServeJob.objects.create(owner=alice, kind=ServeJob.Kind.DIFF).id,
+        "model_id": ClientRunFactory(owner=alice).id,  # an ART client's model: its run's id
         "endpoint_id": JudgeEndpoint.objects.create(
             owner=alice, name="judge", base_url="https://judge.example.com/v1", model="m"
         ).id,

@@ -8,6 +8,9 @@ those inside functions included):
   side of training -> rollouts;
 - `training` depends on `rollouts`, never the other way round: nothing in `rollouts` imports `training`,
   and no rollouts model has a relation to a training model;
+- inside `training`, the serving app (`training/serving/`) and the client-driven runs' app
+  (`training/client_runs/`, which may use serving) depend on the core: nothing else in training imports
+  them, and no core model points at theirs;
 - `artweb` plumbing that both apps use (artweb.api, artweb.pages, artweb.presenters, ...) imports neither app,
   only the pure `rollouts.sandbox` and `rollouts.inference` (libraries to it: no Django, no models; e.g.
   the bounded JSON parser);
@@ -281,37 +284,72 @@ def _imports_with_names(path: Path, module: str) -> list[tuple[int, str]]:
     return found
 
 
+def _imports_of_app(app: str, importers: tuple[str, ...]) -> list[str]:
+    """Where a module of training outside `importers` (the app itself and the apps allowed to use it)
+    imports the app `app` (a package of training), by module or by name."""
+    return [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path, module in _sources("training")
+        if not any(_is_within(module, allowed) for allowed in importers)
+        for line, name in _imports_with_names(path, module)
+        if _is_within(name, app)
+    ]
+
+
+def _relations_to(label: str, *, of: tuple[str, ...]) -> list[str]:
+    """Concrete relations from the models of the apps `of` to a model of the app `label`."""
+    return [
+        f"{model.__name__}.{field.name} -> {field.related_model._meta.label}"
+        for app in of
+        for model in apps.get_app_config(app).get_models()
+        for field in model._meta.get_fields()
+        if field.is_relation and field.related_model is not None and field.concrete
+        if field.related_model._meta.app_label == label
+    ]
+
+
 @pytest.mark.django_db(databases=[])
 def test_it_keeps_training_from_importing_its_serving_app():
     """The serving app (training/serving/: the OpenAI endpoint, aliases, playground, diffs, the serving
     thread) uses training's runs, checkpoints, inference server and serving gate; nothing else in training
-    imports it, and no training model has a relation to a serving model."""
-    violations = [
-        f"{path.relative_to(ROOT)}:{line} imports {name}"
-        for path, module in _sources("training")
-        if not _is_within(module, "training.serving")
-        for line, name in _imports_with_names(path, module)
-        if _is_within(name, "training.serving")
-    ]
-    assert violations == []
-    relations = [
-        f"{model.__name__}.{field.name} -> {field.related_model._meta.label}"
-        for model in apps.get_app_config("training").get_models()
-        for field in model._meta.get_fields()
-        if field.is_relation and field.related_model is not None and field.concrete
-        if field.related_model._meta.app_label == "serving"
-    ]
-    assert relations == []
+    imports it but the client-driven runs' app (whose inference is the endpoint's), and no training model
+    has a relation to a serving model."""
+    assert _imports_of_app("training.serving", ("training.serving", "training.client_runs")) == []
+    assert _relations_to("serving", of=("training",)) == []
     assert apps.get_app_config("serving").name == "training.serving"
     assert {m.__name__ for m in apps.get_app_config("serving").get_models()} >= {"CheckpointAlias", "ServeJob"}
 
 
-def test_the_serving_check_sees_an_import_of_the_app_by_name(tmp_path):
+@pytest.mark.django_db(databases=[])
+def test_it_keeps_training_from_importing_its_client_runs_app():
+    """The client-driven runs' app (training/client_runs/: ART's ServerlessBackend protocol, the models ART
+    clients register and their training jobs) uses training's runs, steps and checkpoints and the serving
+    app's endpoint; nothing else in training imports it, and neither training's nor serving's models point
+    at its models. The step machinery reaches it through the step source its AppConfig.ready registers
+    (training/services/steps/sources.py), the dashboard through the reverse relations of its models."""
+    from training.client_runs.source import CLIENT_SOURCE
+    from training.models import Run
+    from training.services.steps.sources import step_source
+
+    assert _imports_of_app("training.client_runs", ("training.client_runs",)) == []
+    assert _relations_to("client_runs", of=("training", "serving")) == []
+    assert apps.get_app_config("client_runs").name == "training.client_runs"
+    assert {m.__name__ for m in apps.get_app_config("client_runs").get_models()} >= {
+        "ClientModel",
+        "ClientTrainingJob",
+        "ClientTrainingJobEvent",
+    }
+    assert step_source(Run(driver=Run.Driver.CLIENT)) is CLIENT_SOURCE
+    assert step_source(Run(driver=Run.Driver.SCRIPT)) is None
+
+
+@pytest.mark.parametrize("app, model", [("serving", "ServeJob"), ("client_runs", "ClientModel")])
+def test_the_app_checks_see_an_import_of_the_app_by_name(tmp_path, app, model):
     pkg = tmp_path / "training" / "views"
     pkg.mkdir(parents=True)
-    (pkg / "bad.py").write_text("from training import serving\n\ndef f():\n    from ..serving.models import ServeJob\n")
+    (pkg / "bad.py").write_text(f"from training import {app}\n\ndef f():\n    from ..{app}.models import {model}\n")
     found = {name for _, name in _imports_with_names(pkg / "bad.py", "training.views.bad")}
-    assert {"training.serving", "training.serving.models"} <= found
+    assert {f"training.{app}", f"training.{app}.models"} <= found
 
 
 # --- the test harness, the REST client and the command line, the engine's import ------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
 
@@ -44,7 +44,13 @@ class RunOutput(serializers.Serializer):
     status = serializers.ChoiceField(choices=Run.Status.choices)
     tags = serializers.ListField(child=serializers.CharField())
     base_model = RefOutput()
-    script = VersionRefOutput(source="script_version")
+    driver = serializers.ChoiceField(
+        choices=Run.Driver.choices,
+        help_text="Who rolls out: artweb runs the uploaded script, or an ART client posts its scored groups.",
+    )
+    script = VersionRefOutput(
+        source="script_version", allow_null=True, help_text="The rollout script; null for a client-driven run."
+    )
     reward = VersionRefOutput(source="reward_version", allow_null=True)
     scenario_set = RefOutput()
     steps_done = serializers.IntegerField()
@@ -60,6 +66,19 @@ class RunOutput(serializers.Serializer):
     finished_at = serializers.DateTimeField(allow_null=True)
 
 
+class RunClientOutput(serializers.Serializer):
+    class RunClientJobOutput(serializers.Serializer):
+        status = serializers.CharField()
+        step = serializers.IntegerField(allow_null=True)
+        error = serializers.CharField(allow_blank=True)
+
+    model = serializers.CharField(allow_null=True, help_text="entity/project/name; null once the client deleted it.")
+    inference_name = serializers.CharField(allow_null=True)
+    contacted_at = serializers.DateTimeField(allow_null=True, help_text="The client's last call.")
+    jobs = serializers.IntegerField(help_text="Training jobs the client posted.")
+    last_job = RunClientJobOutput(allow_null=True)
+
+
 class RunDetailOutput(RunOutput):
     """context["user"]: who asks (the actions are theirs)."""
 
@@ -69,9 +88,18 @@ class RunDetailOutput(RunOutput):
     actions = serializers.SerializerMethodField(
         help_text="What you may do to the run now (cancel, pause, resume, retry): the run page's enabled buttons."
     )
+    client = serializers.SerializerMethodField(
+        help_text="A client-driven run's ART client: its model's name, the name it samples from, its last call "
+        "and its training jobs; null for any other run."
+    )
 
     def get_actions(self, run) -> list[str]:
         return services.run_actions(run=run, user=self.context["user"])
+
+    @extend_schema_field(RunClientOutput(allow_null=True))
+    def get_client(self, run) -> dict | None:
+        summary = selectors.run_client_summary(run=run)
+        return None if summary is None else RunClientOutput(summary).data
 
 
 def _detail(run: Run, user) -> dict:

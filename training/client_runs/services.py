@@ -20,15 +20,17 @@ from artweb.errors import ApplicationError
 from artweb.visibility import own
 from rollouts.models import Scenario, ScenarioSet
 from rollouts.sandbox.batch import SandboxLimits
+from rollouts.sandbox.records import megabytes
 from training.client_runs.models import ClientModel, ClientTrainingJob, ClientTrainingJobEvent
 from training.client_runs.wire import ParsedJob, WireError, parse_training_job
 from training.config import run_config_parse
 from training.jobs.services import job_enqueue
 from training.models import Checkpoint, PretrainedModel, Run, Step
+from training.selectors import quota_status, quota_steps_window_frees
 from training.services import inference
 from training.services.broadcast import run_row_message, runs_list_broadcast
 from training.services.checkpoints import checkpoint_delete, checkpoint_protection_reason
-from training.services.quotas import quota_check_run_start, quota_reached_message, quota_step_refusal
+from training.services.quotas import quota_check_run_start, quota_step_refusal
 from training.services.runs import RUN_JOBS, config_with_recommended, run_event, run_transition
 
 
@@ -175,15 +177,32 @@ def _scenarios(run: Run, parsed: ParsedJob) -> list[int]:
     for group in parsed.groups:
         found = Scenario.objects.filter(scenario_set_id=run.scenario_set_id, data=group.scenario).first()
         if found is None:
-            index = (
-                Scenario.objects.filter(scenario_set_id=run.scenario_set_id).aggregate(m=Max("index"))["m"] or -1
-            ) + 1
+            last = Scenario.objects.filter(scenario_set_id=run.scenario_set_id).aggregate(m=Max("index"))["m"]
+            index = 0 if last is None else last + 1  # (not `last or -1`: the first scenario's index is 0)
             found = Scenario.objects.create(
                 scenario_set_id=run.scenario_set_id, index=index, split=Scenario.Split.TRAIN, data=group.scenario
             )
             ScenarioSet.objects.filter(id=run.scenario_set_id).update(train_count=F("train_count") + 1)
         ids.append(found.id)
     return ids
+
+
+def _quota_refusal(user, line) -> str:
+    """A job refused for a quota: which one, and when to train again (the run is not paused: it waits)."""
+    if line.key == "trajectory_bytes":
+        why = (
+            f"your runs' stored trajectories take {line.used_text}, the limit of your storage quota "
+            f"({line.limit_text}, {line.source}). Delete runs you no longer need or ask an operator to raise "
+            "your quota, then train again"
+        )
+    else:
+        frees = quota_steps_window_frees(user=user)
+        when = f" after {timezone.localtime(frees):%Y-%m-%d %H:%M %Z}" if frees else " later"
+        why = (
+            f"your runs trained {line.used_text} steps in the last 24 hours, the limit of your quota "
+            f"({line.limit_text} steps a day, {line.source}). Train again{when}, or ask an operator to raise it"
+        )
+    return f"The training job was refused: {why}. Nothing of it was stored."
 
 
 def client_job_create(*, user, body) -> ClientTrainingJob:
@@ -199,7 +218,16 @@ def client_job_create(*, user, body) -> ClientTrainingJob:
     except WireError as exc:
         raise ClientError(400, str(exc), param=exc.param) from None
     if (line := quota_step_refusal(user=user)) is not None:
-        raise ClientError(429, quota_reached_message(user=user, line=line, step=found.run.steps_done + 1))
+        raise ClientError(429, _quota_refusal(user, line))
+    storage = next(line for line in quota_status(user=user) if line.key == "trajectory_bytes")
+    if storage.limit is not None and storage.used + parsed.size_bytes > storage.limit:
+        raise ClientError(
+            429,
+            f"The training job's trajectories take {megabytes(parsed.size_bytes)}, more than is left of your "
+            f"storage quota ({storage.used_text} of {storage.limit_text} used, {storage.source}). Post fewer or "
+            "smaller groups, delete runs you no longer need, or ask an operator to raise your quota. Nothing of "
+            "it was stored.",
+        )
     with transaction.atomic():
         run = Run.objects.select_for_update().get(id=found.run_id)
         if (why := run_refusal(run)) is not None:
@@ -249,6 +277,8 @@ def client_job_get(*, user, job_id) -> ClientTrainingJob:
 def client_job_events(*, user, job_id, after=None, limit: int = 100) -> tuple[list[ClientTrainingJobEvent], bool]:
     """The job's events after the one with id `after` (ids increase), and whether more follow. A job whose
     run was paused, cancelled or failed on artweb before it trained fails here, saying so."""
+    if not 1 <= limit <= 1000:
+        raise ClientError(400, "'limit' must be from 1 to 1000.", param="limit")
     job = client_job_get(user=user, job_id=job_id)
     if job.status in ClientTrainingJob.PENDING:
         run = Run.objects.get(id=job.run_id)
@@ -302,17 +332,15 @@ def client_checkpoints_delete(*, user, model_id, steps) -> tuple[int, list[int]]
     found = client_model_get(user=user, model_id=model_id)
     if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
         raise ClientError(400, "'steps' must be a list of step numbers.", param="steps")
-    deleted, missing = 0, []
-    for step in sorted(set(steps)):
-        ckpt = Checkpoint.objects.filter(run_id=found.run_id, step=step, state=Checkpoint.State.ACTIVE).first()
-        if ckpt is None:
-            missing.append(step)
-            continue
+    active = Checkpoint.objects.filter(run_id=found.run_id, state=Checkpoint.State.ACTIVE)
+    by_step = {c.step: c for c in active.filter(step__in=set(steps)).select_related("run")}
+    # All checked before any is deleted: a refused request deletes nothing.
+    for step, ckpt in sorted(by_step.items()):
         if why := checkpoint_protection_reason(ckpt):
             raise ClientError(409, f"The checkpoint of step {step} cannot be deleted: {why}.", param="steps")
+    for _, ckpt in sorted(by_step.items()):
         checkpoint_delete(checkpoint=ckpt, actor=user, reason="deleted by the ART client")
-        deleted += 1
-    return deleted, missing
+    return len(by_step), sorted(set(steps) - set(by_step))
 
 
 def client_inference_target(*, user, name: str):

@@ -229,7 +229,7 @@ def _trajectory(raw: Any, where: str, vocab_size, record_bytes: int, tokens: dic
         "logs": raw.get("logs") or [],
         "error": "",
         "prompt_tokens": 0,
-        "completion_tokens": sum(len(m.get("token_ids") or []) for m in sampled),
+        "completion_tokens": sum(len(m.get("token_ids") or m.get("sampled_token_ids") or []) for m in sampled),
         "duration_ms": int(duration * 1000) if isinstance(duration, (int, float)) and 0 <= duration < 1e7 else 0,
     }
     try:
@@ -253,6 +253,12 @@ def _item(item: Any, where: str, vocab_size, tokens: dict, recompute: bool) -> d
     message = item.get("message")
     if not isinstance(message, dict):
         raise WireError(f"{where} is a Choice whose 'message' is not an object.")
+    # Checked here, not left to fail the step: the chat template renders them.
+    if message.get("content") is not None and not isinstance(message["content"], str):
+        raise WireError(f"{where} is a Choice whose message content is neither a string nor null.")
+    calls = message.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        raise WireError(f"{where} is a Choice whose message tool_calls is not a list of objects.")
     turn = {"role": "assistant", "content": message.get("content"), "sampled": True}
     if message.get("tool_calls"):
         turn["tool_calls"] = message["tool_calls"]

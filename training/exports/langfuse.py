@@ -21,6 +21,7 @@ from django.utils import timezone
 from rollouts.sandbox.egress import EgressRefused, egress_client, failure_reason
 from training.exports.base import ExportError, ExportJob
 from training.models import Run, Trajectory
+from training.selectors import CLIENT_TASK
 
 DEFAULT_HOST = "https://cloud.langfuse.com"
 # The ingestion endpoint accepts batches up to about 3.5 MB; stay well below.
@@ -182,7 +183,8 @@ def _trace(run: Run, traj: Trajectory, trace_id: str, messages: list[dict], star
         "output": messages[last_reply] if last_reply is not None else None,
         "metadata": metadata,
         "tags": ["artweb", split, f"step:{traj.step}"] + (["error"] if traj.error else []),
-        "release": str(run.script_version),
+        # What produced the trace: the script's version, or (a client-driven run) the ART client.
+        "release": str(run.script_version) if run.script_version else CLIENT_TASK,
     }
 
 

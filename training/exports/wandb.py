@@ -256,7 +256,8 @@ def _run_config(run: Run) -> dict:
             "base_model": run.base_model.name,
             "base_model_source": run.base_model.source,
             "scenario_set": run.scenario_set.name,
-            "script_version": str(run.script_version),
+            "driver": run.driver,  # "client": an ART client rolled out and scored; no script, no reward function
+            "script_version": str(run.script_version) if run.script_version else None,
             "reward_version": str(run.reward_version) if run.reward_version else None,
             "num_steps": run.num_steps,
         },

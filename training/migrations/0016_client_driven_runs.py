@@ -40,7 +40,7 @@ class Migration(migrations.Migration):
                     ("starting", "Starting"),
                     ("running", "Running"),
                     ("paused", "Paused"),
-                    ("waiting", "waiting for its client"),
+                    ("waiting", "Waiting for its client"),
                     ("completed", "Completed"),
                     ("failed", "Failed"),
                     ("cancelled", "Cancelled"),

@@ -22,7 +22,7 @@ from django.db import transaction
 
 from artweb.visibility import sees_everything
 from training.models import Run
-from training.selectors import GROUPS_SHOWN, group_extremes, run_groups_latest
+from training.selectors import CLIENT_TASK, GROUPS_SHOWN, group_extremes, run_groups_latest
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def run_row_message(run) -> dict:
         "best_val_reward": _finite(run.best_val_reward),
         "base_model": run.base_model.name,
         # A client-driven run has no script: its rollouts run in the ART client (training.client_runs).
-        "task": run.script_version.asset.name if run.script_version else "ART client",
+        "task": run.script_version.asset.name if run.script_version else CLIENT_TASK,
         "task_version": run.script_version.number if run.script_version else None,
         "owner": run.owner.get_username(),
         "created_at": run.created_at.isoformat() if run.created_at else None,

@@ -7,7 +7,7 @@ from django.shortcuts import render
 
 from artweb.presenters import config_differences
 from training.charts import DEFAULT_SERIES, RUN_CHARTS
-from training.selectors import run_list, run_metrics, run_visible
+from training.selectors import CLIENT_TASK, run_list, run_metrics, run_visible
 from training.views.plotly import plotly_url
 
 MAX_RUNS = 8
@@ -15,11 +15,12 @@ CHART_POINTS = 500
 
 
 def _comparable(run) -> dict:
-    """A run's config plus what it was built from, so those differences show too."""
-    reward = run.reward_version
+    """A run's config plus what it was built from, so those differences show too (a client-driven run's
+    rollouts are its ART client's: no script)."""
+    reward, script = run.reward_version, run.script_version
     return {
         "base_model": run.base_model.name,
-        "script": f"{run.script_version.asset.name} v{run.script_version.number}",
+        "script": f"{script.asset.name} v{script.number}" if script else CLIENT_TASK,
         "reward": f"{reward.asset.name} v{reward.number}" if reward else "",
         "scenario_set": run.scenario_set.name,
         **(run.config or {}),

@@ -19,12 +19,15 @@ from training import services
 from training.analytics.alerts import run_alert_rules_update
 from training.charts import RUN_CHARTS
 from training.forms import AlertRulesForm, RunFilterForm, RunLaunchForm, train_config_reference
+from training.models import Run
 from training.selectors import (
+    CLIENT_TASK,
     GROUPS_SHOWN,
     base_model_visible,
     checkpoint_list,
     quota_status,
     run_chart_data,
+    run_client_summary,
     run_events_recent,
     run_get,
     run_latest_id,
@@ -68,6 +71,7 @@ def run_list_view(request):
             "last_run": last_run,
             "inserts_new": page.number == 1 and filters.pop("order") == "-created_at" and not any(filters.values()),
             "quotas": quota_status(user=request.user),
+            "client_task": CLIENT_TASK,
         },
     )
 
@@ -115,10 +119,13 @@ def run_detail_view(request, run_id: int):
             "warnings": run_warnings(run=run),
             "logs": logs,
             "checkpoints": checkpoint_list(run=run),
+            # A client-driven run: where its rollouts run, its client's last call, its training jobs.
+            "client": run_client_summary(run=run),
             "config_json": json.dumps(run.config, indent=2, sort_keys=True),
             "alerts_form": AlertRulesForm(rules=run.config.get("alerts", {})),
             "plotly_url": plotly_url(),
             "admin_checkpoints_url": reverse("admin:index") + f"training/checkpoint/?run__id__exact={run.id}",
+            "admin_client_jobs_url": reverse("admin:index") + f"client_runs/clienttrainingjob/?run__id__exact={run.id}",
         },
     )
 
@@ -211,7 +218,8 @@ def _fresh_initial(form: RunLaunchForm, hints: dict) -> dict:
 
 
 def _initial_from(run) -> dict:
-    """Launch form values copied from an existing run ("launch similar")."""
+    """Launch form values copied from an existing run ("launch similar"; a script's run only: a
+    client-driven run has no script to copy, and its page offers no such link)."""
     initial = {
         "name": f"{run.name} (copy)",
         "tags": ", ".join(run.tags),
@@ -239,10 +247,11 @@ def run_launch_view(request):
                 return redirect("run-detail", run_id=run.id)
     else:
         source = request.GET.get("from", "")
-        if source.isdigit():
-            form = _launch_form(request, initial=_initial_from(run_get(user=request.user, run_id=int(source))))
-        else:
-            form = _launch_form(request)
+        run = run_get(user=request.user, run_id=int(source)) if source.isdigit() else None
+        if run is not None and run.driver != Run.Driver.SCRIPT:
+            messages.info(request, f"{run.name} is driven by an ART client: it has no script to launch again.")
+            run = None
+        form = _launch_form(request, initial=_initial_from(run) if run is not None else None)
     hints = _launch_hints(form)
     if request.method != "POST" and not form.initial:
         form.initial = _fresh_initial(form, hints)

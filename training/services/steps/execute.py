@@ -43,6 +43,7 @@ from training.services.steps.commit import step_commit
 from training.services.steps.errors import StepAborted, StepFailed
 from training.services.steps.groups import advantages_store, groups_persist, reward_stats
 from training.services.steps.leases import Heartbeat, run_claim, run_release, worker_name
+from training.services.steps.posted import nothing_posted, posted_failed, posted_take
 from training.services.steps.recovery import requeue_after_database_loss, retry_after_inference_death
 from training.services.steps.sources import PostedStep, step_source
 
@@ -101,7 +102,7 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
     try:
         if _finish_if_requested(run, me):
             return
-        if _nothing_posted(run, me):
+        if nothing_posted(run, me):
             return
         if (reached := quota_step_refusal(user=run.owner)) is not None:
             # Before any of the step's work: the step does not start, and what the run stored stays.
@@ -131,7 +132,7 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
     except StepAborted as exc:
         ahead_discard(run_id)
         if exc.reason == "cancel":  # (a lost lease: another worker has the step, and the client's job)
-            _posted_failed(run, "The run was cancelled on artweb; nothing of this job was trained.")
+            posted_failed(run, "The run was cancelled on artweb; nothing of this job was trained.")
         logger.info("run %s step %s stopped: %s", run_id, next_step, exc.reason)
         # Groups it persisted before stopping were never trained on: kept, marked (only while ours).
         if Run.objects.filter(id=run_id, worker=me).exists():
@@ -149,32 +150,39 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
         requeue_after_database_loss(run_id, next_step, me)
         return
     except Exception as exc:
-        logger.exception("run %s step %s failed", run_id, next_step)
-        ahead_discard(run_id)
-        inference.trainer_close()
-        # What the attempt persisted stays, marked: a retry writes the step's groups anew beside it.
-        TrajectoryGroup.objects.filter(run_id=run_id, step=next_step, failed_attempt=False).update(failed_attempt=True)
-        if inference.server_died() and retry_after_inference_death(run_id, next_step, me, exc):
-            return
-        run_log(run_id=run_id, step=next_step, level="ERROR", message=traceback.format_exc()[-5000:])
-        run.refresh_from_db()
-        if _posted_failed(run, f"{type(exc).__name__}: {exc}"):
-            _client_wait(
-                run, me, f"Step {next_step} failed; the run is as it was before it: {type(exc).__name__}: {exc}"
-            )
-            return
-        run_transition(
-            run=run,
-            from_statuses=Run.ACTIVE_STATUSES,
-            to_status=Run.Status.FAILED,
-            message=f"Step {next_step} failed: {type(exc).__name__}: {exc}"[:1000],
-            error=f"{type(exc).__name__}: {exc}"[:5000],
-            worker="",
-        )
+        _step_failed(run, next_step, me, exc)
         return
     finally:
         inference.release_memory()
     _after_step(run_id, me)
+
+
+def _step_failed(run: Run, step: int, me: str, exc: Exception) -> None:
+    """A step that raised: retried after an inference server's death; otherwise the run fails, or, for a
+    run whose groups a client posts, the client's job fails and the run goes on with its next job (or waits)."""
+    logger.exception("run %s step %s failed", run.id, step)
+    ahead_discard(run.id)
+    inference.trainer_close()
+    # What the attempt persisted stays, marked: a retry writes the step's groups anew beside it.
+    TrajectoryGroup.objects.filter(run_id=run.id, step=step, failed_attempt=False).update(failed_attempt=True)
+    if inference.server_died() and retry_after_inference_death(run.id, step, me, exc):
+        return
+    run_log(run_id=run.id, step=step, level="ERROR", message=traceback.format_exc()[-5000:])
+    run.refresh_from_db()
+    reason = f"{type(exc).__name__}: {exc}"
+    if posted_failed(run, reason):
+        message = f"Step {step} failed and trained nothing; the run is as it was before it: {reason}"
+        run_event(run=run, kind="client_job_failed", message=message[:1000], data={"step": step, "level": "error"})
+        _after_step(run.id, me)
+        return
+    run_transition(
+        run=run,
+        from_statuses=Run.ACTIVE_STATUSES,
+        to_status=Run.Status.FAILED,
+        message=f"Step {step} failed: {reason}"[:1000],
+        error=reason[:5000],
+        worker="",
+    )
 
 
 def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None:
@@ -185,7 +193,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     # groups a client posted (a step source's).
     posted = None
     if (source := step_source(run)) is not None:
-        posted, results, scenarios, lag, request, stats = _posted(run, cfg, step, source, timings)
+        posted, results, scenarios, lag, request, stats = posted_take(run, cfg, step, source, timings)
     else:
         results, scenarios, lag, request, stats = _rollouts(run, cfg, step, server, hb, timings)
 
@@ -449,51 +457,9 @@ def _after_step(run_id: int, me: str) -> None:
     run = Run.objects.get(id=run_id)
     if _finish_if_requested(run, me):
         return
-    if _nothing_posted(run, me):
+    if nothing_posted(run, me):
         return
     next_step = run.steps_done + 1
     with transaction.atomic():
         run_release(run_id=run_id, me=me)
         transaction.on_commit(lambda: publish(task_names.RUN_STEP, args=(run_id,), kwargs={"step": next_step}))
-
-
-# --- runs whose groups a client posts (training.services.steps.sources) ---------------------------------
-
-
-def _posted(run: Run, cfg: RunConfig, step: int, source, timings: dict) -> tuple:
-    """The groups a client posted for this step, in the shape of a batch's results."""
-    t = time.perf_counter()
-    posted = source.take(run, step)
-    if posted is None:  # taken by another attempt that is gone: the client posts again
-        raise StepAborted("nothing posted")
-    timings["rollouts"] = time.perf_counter() - t
-    return posted, posted.groups, posted.scenarios, 0, None, reward_stats(posted.groups, cfg)
-
-
-def _posted_failed(run: Run, message: str) -> bool:
-    """Tell a step source its step ended without a commit; False for a run without one."""
-    source = step_source(run)
-    if source is None:
-        return False
-    posted = source.take(run, run.steps_done + 1) if source.pending(run) else None
-    if posted is not None:
-        source.failed(posted, message)
-    return True
-
-
-def _nothing_posted(run: Run, me: str) -> bool:
-    """A client-driven run with no training job waiting goes back to waiting for its client (under the
-    run's row lock, which a new job's post takes too: a job posted meanwhile is never left unseen)."""
-    source = step_source(run)
-    if source is None:
-        return False
-    with transaction.atomic():
-        run = Run.objects.select_for_update().get(id=run.id)
-        if source.pending(run):
-            return False
-        _client_wait(run, me, f"Step {run.steps_done} done; waiting for the client's next training job.")
-    return True
-
-
-def _client_wait(run: Run, me: str, message: str) -> None:
-    run_transition(run=run, from_statuses=Run.ACTIVE_STATUSES, to_status=Run.Status.WAITING, message=message, worker="")

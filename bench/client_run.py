@@ -1,0 +1,168 @@
+"""A client-driven run against an uploaded-script run of the same task, on this machine: what a step costs
+each way and whether they learn alike.
+
+For each seed: the shipped example as an uploaded run (bench.run_curve: rollouts in the jail), then the
+same task driven by ART's client from PyPI (bench/art_client_example.py through ServerlessBackend:
+rollouts in the client through the OpenAI endpoint, updates on the worker). Both use the same worker
+command, scenarios per step (the same ones for a seed), group size, tokens, learning rate, held-out set.
+
+A client step's cost is its rollouts (timed in the client) plus its training job from post to commit (the
+job's rows): the client's 1-second poll for the job's events is left out, as the target says. Prints the
+median step of each, their ratio, and the held-out reward after the last step per seed with the mean and
+standard error over seeds.
+
+    python -m bench.client_run --steps 20 --seeds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
+django.setup()
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+
+from artweb.launcher.worker import gpu_worker_command, gpu_worker_env
+from artweb.testing import stack
+from artweb.testing.art_client import art_python
+from bench.run_curve import EXAMPLES, _register_model, run_artweb
+from training.client_runs.models import ClientModel, ClientTrainingJob
+from training.engine.default_model import ensure_default_model
+
+ART_VERSION = "0.5.18"
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def run_client(*, seed: int, steps: int, args) -> dict:
+    """The example task driven by ART's client; its per-step cost and held-out rewards."""
+    model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
+    base = _register_model(model_dir)
+    user, _ = get_user_model().objects.get_or_create(username="bench")
+    token, _ = Token.objects.get_or_create(user=user)
+    work = Path(tempfile.mkdtemp(prefix="artweb-client-run-"))
+    env = stack.stack_env(
+        db_name=settings.DATABASES["default"]["NAME"],
+        data_dir=work / "data",
+        ARTWEB_VLLM_PORT=str(stack.free_port()),
+        ARTWEB_VLLM_ENFORCE_EAGER=os.environ.get("ARTWEB_VLLM_ENFORCE_EAGER", "0"),
+        ARTWEB_HEARTBEAT_SECONDS="15",
+        ARTWEB_INFERENCE_ENGINE=os.environ.get("ARTWEB_INFERENCE_ENGINE", "auto"),
+    )
+    if "ARTWEB_VLLM_KV_CACHE_GB" not in os.environ:
+        env.pop("ARTWEB_VLLM_KV_CACHE_GB", None)
+    worker = stack.start(
+        "gpu-worker", gpu_worker_command(f"gpu-worker-{stack.free_port()}@%h"), gpu_worker_env(env), work / "logs"
+    )
+    web = stack.start_web(env, work / "logs")
+    name = f"example-{seed}-{time.strftime('%H%M%S')}"
+    command = [
+        str(art_python(ART_VERSION)),
+        str(Path(__file__).with_name("art_client_example.py")),
+        str(EXAMPLES),
+        *("--steps", str(steps), "--seed", str(seed), "--base-model", base.name, "--name", name),
+        *("--group-size", str(args.group_size), "--scenarios-per-step", str(args.scenarios_per_step)),
+        *("--max-tokens", str(args.max_tokens), "--learning-rate", str(args.learning_rate)),
+        *("--val-every", str(args.val_every)),
+    ]
+    client_env = {**os.environ, "ARTWEB_TOKEN": token.key, "ARTWEB_ART_URL": web.extra["url"] + "/api/v1/art"}
+    started = time.time()
+    try:
+        done = subprocess.run(command, env=client_env, capture_output=True, text=True, timeout=args.timeout)
+    finally:
+        worker.kill()
+        web.kill()
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0:
+        raise RuntimeError(f"the ART client failed ({done.returncode}):\n{done.stderr[-4000:]}\n{worker.tail()}")
+    run = ClientModel.objects.get(owner=user, project="bench-client", name=name).run
+    jobs = {j.step: j for j in ClientTrainingJob.objects.filter(run=run, status="done")}
+    for line in lines:
+        job = jobs[line["step"]]
+        line["job_s"] = (job.finished_at - job.created_at).total_seconds()
+        line["step_s"] = line["rollouts_s"] + line["job_s"]
+    return {"run_id": run.id, "steps": lines, "wall_seconds": time.time() - started}
+
+
+def summary(script: dict, client: dict) -> dict:
+    """Median step each way (the script run's steps without validation, the client's without its own held-out
+    rollouts), and the held-out reward of each run's last step."""
+    script_steps = [s["seconds"] for s in script["steps"] if "validation" not in s["timings"]]
+    client_steps = [s["step_s"] for s in client["steps"]]
+    held = lambda rows: next((r["val_reward"] for r in reversed(rows) if r.get("val_reward") is not None), None)  # noqa: E731
+    return {
+        "script_step_s": statistics.median(script_steps),
+        "client_step_s": statistics.median(client_steps),
+        "client_rollouts_s": statistics.median(s["rollouts_s"] for s in client["steps"]),
+        "client_job_s": statistics.median(s["job_s"] for s in client["steps"]),
+        "script_rollouts_s": statistics.median(s["timings"]["rollouts"] for s in script["steps"]),
+        "script_held_out": held(script["steps"]),
+        "client_held_out": held(client["steps"]),
+    }
+
+
+def _mean_se(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.3f} (one seed: no standard error)"
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values) / len(values) ** 0.5:.3f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=6)
+    parser.add_argument("--scenarios-per-step", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--val-every", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=3600)
+    args = parser.parse_args()
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; ART client {ART_VERSION}; {vars(args)}", flush=True)
+    rows = []
+    for seed in range(args.seeds):
+        script = run_artweb(
+            steps=args.steps,
+            group_size=args.group_size,
+            scenarios_per_step=args.scenarios_per_step,
+            max_tokens=args.max_tokens,
+            learning_rate=args.learning_rate,
+            val_every=args.val_every,
+            seed=seed,
+            timeout=args.timeout,
+        )
+        client = run_client(seed=seed, steps=args.steps, args=args)
+        row = {"seed": seed, **summary(script, client)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    script_s = statistics.median(r["script_step_s"] for r in rows)
+    client_s = statistics.median(r["client_step_s"] for r in rows)
+    print(f"\nmedian step: uploaded script {script_s:.2f}s, ART client {client_s:.2f}s (rollouts + job, poll aside)")
+    print(f"held-out reward after {args.steps} steps, mean ± standard error over {len(rows)} seeds:")
+    print(f"  uploaded script: {_mean_se([r['script_held_out'] for r in rows])}")
+    print(f"  ART client:      {_mean_se([r['client_held_out'] for r in rows])}")
+    print(f"client-driven step / uploaded-script step: {client_s / script_s:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
