@@ -20,7 +20,7 @@ from artweb_sdk.model import Endpoint, Usage, current_usage
 from artweb_sdk.ruler import RulerError, TrajectoryScore, apply_score, judge_client, score_message_lists
 from artweb_sdk.trajectory import check_reward
 
-from _artweb_runner.results import ResultPipe, bounded_record, empty_record, plain_metrics, stage_error
+from _artweb_runner.results import ResultPipe, bounded_record, plain_metrics, record_of, stage_error
 from _artweb_runner.user_code import RolloutLog, call_maybe_async, current_log, describe_error, load_module
 
 
@@ -124,7 +124,7 @@ class Batch:
             timing: dict[str, int] = {}
             if error is None:
                 trajectory, error = await self._rollout_and_reward(scenario, timing)
-            record = trajectory.to_record() if trajectory is not None else empty_record()
+            record = record_of(trajectory)
             record.update(
                 logs=log.finish() + record["logs"],
                 error=error,

@@ -8,6 +8,7 @@ import json
 import os
 
 from artweb_sdk import Trajectory
+from artweb_sdk.errors import NotSupportedInSandbox
 
 from _artweb_runner.user_code import describe_error
 
@@ -53,12 +54,30 @@ def bounded_score(score: dict) -> dict:
 
 
 def stage_error(stage: str, exc: BaseException, user_files: set[str]) -> str:
+    if stage == "result" and isinstance(exc, NotSupportedInSandbox):
+        stage = "rollout"  # an ART feature the record cannot hold: its message says so, the JSON is not at fault
     prefix = {"rollout": "", "reward": "The reward function failed: ", "result": "The trajectory is not JSON: "}
     return prefix.get(stage, "") + describe_error(exc, user_files)
 
 
 def plain_metrics(traj: Trajectory) -> dict:
     return traj.to_record()["metrics"]
+
+
+def record_of(trajectory: Trajectory | None) -> dict:
+    """The trajectory's record. One that cannot be recorded (to_record raised: the rollout's error already
+    says why, from its "result" stage) gives an empty record with the trajectory's own log lines, so that only
+    its rollout fails, not the sandbox process."""
+    if trajectory is None:
+        return empty_record()
+    try:
+        return trajectory.to_record()
+    except Exception:
+        try:
+            logs = [str(line) for line in trajectory.logs]
+        except Exception:
+            logs = []
+        return {**empty_record(), "logs": logs}
 
 
 def empty_record() -> dict:

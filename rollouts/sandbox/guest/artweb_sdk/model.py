@@ -16,11 +16,14 @@ import contextvars
 import functools
 import json
 import os
+import re
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from .errors import NotSupportedInSandbox, training_is_artweb_s
 
 
 @dataclass
@@ -129,12 +132,22 @@ class Model:
         self.inference_api_key = inference_api_key or self._endpoint.api_key
         self.inference_model_name = inference_model_name or name
         self._client = None
+        self.http_client: httpx.AsyncClient | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 
-    def get_inference_name(self) -> str:
-        return self.inference_model_name
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The name to send as `model=`. step: a checkpoint's step; only the one this batch serves exists
+        in the sandbox (the served name's `@<step>`, or 0 for the base model)."""
+        if step is None or step == served_step(self.inference_model_name):
+            return self.inference_model_name
+        raise NotSupportedInSandbox(
+            f"get_inference_name(step={step})",
+            f"this batch is served only {self.inference_model_name!r}, the checkpoint of step "
+            f"{served_step(self.inference_model_name)}; no other checkpoint can be reached from a rollout.",
+            "Call get_inference_name() without a step.",
+        )
 
     def openai_client(self):
         """One AsyncOpenAI client per model handle, shared by all the rollouts that use it."""
@@ -148,18 +161,20 @@ class Model:
                 self._endpoint.max_connections,
                 socket_path=self._endpoint.socket_path if direct else None,
             )
+            # Kept for other OpenAI-based clients on the policy (art.langgraph's) to share its transport.
+            self.http_client = httpx.AsyncClient(transport=transport, timeout=self._endpoint.timeout_s)
             self._client = AsyncOpenAI(
                 base_url=self.inference_base_url,
                 api_key=self.inference_api_key,
-                http_client=httpx.AsyncClient(transport=transport, timeout=self._endpoint.timeout_s),
+                http_client=self.http_client,
                 # A rollout's wall-clock limit bounds retries anyway; retrying hides server trouble.
                 max_retries=1,
             )
         return self._client
 
-    def litellm_completion_params(self) -> dict:
+    def litellm_completion_params(self, step: int | None = None) -> dict:
         return {
-            "model": f"hosted_vllm/{self.inference_model_name}",
+            "model": f"hosted_vllm/{self.get_inference_name(step)}",
             "api_base": self.inference_base_url,
             "api_key": self.inference_api_key,
             **self._endpoint.sampling,
@@ -174,28 +189,76 @@ class Model:
     async def log(self, *_: Any, **__: Any) -> None:
         """Metrics are recorded by artweb from the returned trajectories."""
 
+    def read_state(self) -> Any:
+        raise _no_state("model.read_state()")
+
+    def write_state(self, state: Any) -> None:
+        raise _no_state("model.write_state(...)")
+
+    def overwrite_state(self, state: Any) -> None:
+        raise _no_state("model.overwrite_state(...)")
+
+    def merge_state(self, state: Any) -> Any:
+        raise _no_state("model.merge_state(...)")
+
 
 class TrainableModel(Model):
     def __init__(self, name: str, project: str = "artweb", base_model: str | None = None, **kwargs: Any) -> None:
         super().__init__(name=name, project=project, base_model=base_model, trainable=True, **kwargs)
 
     async def train(self, *_: Any, **__: Any) -> None:
-        raise RuntimeError("Training is run by artweb: a rollout script only produces trajectories.")
+        raise training_is_artweb_s("model.train(...)")
+
+    async def train_sft(self, *_: Any, **__: Any) -> None:
+        raise NotSupportedInSandbox(
+            "model.train_sft(...)",
+            "artweb trains with reinforcement learning from the run's rollouts; it has no supervised fine-tuning.",
+        )
+
+    async def delete_checkpoints(self, *_: Any, **__: Any) -> None:
+        raise training_is_artweb_s("model.delete_checkpoints(...)")
 
 
-class TrainConfig:
-    """Accepted so ART training scripts import cleanly; artweb takes hyperparameters from the run."""
+def _no_state(feature: str) -> NotSupportedInSandbox:
+    return NotSupportedInSandbox(
+        feature,
+        "ART keeps it in a model directory on disk; a sandbox starts empty for every batch, so it would not last.",
+        "Keep what must last in the scenarios, or in the trajectory's metadata.",
+    )
 
-    def __init__(self, learning_rate: float = 5e-6, **kwargs: Any) -> None:
-        self.learning_rate = learning_rate
-        self.__dict__.update(kwargs)
+
+def served_step(name: str) -> int:
+    """The checkpoint step in a served name (`run-12@3` -> 3); a base model (no `@<step>`) is step 0."""
+    found = re.search(r"@(\d+)$", name)
+    return int(found.group(1)) if found else 0
 
 
-class LocalBackend:
-    """Accepted so ART scripts import cleanly; artweb owns the backend."""
+class Backend:
+    """Accepted so ART scripts import and build one; artweb owns the backend, and training through one
+    raises."""
 
     def __init__(self, *_: Any, **__: Any) -> None:
         pass
 
+    async def register(self, model: Any) -> None:
+        """Nothing to do: artweb has already registered the model with its inference server."""
+
+    async def train(self, *_: Any, **__: Any) -> Any:
+        raise training_is_artweb_s("backend.train(...)")
+
     async def close(self) -> None:
         pass
+
+    async def __aenter__(self) -> Backend:
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        await self.close()
+
+
+class LocalBackend(Backend):
+    pass
+
+
+class ServerlessBackend(Backend):
+    pass

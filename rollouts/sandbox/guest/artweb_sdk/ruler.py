@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .capture import auto_context
 from .trajectory import Trajectory, TrajectoryGroup, message_dict
 
 JUDGE_ENV = "ARTWEB_JUDGE_MODEL"
@@ -350,11 +351,15 @@ async def ruler(
     lists = [[message_dict(m) for m in messages] for messages in message_lists]
     options, extra_body = _request_options(extra_litellm_params)
     client = judge_client()
+    # The judge's answers are no part of a rollout's conversation: a capture_auto_trajectory around this call
+    # records none of them.
+    outside_capture = auto_context.set(None)
     try:
         return await score_message_lists(
             client, judge_name(judge_model), lists, rubric=rubric, debug=debug, extra_body=extra_body or None, **options
         )
     finally:
+        auto_context.reset(outside_capture)
         await client.close()
 
 
@@ -375,7 +380,7 @@ async def ruler_score_group(
     raising.
     """
     trajectories = list(group)
-    if any(t.extra.get("additional_histories") for t in trajectories):
+    if any(t.additional_histories for t in trajectories):
         raise ValueError("RULER does not score trajectories with additional_histories.")
     copies = [
         Trajectory(
@@ -385,6 +390,9 @@ async def ruler_score_group(
             metrics=dict(t.metrics),
             metadata=dict(t.metadata),
             logs=list(t.logs),
+            initial_policy_version=t.initial_policy_version,
+            final_policy_version=t.final_policy_version,
+            start_time=t.start_time,
             **t.extra,
         )
         for t in trajectories
@@ -403,4 +411,9 @@ async def ruler_score_group(
         copy.metrics["ruler_score"] = score.score
         copy.metadata["ruler_explanation"] = score.explanation
         copy.log(f"RULER explanation: {score.explanation}")
-    return TrajectoryGroup(copies)
+    return TrajectoryGroup(
+        copies,
+        metadata=getattr(group, "metadata", None),
+        metrics=getattr(group, "metrics", None),
+        logs=getattr(group, "logs", None),
+    )

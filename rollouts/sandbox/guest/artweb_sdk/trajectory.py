@@ -9,11 +9,39 @@ next to the message they produced.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import math
+import time
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
+
+from .errors import NotSupportedInSandbox
+
+
+class History:
+    """A conversation of a rollout beside its main one (ART's `Trajectory.additional_histories`): its own
+    messages and choices, and the tools it offered."""
+
+    def __init__(self, messages_and_choices: list | None = None, tools: list | None = None) -> None:
+        self.messages_and_choices = list(messages_and_choices or [])
+        self.tools = tools
+
+    def __repr__(self) -> str:
+        return f"History(messages={len(self.messages_and_choices)})"
+
+    def messages(self) -> list[dict]:
+        return [message_dict(item) for item in self.messages_and_choices]
+
+
+def _history(value: Any) -> History:
+    if isinstance(value, History):
+        return value
+    if isinstance(value, dict):
+        return History(value.get("messages_and_choices"), value.get("tools"))
+    raise TypeError(f"additional_histories holds art History objects or dicts, not {type(value).__name__}")
 
 
 class Trajectory:
@@ -27,6 +55,10 @@ class Trajectory:
         metrics: dict | None = None,
         metadata: dict | None = None,
         logs: list[str] | None = None,
+        additional_histories: list | None = None,
+        initial_policy_version: int | None = None,
+        final_policy_version: int | None = None,
+        start_time: datetime | None = None,
         **extra: Any,
     ) -> None:
         self.messages_and_choices = list(messages_and_choices or [])
@@ -35,7 +67,12 @@ class Trajectory:
         self.metrics = dict(metrics or {})
         self.metadata = dict(metadata or {})
         self.logs = list(logs or [])
-        # ART fields artweb does not use (additional_histories, start_time …) are kept, not rejected.
+        # Kept on the trajectory; a record cannot hold them yet (to_record says so).
+        self.additional_histories = [_history(h) for h in additional_histories or []]
+        self.initial_policy_version = initial_policy_version
+        self.final_policy_version = final_policy_version
+        self.start_time = start_time or datetime.now()
+        # Other keyword arguments (fields of ART versions artweb does not know) are kept, not rejected.
         self.extra = extra
 
     def __repr__(self) -> str:
@@ -45,14 +82,47 @@ class Trajectory:
         self.logs.append(str(message))
 
     def finish(self) -> Trajectory:
+        """Sets metrics["duration"], the seconds since the trajectory was created, as ART does."""
+        self.metrics["duration"] = (datetime.now() - self.start_time).total_seconds()
         return self
+
+    @contextlib.asynccontextmanager
+    async def track_duration(self, metric_name: str):
+        """`async with trajectory.track_duration("tool"):` adds the block's seconds to
+        metrics["tool_duration"] (summed over every block of that name)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            key = f"{metric_name}_duration"
+            self.metrics[key] = self.metrics.get(key, 0.0) + (time.monotonic() - started)
 
     def messages(self) -> list[dict]:
         """The conversation as plain OpenAI message dicts (choices turned into assistant messages)."""
         return [message_dict(item) for item in self.messages_and_choices]
 
+    def for_logging(self) -> dict:
+        """ART's printable view: the fields, and each message marked trainable when the policy sampled it."""
+        return {
+            "reward": self.reward,
+            "initial_policy_version": self.initial_policy_version,
+            "final_policy_version": self.final_policy_version,
+            "metrics": self.metrics,
+            "metadata": self.metadata,
+            "messages": [{**message_dict(m), "trainable": _is_choice(m)} for m in self.messages_and_choices],
+            "tools": self.tools,
+            "logs": self.logs,
+        }
+
     def to_record(self) -> dict:
         """The JSON shape artweb stores and trains on (see rollouts.sandbox.rollouts)."""
+        if self.additional_histories:
+            raise NotSupportedInSandbox(
+                "Trajectory.additional_histories",
+                f"this trajectory has {len(self.additional_histories)}, and artweb does not store or train "
+                "additional histories yet; they would be dropped, so the rollout fails instead.",
+                "Keep one conversation per trajectory for now.",
+            )
         return {
             "messages": [message_record(item) for item in self.messages_and_choices],
             "tools": _plain(self.tools),
@@ -66,15 +136,34 @@ class Trajectory:
 class TrajectoryGroup:
     """The rollouts of one scenario, compared with each other by GRPO.
 
-    Built from trajectories or from awaitables of them; awaiting the group runs the awaitables
-    concurrently and keeps the ones that raised in `exceptions`, as ART does.
+    Built from trajectories, exceptions (kept in `exceptions`) or awaitables of trajectories; awaiting
+    the group runs the awaitables concurrently and keeps the ones that raised in `exceptions`, as ART
+    does. `metadata`, `metrics` and `logs` are the group's own, as in ART; artweb keeps them on the group.
     """
 
-    def __init__(self, trajectories: Iterable = (), exceptions: list[BaseException] | None = None) -> None:
+    def __init__(
+        self,
+        trajectories: Iterable = (),
+        exceptions: list[BaseException] | None = None,
+        *,
+        metadata: dict | None = None,
+        metrics: dict | None = None,
+        logs: list[str] | None = None,
+    ) -> None:
         items = list(trajectories)
+        for item in items:
+            if not isinstance(item, (Trajectory, BaseException)) and not inspect.isawaitable(item):
+                raise TypeError(
+                    "a TrajectoryGroup holds art.Trajectory objects, exceptions or awaitables of trajectories, "
+                    f"not {type(item).__name__}"
+                )
         self._pending = [t for t in items if inspect.isawaitable(t)]
-        self.trajectories: list[Trajectory] = [t for t in items if not inspect.isawaitable(t)]
-        self.exceptions: list[BaseException] = list(exceptions or [])
+        self.trajectories: list[Trajectory] = [t for t in items if isinstance(t, Trajectory)]
+        self.exceptions: list[BaseException] = [t for t in items if isinstance(t, BaseException)]
+        self.exceptions += list(exceptions or [])
+        self.metadata = dict(metadata or {})
+        self.metrics = dict(metrics or {})
+        self.logs = list(logs or [])
 
     def __iter__(self):
         return iter(self.trajectories)
@@ -91,6 +180,14 @@ class TrajectoryGroup:
     def __await__(self):
         return self._gather().__await__()
 
+    def log(self, message: str) -> None:
+        self.logs.append(str(message))
+
+    @property
+    def size(self) -> int:
+        """Its rollouts, finished or not: what a share of `max_exceptions` is counted against."""
+        return len(self._pending) + len(self.trajectories)
+
     async def _gather(self) -> TrajectoryGroup:
         pending, self._pending = self._pending, []
         for outcome in await asyncio.gather(*pending, return_exceptions=True):
@@ -98,8 +195,12 @@ class TrajectoryGroup:
                 if isinstance(outcome, (KeyboardInterrupt, SystemExit)):
                     raise outcome
                 self.exceptions.append(outcome)
-            else:
+            elif isinstance(outcome, Trajectory):
                 self.trajectories.append(outcome)
+            else:
+                self.exceptions.append(
+                    TypeError(f"a rollout of this group returned {type(outcome).__name__}, not an art.Trajectory")
+                )
         return self
 
 

@@ -1,0 +1,3 @@
+"""`art.model` (artweb_sdk.model)."""
+
+from artweb_sdk.model import Model, TrainableModel  # noqa: F401

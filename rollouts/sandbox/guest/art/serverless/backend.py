@@ -1,0 +1,3 @@
+"""`art.serverless.backend` (artweb_sdk.model.ServerlessBackend)."""
+
+from artweb_sdk.model import ServerlessBackend  # noqa: F401

@@ -1,0 +1,3 @@
+"""`art.utils.iterate_dataset` (artweb_sdk.utils)."""
+
+from artweb_sdk.utils import DatasetBatch, iterate_dataset  # noqa: F401
