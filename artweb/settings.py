@@ -278,6 +278,9 @@ ARTWEB = {
     # and its answer, and how many adapters each worker keeps ready (LRU).
     "SERVE_TIMEOUT_SECONDS": env.float("ARTWEB_SERVE_TIMEOUT_SECONDS", default=600.0),
     "SERVE_ADAPTERS": env.int("ARTWEB_SERVE_ADAPTERS", default=4),
+    # How many of its requests a worker serves at once: vLLM answers them as one batch (an ART client
+    # sends its rollouts 16-64 at a time). Each takes a thread of the worker and a slot in vLLM's batch.
+    "SERVE_CONCURRENCY": env.int("ARTWEB_SERVE_CONCURRENCY", default=64),
 }
 
 # The site is served over plain HTTP, with no TLS in front. By default, when it answers to loopback names

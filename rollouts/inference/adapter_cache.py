@@ -20,6 +20,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Collection
 from pathlib import Path
 
 from rollouts.inference.merge import merge_adapter
@@ -60,8 +61,11 @@ class AdapterCache:
     def names(self) -> list[str]:
         return list(self._lru)
 
-    def ensure(self, name: str, path: str) -> str:
-        """Make `name` (adapter directory `path`) the one requests reach; return the name to request."""
+    def ensure(self, name: str, path: str, *, keep: Collection[str] = ()) -> str:
+        """Make `name` (adapter directory `path`) the one requests reach; return the name to request.
+
+        keep: names that requests being answered now use; none of them is let go of here, even when that
+        leaves the cache over capacity for a while (a later ensure brings it back)."""
         path = str(path)
         with self._lock:
             t0 = time.perf_counter()
@@ -83,7 +87,10 @@ class AdapterCache:
             self._lru[name] = path
             self._lru.move_to_end(name)
             while len(self._lru) > self.capacity:
-                self._forget(next(iter(self._lru)))
+                out = next((n for n in self._lru if n != name and n not in keep), None)
+                if out is None:
+                    break
+                self._forget(out)
             self.last_load_s = time.perf_counter() - t0
             return name
 

@@ -1,20 +1,29 @@
 """The serving thread of a GPU worker: it takes requests to the OpenAI-compatible endpoint from the Redis
-list of the base model its inference server holds (any list while it holds none), waits for the worker's
-gate (training.services.serving_gate: a run step holds it from start to end, so requests are served
-between training steps, never while a batch's rollouts, or a jail's, use the server), loads the adapter
-through an AdapterCache (LRU), calls vLLM directly with the server's key, and puts the answer on the
+list of the base model its inference server holds (any list while it holds none) and serves up to
+ARTWEB_SERVE_CONCURRENCY of them at once on a pool of threads, so that vLLM answers an ART client's
+rollouts (16-64 chat completions at a time) as one batch, as it answers a script's.
+
+Each request holds the worker's gate beside the others (training.services.serving_gate: a run step holds
+it alone from start to end, so requests are served between training steps, never while a batch's
+rollouts, or a jail's, use the server), waits until its policy may be made ready without taking weights
+from under another request (Policies), makes it ready (the server, its adapter through an AdapterCache,
+LRU) one request at a time, calls vLLM directly with the server's key, and puts the answer on the
 request's reply list (training.serving.protocol). artweb.celery starts it in the process that holds the
 inference server.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import json
 import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import redis
 from django.conf import settings
@@ -23,7 +32,7 @@ from django.db import close_old_connections, connections
 from rollouts.inference.adapter_cache import AdapterCache
 from training.models import PretrainedModel
 from training.services import inference
-from training.services.serving_gate import gate
+from training.services.serving_gate import gate, serving_slot
 from training.serving.protocol import ALIVE_KEY, ALIVE_TTL_S, QUEUE_KEY, ReplyWriter
 
 logger = logging.getLogger(__name__)
@@ -31,12 +40,14 @@ logger = logging.getLogger(__name__)
 _caches: dict[int, AdapterCache] = {}  # id(VLLMServer) -> AdapterCache
 _thread: threading.Thread | None = None
 _stop = threading.Event()
-_http = None
+_http: tuple[int, object] | None = None  # (connections it keeps, httpx.Client)
+_http_lock = threading.Lock()
 
 
 @functools.cache
 def _redis() -> redis.Redis:
-    """One client (and connection pool) per process. redis-py's pool starts afresh in a forked child."""
+    """One client (and connection pool) per process, shared by the serving threads (redis-py's client is
+    thread-safe). redis-py's pool starts afresh in a forked child."""
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30)
 
 
@@ -47,18 +58,90 @@ def adapter_cache_for(server) -> AdapterCache:
     return cache
 
 
+@dataclass(frozen=True)
+class Policy:
+    """What a request is answered with: the base model as its server must hold it (inference._served_as)
+    and the adapter on it, if any."""
+
+    served: str
+    adapter: str | None = None  # the name the server serves it as (run-<id>@<step>)
+    path: str | None = None
+
+
+class Policies:
+    """The policies the requests being served use, so that making one ready never takes weights from
+    under a request that is being answered with another.
+
+    Requests with the same policy are served together. Requests with different ones are only where the
+    server holds them side by side: one base model's, in "lora" mode (vLLM's runtime adapters). Otherwise
+    (merged mode holds one set of weights at a time; another base model means another server) a request
+    waits until the requests using the others are done. Requests are let in in the order they came, so a
+    stream of requests for one policy never starves a request for another: those behind it wait too.
+
+    `load` is held while a request makes its policy ready: inference.inference_server() and the
+    AdapterCache are not made for threads, and two loads must not race."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self._using: collections.Counter[Policy] = collections.Counter()  # policy -> requests using it
+        self._waiting: collections.deque[object] = collections.deque()  # one ticket a request, oldest first
+        self.load = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, policy: Policy):
+        ticket = object()
+        with self._changed:
+            self._waiting.append(ticket)
+            try:
+                self._changed.wait_for(lambda: self._waiting[0] is ticket and self._fits(policy))
+            finally:
+                self._waiting.remove(ticket)
+                self._changed.notify_all()  # the next one in line may fit too
+            self._using[policy] += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._using[policy] -= 1
+                if not self._using[policy]:
+                    del self._using[policy]
+                self._changed.notify_all()
+
+    def adapters_in_use(self, served: str) -> set[str]:
+        """The adapters requests on this base model's server are answered with now (the cache keeps them)."""
+        with self._changed:
+            return {p.adapter for p in self._using if p.served == served and p.adapter}
+
+    def _fits(self, policy: Policy) -> bool:
+        return all(p == policy or _side_by_side(p, policy) for p in self._using)
+
+
+def _side_by_side(a: Policy, b: Policy) -> bool:
+    """The server holds both at once: the same base model, in "lora" mode, and not one name for two
+    adapters. A server not started yet for that model counts as one that does not (its mode is unknown)."""
+    server = inference._server
+    lora = server is not None and inference._server_model == a.served and not server.merged
+    return lora and a.served == b.served and not (a.adapter == b.adapter and a.path != b.path)
+
+
+_policies = Policies()
+
+
 def serve_loop_start() -> None:
     """Start this process's serving thread unless it runs (a pool child forks without it)."""
     global _thread
     if _thread is not None and _thread.is_alive():
         return
     _stop.clear()
-    _thread = threading.Thread(target=_loop, name="artweb-serving", daemon=True)
+    _thread = threading.Thread(
+        target=_loop, args=(int(settings.ARTWEB["SERVE_CONCURRENCY"]),), name="artweb-serving", daemon=True
+    )
     _thread.start()
 
 
-def serve_loop_stop(timeout: float = 10.0) -> None:
-    """Stop the serving thread after the request it is on (the worker's shutdown, the tests)."""
+def serve_loop_stop(timeout: float = 30.0) -> None:
+    """Stop the serving thread once the requests it is serving are done (the worker's shutdown, the tests);
+    waits up to timeout seconds."""
     _stop.set()
     if _thread is not None:
         _thread.join(timeout)
@@ -74,27 +157,60 @@ def _queues() -> list[str]:
     return [QUEUE_KEY.format(base_model_id=m.id) for m in models]
 
 
-def _loop() -> None:
+def _loop(concurrency: int) -> None:
     conn = _redis()
     queues: list[str] = []
     refreshed = 0.0
-    while not _stop.is_set():
-        try:
-            conn.set(ALIVE_KEY, os.getpid(), ex=ALIVE_TTL_S)
-            if time.monotonic() - refreshed > 2 or not queues:
-                _close_connections()
-                queues = _queues()
-                refreshed = time.monotonic()
-            item = conn.blpop(queues, timeout=2) if queues else time.sleep(2)
-            if item:
-                try:
-                    serve_request_handle(json.loads(item[1]), conn=conn)
-                finally:
+    slots = threading.BoundedSemaphore(max(1, concurrency))
+    pool = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="artweb-serving")
+    try:
+        while not _stop.is_set():
+            try:
+                conn.set(ALIVE_KEY, os.getpid(), ex=ALIVE_TTL_S)
+                if time.monotonic() - refreshed > 2 or not queues:
                     _close_connections()
-        except Exception:
-            logger.exception("serving loop")
-            time.sleep(1)
-    connections.close_all()  # this thread's: a stopped loop holds no database connection
+                    queues = _queues()
+                    refreshed = time.monotonic()
+                if queues:
+                    _take(conn, queues, slots, pool)
+                else:
+                    _stop.wait(2)
+            except Exception:
+                logger.exception("serving loop")
+                time.sleep(1)
+    finally:
+        pool.shutdown(wait=True)  # the requests being served finish
+        connections.close_all()  # this thread's: a stopped loop holds no database connection
+
+
+def _take(conn, queues: list[str], slots: threading.BoundedSemaphore, pool: ThreadPoolExecutor) -> None:
+    """Hand the next request to a pool thread, if within a few seconds a slot is free, no step holds or
+    waits for the gate and a request comes. A request this worker could not start now stays on the
+    queue, for another worker to take."""
+    if not slots.acquire(timeout=2):
+        return
+    submitted = False
+    try:
+        item = conn.blpop(queues, timeout=2) if gate.wait_open(2) else None
+        if item:
+            pool.submit(_serve, json.loads(item[1]), conn, slots)
+            submitted = True
+    finally:
+        if not submitted:
+            slots.release()
+
+
+def _serve(request: dict, conn, slots: threading.BoundedSemaphore) -> None:
+    """One request on a pool thread; its slot is free again afterwards."""
+    try:
+        serve_request_handle(request, conn=conn)
+    except Exception:
+        logger.exception("serving a request")
+    finally:
+        # This thread's database connections, closed whatever their age: the pool keeps up to
+        # ARTWEB_SERVE_CONCURRENCY threads, which would otherwise keep as many connections open.
+        connections.close_all()
+        slots.release()
 
 
 def _close_connections() -> None:
@@ -105,44 +221,63 @@ def _close_connections() -> None:
 
 
 def _client():
+    """The httpx client to the local vLLM, shared by the serving threads (httpx.Client is thread-safe)."""
     global _http
     import httpx
 
-    if _http is None:
-        # Kept-alive connections to the local vLLM: a new connection per request would add to each first token.
-        _http = httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0))
-    return _http
+    size = int(settings.ARTWEB["SERVE_CONCURRENCY"])
+    with _http_lock:
+        if _http is None or _http[0] != size:
+            # Kept-alive connections, one per request served at once: a new connection per request would
+            # add to each first token.
+            limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+            _http = (size, httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0), limits=limits))
+        return _http[1]
 
 
 def serve_request_handle(request: dict, *, conn) -> None:
     """Serve one queued request: the gate, the policy, vLLM, the answer back chunk by chunk."""
+    if time.time() - float(request.get("at") or time.time()) > float(settings.ARTWEB["SERVE_TIMEOUT_SECONDS"]):
+        return  # its caller gave up long ago (a web process that went away left it on the queue)
     reply = ReplyWriter(conn, request["id"])
     reply.claim()
-    with gate:
+    with serving_slot():
         if reply.cancelled():
             return
         base_model = PretrainedModel.objects.filter(id=request["base_model"]).first()
         if base_model is None:
             return reply.fail(404, "That base model was deleted.", "model_not_found")
+        adapter = request.get("adapter") or None
         try:
-            server, name = _policy(base_model, request.get("adapter"))
+            served = inference._served_as(base_model)  # may write the model's chat template to a file
         except Exception as exc:
-            logger.exception("serving: could not load the model")
+            logger.exception("serving: could not read the model")
             return reply.fail(503, f"The worker could not load the model: {type(exc).__name__}: {exc}")
-        try:
-            _forward(server, {**request["body"], "model": name}, reply)
-        except Exception as exc:
-            logger.exception("serving: vLLM request failed")
-            return reply.fail(502, f"The inference server failed: {type(exc).__name__}: {exc}")
+        policy = Policy(served, adapter["name"], adapter["path"]) if adapter else Policy(served)
+        with _policies.hold(policy):
+            if reply.cancelled():  # it may have waited for other requests
+                return
+            try:
+                with _policies.load:
+                    server, name = _policy(base_model, adapter, keep=_policies.adapters_in_use(served))
+            except Exception as exc:
+                logger.exception("serving: could not load the model")
+                return reply.fail(503, f"The worker could not load the model: {type(exc).__name__}: {exc}")
+            try:
+                _forward(server, {**request["body"], "model": name}, reply)
+            except Exception as exc:
+                logger.exception("serving: vLLM request failed")
+                return reply.fail(502, f"The inference server failed: {type(exc).__name__}: {exc}")
 
 
-def _policy(base_model, adapter: dict | None):
-    """This worker's inference server with the model asked for ready: (server, the name vLLM serves it as)."""
+def _policy(base_model, adapter: dict | None, *, keep: set[str]):
+    """This worker's inference server with the model asked for ready: (server, the name vLLM serves it as).
+    keep: adapters other requests are being answered with, which the cache must not let go of now."""
     server = inference.inference_server(base_model)
     if not adapter:
         return server, server.ensure_base()
     before = dict(server.adapters)
-    name = adapter_cache_for(server).ensure(adapter["name"], adapter["path"])
+    name = adapter_cache_for(server).ensure(adapter["name"], adapter["path"], keep=keep)
     if server.adapters != before:
         inference.adapters_loaded_publish()  # checkpoint deletion refuses adapters that are loaded
     return server, name
