@@ -263,6 +263,19 @@ def test_a_job_past_the_storage_quota_is_refused_with_the_quota(art, settings, s
     assert not ClientTrainingJob.objects.exists() and sent == []
 
 
+def test_a_job_that_would_go_past_the_storage_quota_is_refused_before_anything_is_stored(art, settings, sent):
+    settings.ARTWEB_QUOTA_TRAJECTORY_MB = 1
+    model = art.register()
+    Run.objects.filter(id=int(model["id"])).update(trajectory_bytes=(1 << 20) - 100)  # under the limit, barely
+    response = art.train(model["id"])
+    assert response.status_code == 429
+    assert error(response).startswith("The training job's trajectories take ")
+    assert "more than is left of your storage quota" in error(response) and "Nothing of it was stored" in error(
+        response
+    )
+    assert not ClientTrainingJob.objects.exists() and sent == []
+
+
 def test_sft_jobs_are_refused_as_not_supported(art):
     response = art.post("/preview/sft-training-jobs", {"model_id": "1"})
     assert response.status_code == 400 and "Supervised fine-tuning (train_sft) is not supported" in error(response)
@@ -289,6 +302,7 @@ def test_events_page_with_after_and_has_more(art, sent):
     assert [e["type"] for e in page["data"]] == ["training_ended"] and page["has_more"] is False
     assert art.get(path, after=made[-1].id).json() == {"object": "list", "data": [], "has_more": False}
     assert art.get(path, after="x").status_code == 400
+    assert art.get(path, limit=0).status_code == 400 and art.get(path, limit=1001).status_code == 400
 
 
 def test_a_pending_job_of_a_run_cancelled_on_the_page_fails_when_polled_once(art, alice, sent):
