@@ -18,6 +18,9 @@ script?.addEventListener("change", () => {
 function showRecommended() {
   if (!model || !note) return;
   const entry = hints.recommended[model.value];
+  // The learning rate a run of this model gets when the box leaves it out (its recommendation, else the default).
+  const train = document.getElementById("id_train");
+  if (train && entry) train.placeholder = JSON.stringify({ learning_rate: entry.learning_rate });
   const settings = entry && Object.entries(entry.train);
   if (!settings || settings.length === 0) {
     note.textContent = "Settings left out of this box take artweb's defaults (no recommendations are stored for this model).";

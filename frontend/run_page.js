@@ -196,7 +196,7 @@ function renderGroup(msg) {
   }
   const head = el("div", { className: "group-head row" },
     el("a", { href: inspectorUrl({ step: msg.step, split: msg.split }), textContent: `Step ${msg.step} · ${msg.split}` }),
-    el("span", { className: "muted", textContent: `scenario #${msg.scenario}` }),
+    el("span", { className: "muted", textContent: `scenario ${msg.scenario_index}` }),
     el("span", { textContent: `reward ${num(msg.reward_mean, 3)} ± ${num(msg.reward_std, 3)}` }),
     ...badges);
   return el("li", { className: "live-group", dataset: { group: msg.id, step: msg.step } },

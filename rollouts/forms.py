@@ -76,7 +76,7 @@ class ScenarioSetForm(forms.Form):
         min_value=0.0,
         max_value=0.99,
         widget=forms.NumberInput(attrs={"step": "0.05"}),
-        help_text="Share of lines without a split held out for validation.",
+        help_text="Share of the lines without a split held out for validation (rounded; at least one from 5 such lines on, none below 5).",
     )
 
     def clean(self):

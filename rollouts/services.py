@@ -156,11 +156,27 @@ def _version_create(model, *, asset, text: str, note: str, **extra):
 # --- scenario sets -----------------------------------------------------------------------------
 
 
-def scenarios_parse(*, jsonl: str | bytes, validation_fraction: float, seed: int = 0) -> list[tuple[str, dict]]:
+MIN_LINES_TO_HOLD_OUT = 5
+
+
+def held_out_count(unmarked: int, validation_fraction: float) -> int:
+    """How many of a file's lines without a "split" key are held out for validation.
+
+    validation_fraction of them, rounded half up; at least one from MIN_LINES_TO_HOLD_OUT lines on (a
+    validation reward needs a scenario), none below it (a few lines are all needed for training), and
+    never all of them, so they leave at least one training scenario.
+    """
+    if unmarked < MIN_LINES_TO_HOLD_OUT or validation_fraction <= 0:
+        return 0
+    return min(max(1, int(unmarked * validation_fraction + 0.5)), unmarked - 1)
+
+
+def scenarios_parse(*, jsonl: str | bytes, validation_fraction: float) -> list[tuple[str, dict]]:
     """Parse a JSONL upload into (split, scenario) pairs.
 
-    A line's own "split" key ("train"/"validation") wins; lines without one are split at random
-    (seeded) so that about validation_fraction of them are held out.
+    A line's own "split" key ("train"/"validation") wins; of the lines without one, validation_fraction
+    are held out (see held_out_count), picked at random with the file's content as the seed, so the same
+    file always gets the same split.
     """
     raw = jsonl if isinstance(jsonl, bytes) else jsonl.encode("utf-8")
     if len(raw) > MAX_SCENARIO_BYTES:
@@ -210,12 +226,11 @@ def scenarios_parse(*, jsonl: str | bytes, validation_fraction: float, seed: int
             f"The scenario file has {len(rows)} scenarios; the limit is {MAX_SCENARIOS}.",
             field_errors={"file": ["too many scenarios"]},
         )
-    rng = random.Random(seed)
-    out = []
-    for split, obj in rows:
-        if split is None:
-            split = "validation" if rng.random() < validation_fraction else "train"
-        out.append((split, obj))
+    unmarked = [i for i, (split, _) in enumerate(rows) if split is None]
+    # An exact count, not a coin flip per line: 60 lines at 0.2 hold out 12, not anything from 4 to 20.
+    rng = random.Random(hashlib.sha256(raw).hexdigest())
+    held_out = set(rng.sample(unmarked, held_out_count(len(unmarked), validation_fraction)))
+    out = [(split or ("validation" if i in held_out else "train"), obj) for i, (split, obj) in enumerate(rows)]
     if not any(s == "train" for s, _ in out):
         raise ApplicationError(
             'The scenario file has no training scenarios: mark some lines "split": "train".',

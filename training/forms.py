@@ -12,6 +12,7 @@ from dataclasses import fields as dataclass_fields
 from typing import ClassVar, get_origin
 
 from django import forms
+from django.utils import timezone
 from pydantic import BaseModel as PydanticModel
 
 from artweb.jsonlimits import json_loads_limited
@@ -22,6 +23,7 @@ from training.selectors import RUN_ORDER_LABELS
 from training.services.dry_runs import DEFAULT_DRY_RUN_SCENARIOS, MAX_DRY_RUN_SAMPLES, MAX_DRY_RUN_SCENARIOS
 
 SORTS = list(RUN_ORDER_LABELS.items())
+DEFAULT_LEARNING_RATE = next(f.default for f in dataclass_fields(TrainConfig) if f.name == "learning_rate")
 
 
 class RunFilterForm(forms.Form):
@@ -172,7 +174,10 @@ def config_form_field(name: str, info) -> forms.Field:
     if get_origin(annotation) is dict or annotation is dict:
         common["initial"] = json.dumps(default) if default else ""
         return forms.CharField(
-            widget=forms.Textarea(attrs={"rows": 4, "placeholder": '{"learning_rate": 1e-5}'}), **common
+            widget=forms.Textarea(
+                attrs={"rows": 4, "placeholder": json.dumps({"learning_rate": DEFAULT_LEARNING_RATE})}
+            ),
+            **common,
         )
     raise TypeError(f"RunConfig field {name} has a type the launch form cannot show: {annotation!r}")
 
@@ -206,10 +211,28 @@ def train_config_reference() -> list[dict]:
 CONFIG_FIELDS = list(RunConfig.model_fields)
 
 
+def learning_rate_used(base_model) -> float:
+    """The learning rate of a run that sets none: the base model's recommended one, else artweb's default."""
+    recommended = (base_model.recommended_train or {}) if base_model is not None else {}
+    return recommended.get("learning_rate", DEFAULT_LEARNING_RATE)
+
+
+def default_run_name(script_version, base_model) -> str:
+    """A run's name when the launch form's is left empty: what it trains, on what, and when."""
+    when = timezone.localtime().strftime("%Y-%m-%d %H:%M")
+    return f"{script_version.asset.name[:90]} on {base_model.name[:90]} {when}"  # within the 200 allowed
+
+
 class RunLaunchForm(forms.Form):
     """Pick what to train and how. Querysets are limited to what the user may use."""
 
-    name = forms.CharField(max_length=200)
+    name = forms.CharField(
+        max_length=200,
+        required=False,
+        widget=forms.TextInput(attrs={"placeholder": "generated when left empty"}),
+        help_text="Left empty: the script, the base model and the time, e.g. "
+        "“Example rollout on SmolLM2-135M-Instruct 2025-06-01 14:30”.",
+    )
     tags = forms.CharField(required=False, help_text="Comma-separated, e.g. baseline, lr-sweep.")
     # No blank choice on required pickers: with one model, script or set there is nothing to pick.
     base_model = forms.ModelChoiceField(queryset=None, label="Base model", empty_label=None)
@@ -242,6 +265,19 @@ class RunLaunchForm(forms.Form):
 
     def clean_tags(self) -> list[str]:
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
+
+    def clean(self):
+        data = super().clean()
+        if not (data.get("name") or "").strip() and data.get("script_version") and data.get("base_model"):
+            data["name"] = default_run_name(data["script_version"], data["base_model"])
+        return data
+
+    def show_learning_rate(self) -> None:
+        """Show, as the training box's placeholder, the learning rate the chosen base model's run will use."""
+        chosen = self.data.get("base_model") if self.is_bound else self.initial.get("base_model")
+        model = self.fields["base_model"].queryset.filter(pk=chosen).first() if str(chosen or "").isdigit() else None
+        example = json.dumps({"learning_rate": learning_rate_used(model)})
+        self.fields["train"].widget.attrs["placeholder"] = example
 
     def _json_object(self, name: str, example: str) -> dict:
         raw = (self.cleaned_data.get(name) or "").strip()

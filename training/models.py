@@ -165,11 +165,9 @@ class Trajectory(models.Model):
 
     class Meta:
         db_table = "rollouts_trajectory"
+        verbose_name_plural = "trajectories"
         ordering = ["step", "group_id", "index"]
-        indexes = [
-            models.Index(fields=["run", "step", "group"]),
-            models.Index(fields=["run", "reward"]),
-        ]
+        indexes = [models.Index(fields=["run", "step", "group"]), models.Index(fields=["run", "reward"])]
 
     def __str__(self):
         return f"trajectory {self.pk} of run {self.run_id}, step {self.step}"
@@ -361,6 +359,7 @@ class ExportProgress(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name_plural = "export progress"
         constraints = [models.UniqueConstraint(fields=["target", "run"], name="uniq_export_progress")]
 
     def __str__(self):

@@ -337,9 +337,10 @@ def run_groups_latest(*, run_id: int, after_id: int = 0, ids=(), limit: int = GR
     trajectory, the two its message quotes."""
     ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)][:limit]
     groups = list(
-        TrajectoryGroup.objects.filter(Q(id__gt=after_id) | Q(id__in=ids), run_id=run_id).order_by("-id")[
-            : limit + len(ids)
-        ]
+        TrajectoryGroup.objects.filter(Q(id__gt=after_id) | Q(id__in=ids), run_id=run_id)
+        .select_related("scenario")  # its index, the number the page shows
+        .defer("scenario__data")
+        .order_by("-id")[: limit + len(ids)]
     )
     newer = [g for g in groups if g.id > after_id][:limit]
     asked = [g for g in groups if g.id <= after_id]

@@ -360,6 +360,24 @@ def sandbox_status(env: dict) -> list[str]:
     ]
 
 
+def venv_bin(python: str = sys.executable, cwd: str | None = None) -> Path:
+    """The directory of this Python and of the `artweb` command (.venv/bin after `make run`, on no one's
+    PATH), relative to the working directory when under it, as the docs write it."""
+    bin_dir = Path(python).parent  # not resolved: a virtual environment's bin/python links out of it
+    with contextlib.suppress(ValueError):
+        bin_dir = bin_dir.relative_to(cwd or os.getcwd())
+    return bin_dir
+
+
+def cli_hint(python: str = sys.executable, cwd: str | None = None) -> str:
+    """The banner's line on the `artweb` command: its exact path, and how to type just `artweb`."""
+    bin_dir = venv_bin(python, cwd)
+    line = f"Command line: {bin_dir / 'artweb'} --help"
+    if (Path(python).parent / "activate").exists():
+        line += f", or `source {bin_dir / 'activate'}` first to type just `artweb`"
+    return line + "."
+
+
 def run(env: dict, data_dir: Path, *, host: str) -> int:
     services = start_services(data_dir, env)
     supervisor = Supervisor(env)
@@ -386,11 +404,12 @@ def run(env: dict, data_dir: Path, *, host: str) -> int:
         if admin:
             lines += [
                 f"Log in as {admin[0]!r} with password {admin[1]!r}.",
-                "The password is shown only this once; change it with `python manage.py changepassword admin`.",
+                "The password is shown only this once; change it with "
+                f"`{venv_bin() / 'python'} manage.py changepassword admin`.",
             ]
         if not is_loopback_host(host):
             lines += [f"Listening on {host}: put a TLS proxy in front (docs/operations/running.md, ARTWEB_PLAIN_HTTP)."]
-        lines += ["Press Ctrl-C to stop."]
+        lines += [cli_hint(), "Press Ctrl-C to stop."]
         lines += sandbox_status(env)
         width = max(map(len, lines))
         print("\n" + "=" * width + "\n" + "\n".join(lines) + "\n" + "=" * width + "\n", flush=True)

@@ -185,3 +185,15 @@ def _without_nul(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_nul(v) for v in value]
     return value
+
+
+# How the guest words a reward function's failure (_artweb_runner.results.stage_error and the timeouts of
+# _artweb_runner.batch), as opposed to the rollout's own: the pages that count reward errors tell them apart.
+REWARD_ERROR_PREFIX = "The reward function failed: "
+REWARD_TIMEOUT_PREFIXES = ("Timed out: the reward did not finish", "Timed out: score_group did not finish")
+
+
+def reward_failed(error: str | None) -> bool:
+    """The reward function failed on this trajectory (it raised, gave no finite number, or timed out),
+    not the rollout before it."""
+    return bool(error) and error.startswith((REWARD_ERROR_PREFIX, *REWARD_TIMEOUT_PREFIXES))

@@ -5,6 +5,9 @@ asserted here is worked out by hand in the comments, with PostgreSQL's percentil
 interpolation between the two nearest ranks).
 """
 
+import sys
+from pathlib import Path
+
 import pytest
 from django.urls import reverse
 
@@ -212,3 +215,41 @@ def test_the_page_is_the_owners_only(seeded, client, alice, bob):
     assert 'id="health-data"' in body and "frontend/health.js" in body and "ZeroDivisionError" in body
     client.force_login(bob)
     assert client.get(url).status_code == 404
+
+
+def _guest_error(value=None, raised=None):
+    """The error the sandbox records when a reward returns `value` or raises `raised`: worded by the guest's
+    own check (artweb_sdk.trajectory.check_reward) and prefix (_artweb_runner.results.stage_error)."""
+    guest = Path(__file__).resolve().parents[2] / "rollouts" / "sandbox" / "guest"
+    if str(guest) not in sys.path:
+        sys.path.insert(0, str(guest))
+    from _artweb_runner.results import stage_error
+    from artweb_sdk.trajectory import check_reward
+
+    try:
+        if raised is not None:
+            raise raised
+        check_reward(value)
+    except Exception as exc:
+        return stage_error("reward", exc, {"reward.py"})
+    raise AssertionError(f"{value!r} is a valid reward")
+
+
+def test_it_files_nan_infinite_and_non_numeric_rewards_apart_from_raised_errors(alice):
+    run = RunFactory(owner=alice, status="running")
+    errors = [
+        _guest_error(float("nan")),
+        _guest_error(float("nan")),
+        _guest_error(float("inf")),
+        _guest_error(float("-inf")),
+        _guest_error("0.5"),
+        _guest_error(raised=ValueError("no answer tag")),
+    ]
+    _trajectories(TrajectoryGroupFactory(run=run, step=1), [(5, error) for error in errors])
+    rows = [(e["stage"], e["type"], e["count"]) for e in run_reward_health(run=run)["errors"]]
+    assert rows == [
+        ("reward", "reward was NaN", 2),
+        ("reward", "reward was infinite", 2),
+        ("reward", "ValueError", 1),
+        ("reward", "reward was not a number", 1),
+    ]

@@ -1,7 +1,10 @@
 """Runs and base models in the admin go through their services: a run's status moves only by a transition
 that records the staff member, an edit of its name is an event, and a base model's source rules hold there
-as they do on the API and the models page."""
+as they do on the API and the models page; every model is named in the plural as English spells it."""
 
+import re
+
+from django.apps import apps
 from django.urls import reverse
 
 from artweb.testing.factories import RunFactory
@@ -52,3 +55,22 @@ def test_it_applies_the_base_model_source_rules_in_the_admin(client, staff, tmp_
     response = client.post(reverse("admin:training_pretrainedmodel_add"), form)
     assert response.status_code == 302, response.content.decode()[-2000:]
     assert PretrainedModel.objects.get(name="local").source == str(tmp_path)
+
+
+def test_it_names_each_model_in_the_plural_as_english_does(client, staff):
+    """The admin's index says "Trajectories" and "Checkpoint aliases"; no model of the project's apps keeps
+    Django's default plural (verbose name + "s") where English spells it otherwise."""
+    client.force_login(staff)
+    page = client.get(reverse("admin:index")).content.decode()
+    assert "Trajectories" in page and "Checkpoint aliases" in page
+    assert "Trajectorys" not in page and "aliass" not in page
+    wrong = []
+    for model in apps.get_models():
+        meta = model._meta
+        if meta.app_label not in {"training", "serving", "client_runs", "rollouts"}:
+            continue
+        name, plural = str(meta.verbose_name), str(meta.verbose_name_plural)
+        naive = plural == name + "s"
+        if naive and (re.search(r"(s|x|z|ch|sh)$", name) or re.search(r"[^aeiou]y$", name)):
+            wrong.append(f"{meta.label}: {plural}")
+    assert wrong == []

@@ -22,6 +22,7 @@ GROUP_KEYS = {
     "step",
     "split",
     "scenario",
+    "scenario_index",
     "reward_mean",
     "reward_std",
     "error_count",
@@ -82,6 +83,7 @@ def test_it_sends_each_group_only_after_the_transaction_commits(django_capture_o
         "step": 1,
         "split": "train",
         "scenario": groups[0].scenario_id,
+        "scenario_index": 0,  # the number the inspector and the heatmap show, not the id
         "error_count": 1,
         "skipped": False,
         "failed_attempt": False,

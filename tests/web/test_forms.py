@@ -73,7 +73,7 @@ def test_it_shows_config_bounds_and_help_on_the_launch_form(as_user, alice, laun
         ({"train": "{not json"}, "train", "Not valid JSON"),
         ({"train": '{"learning_rat": 1}'}, "train", "unknown config key"),
         ({"train": '{"learning_rate": 5}'}, "train", "learning_rate must be in"),
-        ({"name": ""}, "name", "required"),
+        ({"name": "x" * 201}, "name", "at most 200 characters"),
     ],
 )
 def test_it_shows_launch_errors_inline(as_user, alice, launchable, extra, field, fragment):

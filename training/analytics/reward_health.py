@@ -9,8 +9,10 @@ Errors are told apart by the prefix the sandbox gives them (rollouts/sandbox/gue
 - "reward": "The reward function failed: <ExceptionType>: message", the reward raised;
 - "timeout": "Timed out: the reward did not finish ..." or "Timed out: score_group did not finish ...";
 - "rollout": anything else, the script (or the sandbox around it) failed before a reward could run.
-The type is the exception's name when the message starts with one, else the message's first line with
-its numbers replaced by N (so "within 20 s" and "within 30 s" count as one kind).
+A reward that was not a finite number is its own kind, whatever exception the sandbox raised to say so:
+"reward was NaN", "reward was infinite" (inf or -inf), "reward was not a number". Any other error's type
+is the exception's name when the message starts with one, else the message's first line with its numbers
+replaced by N (so "within 20 s" and "within 30 s" count as one kind).
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from __future__ import annotations
 from django.db import connection
 from django.urls import reverse
 
+from rollouts.sandbox.records import REWARD_ERROR_PREFIX as REWARD_PREFIX
+from rollouts.sandbox.records import REWARD_TIMEOUT_PREFIXES as REWARD_TIMEOUTS
 from training.models import Run, Trajectory
 
 SLOWEST_SHOWN = 10
-REWARD_PREFIX = "The reward function failed: "
-REWARD_TIMEOUTS = ("Timed out: the reward did not finish", "Timed out: score_group did not finish")
 STAGES = ("reward", "timeout", "rollout")  # the order the error table lists them in
 TYPE_CHARS = 80  # longest error type shown (a first line used as the type is cut here)
 
@@ -30,12 +32,28 @@ TYPE_CHARS = 80  # longest error type shown (a first line used as the type is cu
 _STAGE_SQL = (
     "CASE WHEN t.error LIKE %s THEN 'reward' WHEN t.error LIKE %s OR t.error LIKE %s THEN 'timeout' ELSE 'rollout' END"
 )
-# The error's kind, as SQL. %s: REWARD_PREFIX (removed before looking for an exception name).
+# A reward that is not a finite number, as the sandbox words it (artweb_sdk.trajectory.check_reward raises
+# ValueError for NaN and infinities, TypeError for anything else): the kind, and the errors' beginnings.
+_BAD_VALUE = REWARD_PREFIX + "{exc}: a reward must be a finite number or None, got {value}"
+BAD_REWARD_KINDS = (
+    ("reward was NaN", (_BAD_VALUE.format(exc="ValueError", value="nan"),)),
+    (
+        "reward was infinite",
+        (_BAD_VALUE.format(exc="ValueError", value="inf"), _BAD_VALUE.format(exc="ValueError", value="-inf")),
+    ),
+    ("reward was not a number", (_BAD_VALUE.format(exc="TypeError", value=""),)),
+)
+# The error's kind, as SQL: one of BAD_REWARD_KINDS, else the exception's name, else the first line with its
+# numbers folded. %s: each kind's prefixes% then its label (in order), then REWARD_PREFIX% and its length.
 _TYPE_SQL = (
-    "coalesce("
+    "CASE "
+    + "".join(
+        "WHEN " + " OR ".join(["t.error LIKE %s"] * len(prefixes)) + " THEN %s " for _, prefixes in BAD_REWARD_KINDS
+    )
+    + "ELSE coalesce("
     "substring(split_part(CASE WHEN t.error LIKE %s THEN substr(t.error, %s) ELSE t.error END, E'\\n', 1) "
     "FROM '^([A-Za-z_][A-Za-z0-9_.]*)(?::|$)'), "
-    "regexp_replace(left(split_part(t.error, E'\\n', 1), %s), '[0-9]+([.][0-9]+)?', 'N', 'g'))"
+    "regexp_replace(left(split_part(t.error, E'\\n', 1), %s), '[0-9]+([.][0-9]+)?', 'N', 'g')) END"
 )
 
 
@@ -48,7 +66,8 @@ def _stage_params() -> list:
 
 
 def _type_params() -> list:
-    return [_like(REWARD_PREFIX), len(REWARD_PREFIX) + 1, TYPE_CHARS]
+    kinds = [param for label, prefixes in BAD_REWARD_KINDS for param in (*map(_like, prefixes), label)]
+    return [*kinds, _like(REWARD_PREFIX), len(REWARD_PREFIX) + 1, TYPE_CHARS]
 
 
 def _where(run: Run, step_from: int | None, step_to: int | None) -> tuple[str, list]:

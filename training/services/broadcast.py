@@ -228,6 +228,8 @@ def group_message(group, trajectories: Sequence) -> dict:
         "step": group.step,
         "split": group.split,
         "scenario": group.scenario_id,
+        # The number pages show for the scenario (the inspector, the heatmap, the scenario set's page).
+        "scenario_index": group.scenario.index,
         "reward_mean": _finite(group.reward_mean),
         "reward_std": _finite(group.reward_std),
         "error_count": group.error_count,

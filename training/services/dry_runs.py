@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from dataclasses import dataclass
 
 from django.db import transaction
 
 from artweb.errors import ApplicationError
 from artweb.visibility import require_visible
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
+from rollouts.sandbox.records import reward_failed
 from rollouts.sandbox.rollouts import dry_run
 from training import task_names
 from training.engine.advantages import group_advantages
@@ -123,8 +125,10 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
 
     `trajectories`: the sandbox's records, each with its "scenario_index" and "reward" (None: failed).
     A scenario has signal by the trainer's own rule (training.engine.advantages): at least two scored
-    rollouts whose rewards are not all equal. Returns {"scenarios": [{"index", "rewards", "errors",
-    "std", "min", "max", "signal"}], "with_spread", "scenario_count", "samples", "message"}.
+    rollouts whose rewards are not all equal. Returns {"scenarios": [{"index", "rewards", "scored",
+    "errors", "std", "min", "max", "signal"}], "with_spread", "scenario_count", "samples", "failed",
+    "reward_failed", "message"}: failed counts the rollouts with an error, reward_failed those whose
+    error is the reward function's (it raised, gave no finite number, or timed out).
     """
     rows = []
     for index in range(scenario_count):
@@ -135,6 +139,7 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
             {
                 "index": index,
                 "rewards": rewards,
+                "scored": len(scored),
                 "errors": sum(1 for t in group if t.get("error")),
                 "std": statistics.pstdev(scored) if scored else None,
                 "min": min(scored) if scored else None,
@@ -142,6 +147,12 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
                 "signal": group_advantages(rewards, scale_rewards=False) is not None,
             }
         )
+    mine = [t for t in trajectories if t.get("scenario_index") in range(scenario_count)]
+    failures = Failures(
+        rollouts=len(mine),
+        failed=sum(1 for t in mine if t.get("error")),
+        reward_failed=sum(1 for t in mine if reward_failed(t.get("error"))),
+    )
     samples = max((len(r["rewards"]) for r in rows), default=0)
     with_spread = sum(r["signal"] for r in rows)
     return {
@@ -149,34 +160,76 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
         "with_spread": with_spread,
         "scenario_count": scenario_count,
         "samples": samples,
-        "message": _spread_message(rows, with_spread, samples),
+        "failed": failures.failed,
+        "reward_failed": failures.reward_failed,
+        "message": _spread_message(rows, with_spread, samples, failures),
     }
 
 
-def _spread_message(rows: list[dict], with_spread: int, samples: int) -> str:
+@dataclass(frozen=True)
+class Failures:
+    rollouts: int  # rollouts in all
+    failed: int  # with an error
+    reward_failed: int  # whose error is the reward function's
+
+
+def _spread_message(rows: list[dict], with_spread: int, samples: int, f: Failures) -> str:
     n = len(rows)
+    if f.rollouts and f.reward_failed == f.rollouts:
+        return (
+            f"The reward function failed on all {f.rollouts} answers, so no reward could be compared and GRPO "
+            "would have nothing to learn from. Each answer's error is below: fix the reward function (a "
+            "reward must be a finite number) and dry run again before launching."
+        )
+    if f.rollouts and f.failed == f.rollouts:
+        where = f" ({f.reward_failed} in the reward function, the others in the script)" if f.reward_failed else ""
+        return (
+            f"No rollout was scored: all {f.rollouts} failed{where}; each one's error is below. Fix that and "
+            "dry run again before launching: GRPO would have nothing to learn from."
+        )
+    if not any(r["scored"] for r in rows):
+        return (
+            "No answer got a reward: the reward gave None (not scored) for every one. Make it return a number "
+            "for each answer, then dry run again."
+        )
+    note = _failure_note(f)
     if samples < 2:
         return (
             "One rollout per scenario shows no spread: dry run with 2 or more samples to see whether "
-            "this reward tells answers apart."
+            "this reward tells answers apart." + note
         )
     if with_spread == n:
-        return f"This reward gives spread on all {n} scenarios: every group has something to learn from."
+        return f"This reward gives spread on all {n} scenarios: every group has something to learn from." + note
     if with_spread:
         return (
             f"This reward gives spread on {with_spread} of {n} scenarios; the others got equal rewards "
-            "for every answer and teach nothing."
+            "for every answer and teach nothing." + note
         )
-    if not any(r["min"] is not None for r in rows):
+    if f.failed:
+        # Failures, not the reward's scale, may be what left each scenario without two rewards to compare.
         return (
-            "No rollout was scored: each one failed (see its error). Fix that before launching: GRPO "
-            "would have nothing to learn from."
+            f"No scenario got two different rewards, and {f.failed} of {f.rollouts} rollouts failed"
+            f"{_reward_share(f)}: fix those errors first (each one's is below), then dry run again."
         )
     return (
         "No scenario got different rewards: GRPO would have nothing to learn from. Make the reward "
         "finer-grained (partial credit), use harder or more varied scenarios, or sample at a higher "
         "temperature."
     )
+
+
+def _reward_share(f: Failures) -> str:
+    if not f.reward_failed:
+        return ""
+    if f.reward_failed == f.failed:
+        return ", all in the reward function"
+    return f", {f.reward_failed} of them in the reward function"
+
+
+def _failure_note(f: Failures) -> str:
+    if not f.failed:
+        return ""
+    return f" {f.failed} of {f.rollouts} rollouts failed{_reward_share(f)}: see each one's error below."
 
 
 def dry_run_enqueue(dry_run: DryRun) -> None:

@@ -22,6 +22,7 @@ class CheckpointAlias(models.Model):
 
     class Meta:
         db_table = "training_checkpointalias"
+        verbose_name_plural = "checkpoint aliases"
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="uniq_checkpoint_alias_owner_name")]
 

@@ -18,7 +18,13 @@ from rollouts.selectors import reward_version_list, scenario_set_list, script_ve
 from training import services
 from training.analytics.alerts import run_alert_rules_update
 from training.charts import RUN_CHARTS
-from training.forms import AlertRulesForm, RunFilterForm, RunLaunchForm, train_config_reference
+from training.forms import (
+    AlertRulesForm,
+    RunFilterForm,
+    RunLaunchForm,
+    learning_rate_used,
+    train_config_reference,
+)
 from training.models import Run
 from training.selectors import (
     CLIENT_TASK,
@@ -196,7 +202,8 @@ def _launch_hints(form: RunLaunchForm) -> dict:
         if v.asset.companion_reward_id in newest
     }
     recommended = {
-        str(m.id): {"name": m.name, "train": m.recommended_train} for m in form.fields["base_model"].queryset
+        str(m.id): {"name": m.name, "train": m.recommended_train, "learning_rate": learning_rate_used(m)}
+        for m in form.fields["base_model"].queryset
     }
     return {"companions": companions, "recommended": recommended}
 
@@ -255,6 +262,7 @@ def run_launch_view(request):
     hints = _launch_hints(form)
     if request.method != "POST" and not form.initial:
         form.initial = _fresh_initial(form, hints)
+    form.show_learning_rate()
     return render(
         request,
         "training/run_launch.html",

@@ -201,12 +201,18 @@ def test_a_link_opens_the_form_prefilled(client, alice, assets):
 # --- the spread summary ---------------------------------------------------------------------------
 
 
-def _records(rows):
+def _records(rows, error="failed"):
+    """Records of rewards per scenario; None is a rollout that failed with `error` (None: no error, the
+    reward gave None)."""
     return [
-        {"scenario_index": i, "reward": r, "error": None if r is not None else "failed"}
+        {"scenario_index": i, "reward": r, "error": None if r is not None else error}
         for i, rewards in enumerate(rows)
         for r in rewards
     ]
+
+
+REWARD_RAISED = "The reward function failed: KeyError: 'answer'"  # as the sandbox words it
+REWARD_TIMED_OUT = "Timed out: the reward did not finish within 20 s (wall clock)."
 
 
 def test_the_summary_follows_the_trainers_rule_for_signal():
@@ -230,12 +236,67 @@ def test_the_summary_follows_the_trainers_rule_for_signal():
     [
         ([[1.0, 0.0], [0.2, 0.4]], "This reward gives spread on all 2 scenarios"),
         ([[1.0, 1.0], [0.0, 0.0]], "No scenario got different rewards: GRPO would have nothing to learn from"),
-        ([[None, None], [None, None]], "No rollout was scored"),
+        ([[None, None], [None, None]], "No rollout was scored: all 4 failed; each one's error is below"),
         ([[1.0], [0.0]], "One rollout per scenario shows no spread"),
     ],
 )
 def test_the_verdict_says_what_the_sample_means(rows, start):
     assert dry_run_spread(_records(rows), scenario_count=len(rows))["message"].startswith(start)
+
+
+@pytest.mark.parametrize("error", [REWARD_RAISED, REWARD_TIMED_OUT])
+def test_the_verdict_says_the_reward_failed_on_every_answer_not_that_rewards_were_equal(error):
+    summary = dry_run_spread(_records([[None, None], [None, None]], error=error), scenario_count=2)
+    assert summary["message"] == (
+        "The reward function failed on all 4 answers, so no reward could be compared and GRPO would have "
+        "nothing to learn from. Each answer's error is below: fix the reward function (a reward must be a "
+        "finite number) and dry run again before launching."
+    )
+    assert (summary["failed"], summary["reward_failed"]) == (4, 4)
+    assert "different rewards" not in summary["message"]
+
+
+def test_the_verdict_blames_failures_not_the_reward_when_they_left_nothing_to_compare():
+    # One scored answer per scenario, the other's reward raised: no spread, because of the failures.
+    summary = dry_run_spread(_records([[0.0, None], [1.0, None]], error=REWARD_RAISED), scenario_count=2)
+    assert summary["message"] == (
+        "No scenario got two different rewards, and 2 of 4 rollouts failed, all in the reward function: fix "
+        "those errors first (each one's is below), then dry run again."
+    )
+    mixed = _records([[None, None]], error=REWARD_RAISED) + _records([[], [None, None]], error="ValueError: boom")
+    assert dry_run_spread(mixed, scenario_count=2)["message"].startswith(
+        "No rollout was scored: all 4 failed (2 in the reward function, the others in the script)"
+    )
+    partial = dry_run_spread(_records([[1.0, 0.0, None], [0.5, 0.5, 0.5]], error=REWARD_RAISED), scenario_count=2)
+    assert partial["message"].endswith(
+        "teach nothing. 1 of 6 rollouts failed, all in the reward function: see each one's error below."
+    )
+
+
+def test_the_verdict_says_when_the_reward_scored_nothing_without_an_error():
+    summary = dry_run_spread(_records([[None, None], [None, None]], error=None), scenario_count=2)
+    assert summary["message"].startswith("No answer got a reward: the reward gave None (not scored) for every one.")
+    assert [r["scored"] for r in summary["scenarios"]] == [0, 0] and summary["failed"] == 0
+
+
+@pytest.mark.django_db
+def test_the_page_says_the_reward_failed_and_marks_each_scenario_failed(client, alice, assets):
+    records = _records([[None, None], [None, None]], error=REWARD_RAISED)
+    result = {"trajectories": records, "spread": dry_run_spread(records, scenario_count=2)}
+    dry = DryRun.objects.create(
+        owner=alice,
+        script_version=assets["script"],
+        reward_version=assets["reward"],
+        base_model=assets["base_model"],
+        scenarios=[{"prompt": "a"}, {"prompt": "b"}],
+        samples=2,
+        status="done",
+        result=result,
+    )
+    client.force_login(alice)
+    page = client.get(reverse("dry-run-detail", args=[dry.id])).content.decode()
+    assert "The reward function failed on all 4 answers" in page and "different rewards" not in page
+    assert page.count("<strong>no</strong>: all failed") == 2 and "all equal" not in page
 
 
 def test_the_summary_of_a_real_sandbox_batch():

@@ -49,7 +49,12 @@ class RunRewardHealthApi(Api):
                     "failed before a reward could run."
                 ),
             )
-            type = serializers.CharField(help_text="The exception's name, or the message's first line.")
+            type = serializers.CharField(
+                help_text=(
+                    '"reward was NaN", "reward was infinite" or "reward was not a number" for a reward that was '
+                    "not a finite number; else the exception's name, or the message's first line."
+                )
+            )
             count = serializers.IntegerField()
             example = ExampleSerializer()
 

@@ -256,23 +256,39 @@ def _generate(
     out = []
     for choice in sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0)):
         message = choice.get("message") or {}
-        tokens = ((choice.get("logprobs") or {}).get("content")) or []
+        content = message.get("content") or ""
+        tokens = [
+            {
+                "token": t.get("token"),
+                "logprob": t.get("logprob"),
+                "top": [[a.get("token"), a.get("logprob")] for a in t.get("top_logprobs") or []],
+            }
+            for t in ((choice.get("logprobs") or {}).get("content")) or []
+        ]
         out.append(
             {
-                "content": message.get("content") or "",
+                "content": content,
                 "tool_calls": message.get("tool_calls") or [],
                 "finish_reason": choice.get("finish_reason"),
-                "tokens": [
-                    {
-                        "token": t.get("token"),
-                        "logprob": t.get("logprob"),
-                        "top": [[a.get("token"), a.get("logprob")] for a in t.get("top_logprobs") or []],
-                    }
-                    for t in tokens
-                ],
+                "tokens": answer_tokens(tokens, content=content, finish_reason=choice.get("finish_reason")),
             }
         )
     return out
+
+
+def answer_tokens(tokens: list[dict], *, content: str, finish_reason: str | None) -> list[dict]:
+    """The answer's tokens as its text reads, without the end-of-turn token the model stopped on.
+
+    The inference servers (vLLM, and the CTranslate2 server after it) list every generated token with its
+    log-prob, the end-of-turn token included (`<|im_end|>` for ChatML models) when the answer stopped on
+    it, while the answer's text leaves special tokens out: the page, which prints the tokens, would show
+    it as a word of the answer. A last token that the text does not end with is that token (or the stop
+    string the text was cut before); any other answer keeps all its tokens.
+    """
+    if finish_reason != "stop" or not tokens:
+        return tokens
+    last = tokens[-1].get("token") or ""
+    return tokens[:-1] if last and not content.endswith(last) else tokens
 
 
 def _assistant(answer: dict) -> dict:
