@@ -130,6 +130,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     parser.add_argument("--group-size", type=int, default=6)
     parser.add_argument("--scenarios-per-step", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
@@ -139,7 +140,7 @@ def main() -> int:
     args = parser.parse_args()
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; ART client {ART_VERSION}; {vars(args)}", flush=True)
     rows = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         script = run_artweb(
             steps=args.steps,
             group_size=args.group_size,
