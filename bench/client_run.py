@@ -41,7 +41,9 @@ from artweb.testing import stack
 from artweb.testing.art_client import art_python
 from bench.run_curve import EXAMPLES, _register_model, run_artweb
 from training.client_runs.models import ClientModel, ClientTrainingJob
+from training.client_runs.services import client_model_register
 from training.engine.default_model import ensure_default_model
+from training.models import Run
 
 ART_VERSION = "0.5.18"
 
@@ -75,6 +77,12 @@ def run_client(*, seed: int, steps: int, args) -> dict:
     )
     web = stack.start_web(env, work / "logs")
     name = f"example-{seed}-{time.strftime('%H%M%S')}"
+    # Registered here first (the client's register() then finds it) to give the run the seed the uploaded
+    # run has: ART sends none, and the seed also starts the adapter's initialisation.
+    found = client_model_register(
+        user=user, entity=None, project="bench-client", name=name, base_model=base.name, return_existing=True
+    )
+    Run.objects.filter(id=found.run_id).update(config={**found.run.config, "seed": seed})
     command = [
         str(art_python(ART_VERSION)),
         str(Path(__file__).with_name("art_client_example.py")),
