@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 
 from asgiref.sync import sync_to_async
-from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from artweb.jsonlimits import JSONLimitError, json_loads_limited
@@ -22,18 +22,16 @@ from training.client_runs.services import ClientError
 from training.client_runs.wire import WireError, parse_model_create
 from training.models import Run
 from training.services.runs import run_event
-from training.services.steps import adapter_name
-from training.serving.apis.endpoint import bearer_user
+from training.serving.apis.endpoint import bearer_user, relay_chat
 from training.serving.protocol import ServeError, ServeTarget
-from training.serving.selectors import serve_model_resolve
-from training.serving.services.serving import serve_body_check, serve_exchange_start
+from training.serving.selectors import checkpoint_target, serve_model_resolve
+from training.serving.services.serving import serve_body_check
 
 MAX_BODY_BYTES = 256 << 20  # a training job's groups as JSON (each trajectory is held to 4 MB besides)
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JsonResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JsonResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status)
+    return JsonResponse(ServeError(status, message, param=param, code=code).as_dict(), status=status)
 
 
 def _body(request):
@@ -203,14 +201,7 @@ def _prepare(request, raw: bytes) -> tuple[ServeTarget, dict]:
     body.setdefault("return_token_ids", True)
     if ckpt is None:
         return ServeTarget(requested=name, base_model_id=run.base_model_id), body
-    target = ServeTarget(
-        requested=name,
-        base_model_id=run.base_model_id,
-        adapter_name=adapter_name(run, ckpt.step),
-        adapter_path=ckpt.path,
-        checkpoint_id=ckpt.id,
-    )
-    return target, body
+    return checkpoint_target(name, ckpt), body
 
 
 _prepare_async = sync_to_async(_prepare, thread_sensitive=False)
@@ -218,16 +209,4 @@ _prepare_async = sync_to_async(_prepare, thread_sensitive=False)
 
 @csrf_exempt
 async def chat_completions(request):
-    if request.method != "POST":
-        return _error(405, "Use POST for chat completions.")
-    try:
-        target, body = await _prepare_async(request, request.body)
-        exchange = await serve_exchange_start(target=target, body=body)
-        if not body.get("stream"):
-            return HttpResponse(await exchange.answer(), content_type="application/json")
-    except ServeError as exc:
-        return JsonResponse(exc.as_dict(), status=exc.status)
-    response = StreamingHttpResponse(exchange.events(), content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
+    return await relay_chat(request, _prepare_async)

@@ -50,7 +50,7 @@ def _run_for(user, ref: str) -> Run | None:
     return runs.filter(name=ref).order_by("-created_at", "-id").first()
 
 
-def _target(requested: str, ckpt: Checkpoint) -> ServeTarget:
+def checkpoint_target(requested: str, ckpt: Checkpoint) -> ServeTarget:
     return ServeTarget(
         requested=requested,
         base_model_id=ckpt.run.base_model_id,
@@ -86,7 +86,7 @@ def serve_model_resolve(*, user, name: str) -> ServeTarget:
         return ServeTarget(requested=name, base_model_id=base.id)
     alias = _aliases(user).filter(name=name).select_related("checkpoint__run").first()
     if alias is not None:
-        return _target(name, alias.checkpoint)
+        return checkpoint_target(name, alias.checkpoint)
     run_ref, sep, which = name.rpartition("@")
     run = _run_for(user, run_ref) if sep and run_ref else None
     if run is None:
@@ -94,7 +94,7 @@ def serve_model_resolve(*, user, name: str) -> ServeTarget:
     ckpt = _run_checkpoint(run, which)
     if ckpt is None:
         raise _not_found(name)
-    return _target(name, ckpt)
+    return checkpoint_target(name, ckpt)
 
 
 def serve_model_list(*, user) -> list[dict]:

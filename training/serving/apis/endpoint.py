@@ -57,12 +57,13 @@ _prepare_async = sync_to_async(_prepare, thread_sensitive=False)
 _user_async = sync_to_async(bearer_user, thread_sensitive=False)
 
 
-@csrf_exempt
-async def chat_completions(request):
+async def relay_chat(request, prepare) -> HttpResponse:
+    """Answer a chat completion request: `prepare(request, raw body)` (awaitable) checks it and says which
+    model it means; the answer is relayed whole, or chunk by chunk when `stream` is true."""
     if request.method != "POST":
         return _error(ServeError(405, "Use POST for chat completions."))
     try:
-        target, body = await _prepare_async(request, request.body)
+        target, body = await prepare(request, request.body)
         exchange = await serve_exchange_start(target=target, body=body)
         if not body.get("stream"):
             return HttpResponse(await exchange.answer(), content_type="application/json")
@@ -72,6 +73,11 @@ async def chat_completions(request):
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+@csrf_exempt
+async def chat_completions(request):
+    return await relay_chat(request, _prepare_async)
 
 
 async def models_list(request):
