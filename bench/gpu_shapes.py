@@ -155,13 +155,14 @@ def report(args, model: dict, run: dict, check: dict | None, meta: dict) -> str:
         f"{args.learning_rate:g}, reward {Path(args.reward).name} (bench/shapes), no validation, train settings "
         "the engine's defaults"
         + (f" except micro_batch_tokens={args.micro_batch_tokens}" if args.micro_batch_tokens else "")
+        + (f", base_quantization={args.base_quantization}" if args.base_quantization != "none" else "")
         + f"; vLLM {'eager' if args.eager else 'with CUDA graphs'}, KV cache {args.kv_cache_gb:g} GiB, lora "
         f"adapters; Unsloth backend; sandbox {meta['sandbox']}.",
         f"- The run ended {run['status']}" + (f": {run['error']}" if run["status"] != "completed" else "") + ".",
         "",
         "| step | step s | rollouts s | train s | completion tokens | rollout tokens/s | trained tokens | "
-        "trained tokens/s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "trained tokens/s | micro-batches | budget after (tokens) | OOM retries |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in steps:
         t = s["timings"]
@@ -169,7 +170,8 @@ def report(args, model: dict, run: dict, check: dict | None, meta: dict) -> str:
             f"| {s['step']} | {s['seconds']:.2f} | {t.get('rollouts', float('nan')):.2f} | "
             f"{t.get('train', float('nan')):.2f} | {s['completion_tokens']} | "
             f"{s['completion_tokens'] / t['rollouts'] if t.get('rollouts') else float('nan'):,.0f} | "
-            f"{int(s['tokens_trained'])} | {s['tokens_trained'] / t['train'] if t.get('train') else float('nan'):,.0f} |"
+            f"{int(s['tokens_trained'])} | {s['tokens_trained'] / t['train'] if t.get('train') else float('nan'):,.0f} | "
+            f"{s.get('micro_batches')} | {s.get('micro_batch_tokens')} | {s.get('out_of_memory_retries', 0)} |"
         )
     lines += [
         "",
@@ -213,7 +215,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=128, help="the run's rollouts in flight")
     parser.add_argument("--learning-rate", type=float, default=2e-4)
-    parser.add_argument("--micro-batch-tokens", type=int, default=0, help="0: the engine's default")
+    parser.add_argument("--micro-batch-tokens", type=int, default=0, help="0: sized by the worker (the default)")
+    parser.add_argument("--base-quantization", default="none", choices=("none", "4bit"), help="the trainer's base")
     parser.add_argument("--kv-cache-gb", type=float, default=8)
     parser.add_argument(
         "--reward",
@@ -259,6 +262,8 @@ def main() -> int:
             name=f"{args.shape} (random weights)", source=model["path"], local_path=model["path"], supports_tools=True
         )
         train = {"micro_batch_tokens": args.micro_batch_tokens} if args.micro_batch_tokens else {}
+        if args.base_quantization != "none":
+            train["base_quantization"] = args.base_quantization
         run = run_example(
             steps=args.steps,
             group_size=args.group_size,

@@ -120,6 +120,9 @@ def step_rows(run) -> list[dict]:
                 "timings": s.timings,
                 "completion_tokens": completion,
                 "tokens_trained": s.metrics.get("tokens_trained", 0),
+                "micro_batch_tokens": s.metrics.get("micro_batch_tokens"),
+                "micro_batches": s.metrics.get("micro_batches"),
+                "out_of_memory_retries": s.metrics.get("out_of_memory_retries", 0),
             }
         )
     return rows

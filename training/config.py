@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from artweb.api import MAX_INT
@@ -149,9 +150,15 @@ class RunConfig(BaseModel):
     @classmethod
     def _check_train(cls, value: dict[str, Any]) -> dict[str, Any]:
         try:
-            return TrainConfig.from_dict(value).to_dict()
+            train = TrainConfig.from_dict(value)
         except ConfigError as exc:
             raise ValueError(str(exc)) from exc
+        if train.base_quantization == "4bit" and not settings.ARTWEB["DEVICE"].startswith("cuda"):
+            raise ValueError(
+                'base_quantization "4bit" needs a GPU worker (bitsandbytes on CUDA) and this artweb trains on the '
+                'CPU: use "none".'
+            )
+        return train.to_dict()
 
 
 def run_config_parse(data: dict[str, Any] | None) -> RunConfig:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from training.engine.activations import fuse_gated_mlps
-from training.engine.config import TrainConfig
+from training.engine.config import ConfigError, TrainConfig
 
 
 @dataclass
@@ -55,8 +55,13 @@ def load_peft(cfg: TrainConfig, base_model_path: str, device: str, seed: int = 0
 
     tokenizer = AutoTokenizer.from_pretrained(base_model_path)
     dtype = resolve_dtype(cfg.dtype, device)
-    base = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype, attn_implementation="sdpa")
-    base.to(device)
+    if cfg.base_quantization == "4bit":
+        base = AutoModelForCausalLM.from_pretrained(
+            base_model_path, dtype=dtype, attn_implementation="sdpa", **_four_bit(dtype, device)
+        )
+    else:
+        base = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=dtype, attn_implementation="sdpa")
+        base.to(device)
     base.config.use_cache = False
     lora = LoraConfig(
         r=cfg.lora_rank,
@@ -78,6 +83,22 @@ def load_peft(cfg: TrainConfig, base_model_path: str, device: str, seed: int = 0
     return LoadedModel(model=model, tokenizer=tokenizer)
 
 
+def _four_bit(dtype: torch.dtype, device: str) -> dict[str, Any]:
+    """from_pretrained's arguments for an NF4 base on `device` (bitsandbytes; the output layer, embeddings
+    and norms stay in dtype)."""
+    if not str(device).startswith("cuda"):
+        raise ConfigError(
+            "base_quantization",
+            'A 4-bit base needs a CUDA GPU (bitsandbytes); this worker trains on the CPU: use base_quantization "none".',
+        )
+    from transformers import BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
+    )
+    return {"quantization_config": quantization, "device_map": {"": str(device)}}
+
+
 def load_unsloth(cfg: TrainConfig, base_model_path: str, device: str, seed: int = 0) -> LoadedModel:
     """Unsloth's FastLanguageModel + LoRA: fused kernels and its own activation offloading; CUDA only."""
     if not str(device).startswith("cuda"):
@@ -93,7 +114,7 @@ def load_unsloth(cfg: TrainConfig, base_model_path: str, device: str, seed: int 
         model_name=base_model_path,
         max_seq_length=cfg.max_seq_len,
         dtype=resolve_dtype(cfg.dtype, device),
-        load_in_4bit=False,
+        load_in_4bit=cfg.base_quantization == "4bit",
         load_in_8bit=False,
         full_finetuning=False,
         fix_tokenizer=False,

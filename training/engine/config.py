@@ -70,6 +70,10 @@ class TrainConfig:
     # Recompute activations in the backward pass: less memory, ~30% more compute. Worth it for long
     # sequences on GPU; off by default because the sequences of agent rollouts are usually short.
     gradient_checkpointing: bool = _spec(False)
+    # "4bit": the trainer's copy of the base weights quantised to NF4 (QLoRA; bitsandbytes, CUDA only), about a
+    # quarter of the memory of bf16, so larger models train beside the inference server, which keeps serving
+    # the full-precision base. "none": the base in `dtype`.
+    base_quantization: str = _spec("none", choices=("none", "4bit"))
 
     # --- GRPO ----------------------------------------------------------------------------------------
     # Divide each group's centred rewards by the group's standard deviation (ART's default: on).
@@ -117,7 +121,9 @@ class TrainConfig:
     # Token budget of one micro-batch: the positions of its packed row, each group's shared prompt
     # counted once (rows × longest row where micro-batches are padded: the unsloth backend). Gradients
     # of the micro-batches of one update are accumulated, so this trades memory for speed, not results.
-    micro_batch_tokens: int = _spec(8192, lo=16, hi=1 << 24)
+    # None (the default): sized by the worker. On a GPU from the model's shape and the memory left beside the
+    # inference server, then from the first update's measured peak (training.engine.fit); on a CPU 8,192.
+    micro_batch_tokens: int | None = _spec(None, lo=16, hi=1 << 24, optional=True, integer=True)
     # Report the mean entropy of the policy on trained tokens (one softmax more per micro-batch).
     compute_entropy: bool = _spec(True)
 

@@ -26,6 +26,7 @@ import torch
 # One Cancelled for the whole step: should_stop() said stop, in the sandbox or during an update (where the
 # optimizer was not stepped). The runtime is pure too, and training may import rollouts.
 from rollouts.sandbox import Cancelled
+from training.engine import fit
 from training.engine.advantages import compute_advantages
 from training.engine.attention import use_packed_attention
 from training.engine.backends import LOADERS, LoadedModel, resolve_dtype
@@ -55,6 +56,7 @@ class _Sums:
     entropy: float = 0.0
     clipped: int = 0
     tokens: int = 0
+    largest: int = 0  # positions of the largest micro-batch
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -90,7 +92,9 @@ class GRPOTrainer:
         self.step = 0
         # The micro-batch budget in use: the config's, halved for good each time an update runs out of device
         # memory (train_step), so later updates of the run start from what fitted.
-        self.micro_batch_tokens = cfg.micro_batch_tokens
+        self.micro_batch_tokens = cfg.micro_batch_tokens or fit.CPU_DEFAULT_TOKENS
+        # A GPU update's budget left to the worker is sized from memory at load and from each update's peak.
+        self._sizing = cfg.micro_batch_tokens is None and self.device.startswith("cuda")
         self._loaded: LoadedModel | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
@@ -105,6 +109,9 @@ class GRPOTrainer:
             self._check_compatible(state.config)
         # Seed every RNG at a run's start so the LoRA init and any dropout are reproducible;
         # a resumed run restores the saved RNG states below instead.
+        memory = fit.check_before_load(self.cfg, self.base_model_path, self.device)
+        if memory is not None and self._sizing:
+            self.micro_batch_tokens = memory.micro_batch_tokens
         _seed_everything(self.seed)
         self._loaded = LOADERS[self.cfg.backend](self.cfg, self.base_model_path, self.device, seed=self.seed)
         if self.chat_template:
@@ -198,7 +205,13 @@ class GRPOTrainer:
 
         self.model.train()
         budget_before = self.micro_batch_tokens
+        before = fit.peak_start(self.device) if self._sizing else 0
         sums, processed, batches, out_of_memory = self._accumulate_all(seqs, keys, total_tokens, should_stop)
+        if self._sizing and not out_of_memory and sums.largest:
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self.micro_batch_tokens = fit.budget_after_update(
+                self.device, before=before, largest=sums.largest, vocab=vocab
+            )
         grad_norm = self._clip_and_step(stepped := total_tokens > 0)
 
         elapsed = time.perf_counter() - start
@@ -256,6 +269,7 @@ class GRPOTrainer:
                         raise Cancelled(f"update {self.step + 1} cancelled before its optimizer step")
                     mb = self._batch([seqs[i] for i in rows], [keys[i] for i in rows])
                     processed += mb.tokens_processed
+                    sums.largest = max(sums.largest, mb.tokens_processed)
                     self._accumulate(mb, total_tokens, len(seqs), sums)
                 return sums, processed, batches, retries
             except torch.OutOfMemoryError as exc:

@@ -263,15 +263,13 @@ def trainer_for(run, *, checkpoint_dir: str | None):
     """The trainer for this run at run.steps_done, loading or resuming as needed."""
     global _trainer, _trainer_key
     # Here, not at the top: the trainer loads torch, which only a process that trains needs.
-    from training.engine.config import TrainConfig
     from training.engine.trainer import make_trainer
 
     key = (run.id, run.steps_done)
     if _trainer is not None and _trainer_key == key:
         return _trainer
     trainer_close()
-    # The backend belongs to the worker's hardware (unsloth on GPU hosts, peft on CPU), not to the run.
-    cfg = TrainConfig.from_dict({**run.config.get("train", {}), "backend": settings.ARTWEB["TRAINER_BACKEND"]})
+    cfg = _train_config(run)
     # The run's one seed (RunConfig.seed) seeds the trainer as it seeds the scenario sampling; trajectories
     # are tokenized with the chat template the inference server rendered them with.
     template = chat_template_file(run.base_model)
@@ -290,6 +288,24 @@ def trainer_for(run, *, checkpoint_dir: str | None):
     gc.freeze()
     _trainer, _trainer_key = trainer, key
     return trainer
+
+
+def _train_config(run):
+    from training.engine.config import TrainConfig
+
+    # The backend belongs to the worker's hardware (unsloth on GPU hosts, peft on CPU), not to the run.
+    return TrainConfig.from_dict({**run.config.get("train", {}), "backend": settings.ARTWEB["TRAINER_BACKEND"]})
+
+
+def trainer_fit_check(run) -> None:
+    """Before a run's rollouts on a GPU where no trainer is loaded: fit.TrainerDoesNotFit, saying what would
+    fit, when the run's model cannot be trained in the memory left beside the inference server. (With another
+    run's trainer loaded, the check waits for trainer_for, which frees it first.)"""
+    if _trainer is not None:
+        return
+    from training.engine import fit
+
+    fit.check_before_load(_train_config(run), base_model_path(run.base_model), settings.ARTWEB["DEVICE"])
 
 
 def trainer_advanced(run_id: int, step: int) -> None:

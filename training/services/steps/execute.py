@@ -195,6 +195,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     if (source := step_source(run)) is not None:
         posted, results, scenarios, lag, request, stats = posted_take(run, cfg, step, source, timings)
     else:
+        inference.trainer_fit_check(run)  # a model that cannot train here is refused before its rollouts
         results, scenarios, lag, request, stats = _rollouts(run, cfg, step, server, hb, timings)
 
     # The next step's batch, against the policy that sampled this one, while this step trains.
