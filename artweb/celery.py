@@ -50,17 +50,23 @@ def _mark_serving(options=None, **kwargs) -> None:
 @worker_process_init.connect
 def _serve_in_child(**kwargs) -> None:
     if os.environ.get(_SERVES):
-        from training.serving.worker import serve_loop_start
-
-        serve_loop_start()
+        _start_gpu_process()
 
 
 @worker_ready.connect
 def _serve_in_worker(**kwargs) -> None:
     if os.environ.get(_SERVES) in ("solo", "threads"):
-        from training.serving.worker import serve_loop_start
+        _start_gpu_process()
 
-        serve_loop_start()
+
+def _start_gpu_process() -> None:
+    """In the process that holds the inference server and the trainer: the serving loop, and the trainer's
+    libraries imported now rather than in the first step (training.services.warmup)."""
+    from training.services.warmup import warm_trainer_imports
+    from training.serving.worker import serve_loop_start
+
+    serve_loop_start()
+    warm_trainer_imports()
 
 
 @worker_process_shutdown.connect
