@@ -23,12 +23,13 @@ app.autodiscover_tasks()
 
 
 @worker_ready.connect
-def _start_sweeper(**kwargs) -> None:
+def _start_sweeper(sender=None, **kwargs) -> None:
     # Every worker runs the periodic sweep (requeue stale runs, send owed messages) in a thread of its
     # main process, one worker at a time under a Redis lock: no beat process to forget (training.sweeper).
+    # The same thread marks the worker alive for /metrics, idle or busy.
     from training.sweeper import Sweeper
 
-    Sweeper.start()
+    Sweeper.start(name=getattr(sender, "hostname", "") or "", queue="gpu" if os.environ.get(_SERVES) else "default")
 
 
 # The GPU workers serve the OpenAI-compatible endpoint too, from a thread of the process that holds the

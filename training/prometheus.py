@@ -56,6 +56,7 @@ class DatabaseCollector:
         yield from self._rollouts(now)
         yield from self._heartbeats(now)
         yield from self._queues()
+        yield from self._workers()
         yield from self._exports()
         yield GaugeMetricFamily(
             "artweb_metrics_scrape_seconds", "Time spent computing these metrics.", value=time.perf_counter() - t0
@@ -170,9 +171,35 @@ class DatabaseCollector:
         yield age
         stale = settings.ARTWEB["HEARTBEAT_SECONDS"] * 4
         yield GaugeMetricFamily(
-            "artweb_workers_alive",
+            "artweb_workers_busy",
             f"Workers holding a run whose newest heartbeat is under {stale}s old.",
             value=sum(1 for s in workers.values() if s < stale),
+        )
+
+    def _workers(self):
+        from training.sweeper import workers_alive
+
+        by_queue = GaugeMetricFamily(
+            "artweb_workers_alive_by_queue",
+            "Celery workers marked alive by their sweep thread within four sweep periods, by queue.",
+            labels=["queue"],
+        )
+        counts: dict[str, int] = {}
+        try:
+            import redis
+
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+            counts = workers_alive(client)
+            client.close()
+        except Exception:  # Redis away: no worker can be counted, and artweb_broker_up tells why
+            logger.warning("worker marks unavailable", exc_info=True)
+        for queue in ("default", "gpu"):
+            by_queue.add_metric([queue], counts.get(queue, 0))
+        yield by_queue
+        yield GaugeMetricFamily(
+            "artweb_workers_alive",
+            "Celery workers marked alive by their sweep thread within four sweep periods, idle or busy.",
+            value=sum(counts.values()),
         )
 
     def _queues(self):

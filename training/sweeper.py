@@ -28,6 +28,9 @@ from training.jobs.services import job_dispatched, job_recover_stale
 logger = logging.getLogger(__name__)
 
 LOCK_KEY = "artweb:sweep"
+# Each worker's sweeper thread marks its worker alive under this prefix every period, idle or busy; the
+# mark outlives four periods (training.prometheus counts the marks).
+ALIVE_PREFIX = "artweb:worker:"
 # A row created this recently may still have its message in flight: the sweep leaves it alone.
 OWED_AFTER = timedelta(seconds=5)
 
@@ -60,23 +63,41 @@ def period() -> float:
     return float(settings.ARTWEB["SWEEP_SECONDS"])
 
 
+def worker_mark(client, name: str, queue: str) -> None:
+    """Mark a worker alive for four sweep periods; its value is the queue it serves ("gpu" or "default")."""
+    client.set(f"{ALIVE_PREFIX}{name}", queue, ex=max(1, round(period() * 4)))
+
+
+def workers_alive(client) -> dict[str, int]:
+    """Workers whose sweeper marked them alive within four periods, counted by queue."""
+    counts: dict[str, int] = {}
+    names = list(client.scan_iter(match=f"{ALIVE_PREFIX}*", count=500))
+    for queue in client.mget(names) if names else []:
+        if queue is not None:
+            key = queue.decode() if isinstance(queue, bytes) else str(queue)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 class Sweeper:
     """The thread; start() once per worker process."""
 
     _started = False
     _lock = threading.Lock()
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "", queue: str = "default") -> None:
         self._stop = threading.Event()
+        self._name, self._queue = name, queue
         self._thread = threading.Thread(target=self._loop, name="artweb-sweeper", daemon=True)
 
     @classmethod
-    def start(cls) -> Sweeper | None:
+    def start(cls, name: str = "", queue: str = "default") -> Sweeper | None:
+        """name: the worker's (its Celery hostname), marked alive every period; queue: the one it serves."""
         with cls._lock:
             if cls._started or period() <= 0:
                 return None
             cls._started = True
-        sweeper = cls()
+        sweeper = cls(name, queue)
         sweeper._thread.start()
         return sweeper
 
@@ -88,7 +109,9 @@ class Sweeper:
         import redis
 
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+        self._mark(client)
         while not self._stop.wait(period()):
+            self._mark(client)
             try:
                 # Held a little less than a period: one sweep per period in the whole deployment.
                 if not client.set(LOCK_KEY, "1", nx=True, px=int(period() * 900)):
@@ -102,3 +125,11 @@ class Sweeper:
             finally:
                 close_old_connections()
         connection.close()  # this thread's own; the process goes on without it
+
+    def _mark(self, client) -> None:
+        if not self._name:
+            return
+        try:
+            worker_mark(client, self._name, self._queue)
+        except Exception:  # Redis away: the mark lapses and the metric says so
+            logger.warning("could not mark worker %s alive", self._name, exc_info=True)

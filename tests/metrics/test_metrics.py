@@ -118,7 +118,7 @@ def test_the_values_match_the_database(client, staff, activity, queues):
 
     age = m[("artweb_run_heartbeat_age_seconds", (("run_id", run_id), ("worker", "gpu-1:42")))]
     assert 7 <= age < 60
-    assert m[("artweb_workers_alive", ())] == 1
+    assert m[("artweb_workers_busy", ())] == 1
     assert m[("artweb_queue_depth", (("queue", q1),))] == 4
     assert m[("artweb_queue_depth", (("queue", q2),))] == 1
     assert m[("artweb_broker_up", ())] == 1

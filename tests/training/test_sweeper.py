@@ -154,3 +154,25 @@ def test_the_sweeper_thread_requeues_a_run_whose_worker_died_without_being_asked
     assert Run.objects.get(id=run.id).worker == ""
     assert run.events.filter(kind="requeued").exists()
     assert _take_message("gpu", "training.tasks.run_step_task", run.id)
+
+
+def test_each_workers_sweeper_marks_it_alive_idle_or_busy_and_the_mark_lapses(settings):
+    from training.sweeper import ALIVE_PREFIX, workers_alive
+
+    settings.ARTWEB = {**settings.ARTWEB, "SWEEP_SECONDS": 0.25}
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(match=f"{ALIVE_PREFIX}*"):
+        client.delete(key)
+    with mock.patch.object(Sweeper, "_started", False):
+        sweeper = Sweeper.start(name="gpu-worker-1@host", queue="gpu")
+    try:
+        deadline = time.monotonic() + 5
+        while not workers_alive(client) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert workers_alive(client) == {"gpu": 1}  # no run anywhere: alive while idle
+    finally:
+        sweeper.stop()
+    deadline = time.monotonic() + 5  # four periods after its last mark, it is no longer counted
+    while workers_alive(client) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert workers_alive(client) == {}
