@@ -70,13 +70,14 @@ def _runs_table(rows) -> Table:
 def runs_list(ctx, status, tag, q, limit, as_json):
     """Your runs, newest first."""
     with client_from(ctx) as api:
-        page = api.runs(status=status, tag=tag, q=q, limit=limit)
+        found = api.runs(status=status, tag=tag, q=q, limit=limit)
+        total = api.runs_count(status=status, tag=tag, q=q) if len(found) == limit else len(found)
     if as_json:
-        print_json(page["results"])
+        print_json(found)
     else:
-        console.print(_runs_table(page["results"]))
-        if page["count"] > len(page["results"]):
-            console.print(f"{len(page['results'])} of {page['count']} runs")
+        console.print(_runs_table(found))
+        if total > len(found):
+            console.print(f"{len(found)} of {total} runs")
 
 
 @runs.command("show")
@@ -287,14 +288,8 @@ for _name in ACTIONS:
 def runs_events(ctx, run_id):
     """The run's timeline."""
     with client_from(ctx) as api:
-        after = 0
-        while True:
-            page = api.events(run_id, after=after, limit=1000)
-            for e in page["results"]:
-                click.echo(f"{e['created_at'][:19].replace('T', ' ')}  {e['kind']:<20} {e['message']}")
-            if not page["results"]:
-                return
-            after = page["next_after"]
+        for e in api.events(run_id):
+            click.echo(f"{e['created_at'][:19].replace('T', ' ')}  {e['kind']:<20} {e['message']}")
 
 
 @runs.command("export")

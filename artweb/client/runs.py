@@ -22,12 +22,20 @@ class RunsApi(Session):
         q: str | None = None,
         base_model: str | None = None,
         order: str | None = None,
-        limit: int = 50,
-        offset: int = 0,
-    ) -> dict:
-        return self._get(
-            "/runs/", status=status, tag=tag, q=q, base_model=base_model, order=order, limit=limit, offset=offset
-        )
+        limit: int | None = None,
+    ) -> list[dict]:
+        """Your runs matching the filters, newest first (or by `order`); at most `limit` of them, else all."""
+        found: list[dict] = []
+        filters = {"status": status, "tag": tag, "q": q, "base_model": base_model, "order": order}
+        for run in self._pages("/runs/", **filters):
+            if limit is not None and len(found) >= limit:
+                break
+            found.append(run)
+        return found
+
+    def runs_count(self, *, status: str | None = None, tag: str | None = None, q: str | None = None) -> int:
+        """How many of your runs match the filters."""
+        return int(self._get("/runs/", status=status, tag=tag, q=q, limit=1)["count"])
 
     def run(self, run_id: int) -> dict:
         return self._get(f"/runs/{run_id}/")
@@ -91,11 +99,22 @@ class RunsApi(Session):
             max_points=max_points,
         )
 
-    def events(self, run_id: int, *, after: int = 0, limit: int = 200) -> dict:
-        return self._get(f"/runs/{run_id}/events/", after=after, limit=limit)
+    def events(self, run_id: int, *, after: int = 0) -> list[dict]:
+        """The run's timeline, oldest first: every event after the event id `after` (0: all of it). Poll
+        for new ones with after=<the last one's "id">."""
+        return list(self._after_pages(f"/runs/{run_id}/events/", after))
 
-    def logs(self, run_id: int, *, after: int = 0, limit: int = 500) -> dict:
-        return self._get(f"/runs/{run_id}/logs/", after=after, limit=limit)
+    def logs(self, run_id: int, *, after: int = 0) -> list[dict]:
+        """The run's worker log lines, oldest first, after the line id `after` (as events)."""
+        return list(self._after_pages(f"/runs/{run_id}/logs/", after))
+
+    def _after_pages(self, path: str, after: int) -> Iterator[dict]:
+        while True:
+            page = self._get(path, after=after, limit=1000)
+            yield from page["results"]
+            if not page["results"]:
+                return
+            after = page["next_after"]
 
     # --- trajectories -----------------------------------------------------------------------------
 
