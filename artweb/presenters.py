@@ -123,3 +123,20 @@ def code_diff_table(old: str, new: str, old_label: str, new_label: str) -> str:
     return difflib.HtmlDiff(tabsize=4, wrapcolumn=90).make_table(
         old.splitlines(), new.splitlines(), old_label, new_label, context=True, numlines=3
     )
+
+
+# Keys a scenario's question is usually under, in the order looked for.
+QUESTION_KEYS = ("prompt", "question", "input", "instruction", "task", "query", "problem")
+
+
+def scenario_question(messages: list[dict] | None, scenario: dict | None) -> str:
+    """The question a trajectory answered, from its scenario, when its transcript does not hold it (no user
+    turn: scripts that record only the model's answer, as ART's seed examples do); "" when it does, or when
+    the scenario has no question-like text field."""
+    if any(isinstance(m, dict) and m.get("role") == "user" for m in messages or []):
+        return ""
+    for key in QUESTION_KEYS:
+        value = (scenario or {}).get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return ""

@@ -6,7 +6,7 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, render
 
-from artweb.presenters import transcript
+from artweb.presenters import scenario_question, transcript
 from training.forms import TrajectoryFilterForm
 from training.selectors import group_list, run_get, run_trajectory_steps, trajectory_list
 
@@ -100,6 +100,9 @@ def trajectory_inspector_view(request, run_id: int):
             "all_steps": f["all_steps"],
             "selected": selected,
             "turns": transcript(selected.messages) if selected else [],
+            "question": scenario_question(selected.messages, getattr(selected.group.scenario, "data", None))
+            if selected
+            else "",
             "query": query.urlencode(),
             "step_query": step_query.urlencode(),
         },
