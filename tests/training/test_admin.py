@@ -8,6 +8,7 @@ from django.apps import apps
 from django.urls import reverse
 
 from artweb.testing.factories import RunFactory
+from artweb.testing.model_cache import link_model
 from training.models import PretrainedModel, Run, RunEvent
 
 
@@ -45,13 +46,13 @@ def test_its_cancel_action_is_the_cancel_service_with_the_staff_member_as_actor(
     assert client.get(reverse("admin:training_run_add")).status_code == 403  # runs are launched, not added
 
 
-def test_it_applies_the_base_model_source_rules_in_the_admin(client, staff, tmp_path):
+def test_it_applies_the_base_model_source_rules_in_the_admin(client, staff, tmp_path, vllm_model_dir):
     client.force_login(staff)
     form = {"name": "local", "source": str(tmp_path), "revision": "", "max_length": 2048, "recommended_train": "{}"}
     response = client.post(reverse("admin:training_pretrainedmodel_add"), form)
     assert response.status_code == 200 and "not a model directory" in response.content.decode()
     assert not PretrainedModel.objects.filter(name="local").exists()
-    (tmp_path / "config.json").write_text("{}")
+    link_model(vllm_model_dir, tmp_path)  # the default model's files in it
     response = client.post(reverse("admin:training_pretrainedmodel_add"), form)
     assert response.status_code == 302, response.content.decode()[-2000:]
     assert PretrainedModel.objects.get(name="local").source == str(tmp_path)

@@ -122,7 +122,8 @@ def test_it_reports_a_refused_action(as_user, alice):
     assert as_user(alice).get(reverse("run-action", args=[run.id, "pause"])).status_code == 405
 
 
-def test_it_registers_a_model_and_shows_errors_inline(as_user, alice):
+def test_it_registers_a_model_and_shows_errors_inline(as_user, alice, hub_model):
+    hub_model("org/tiny")
     client = as_user(alice)
     response = client.post(reverse("model-list"), {"name": "tiny", "source": "org/tiny", "max_length": 512})
     assert response.status_code == 302
@@ -143,12 +144,12 @@ def test_it_refuses_a_server_directory_from_a_non_staff_user(as_user, alice, tmp
     assert not PretrainedModel.objects.exists()
 
 
-def test_staff_may_register_a_server_directory_on_the_form(as_user, staff, tmp_path):
-    (tmp_path / "config.json").write_text("{}")
-    response = as_user(staff).post(reverse("model-list"), {"name": "local", "source": str(tmp_path), "max_length": 512})
+def test_staff_may_register_a_server_directory_on_the_form(as_user, staff, vllm_model_dir):
+    data = {"name": "local", "source": str(vllm_model_dir), "max_length": 512}
+    response = as_user(staff).post(reverse("model-list"), data)
     assert response.status_code == 302
     model = PretrainedModel.objects.get(name="local")
-    assert model.owner == staff and model.local_path == str(tmp_path.resolve())
+    assert model.owner == staff and model.local_path == str(vllm_model_dir.resolve())
     response = as_user(staff).post(reverse("model-list"), {"name": "x", "source": "/no/such/dir", "max_length": 512})
     assert _errors(response, "source") == ["not a model directory"]
 
@@ -209,10 +210,10 @@ def test_it_queues_a_dry_run_and_shows_its_result(as_user, alice, django_capture
     assert response["Location"] == reverse("dry-run-detail", args=[dry_run.id])
     assert len(callbacks) == 1 and len(dry_run.scenarios) == 4
     body = client.get(response["Location"]).content.decode()
-    assert "Waiting for a worker" in body and "dry_run.js" in body
+    assert 'id="dry-run-waiting"' in body and "dry_run.js" in body  # what it waits for (test_dry_run_waiting)
     assert client.get(reverse("dry-run-status", args=[dry_run.id])).json()["finished"] is False
     dry_run.status = "done"
     dry_run.result = [{"messages": [{"role": "assistant", "content": "w0!"}], "reward": 1.0}]
     dry_run.save()
     body = client.get(response["Location"]).content.decode()
-    assert "w0!" in body and "Waiting for a worker" not in body
+    assert "w0!" in body and 'id="dry-run-waiting"' not in body

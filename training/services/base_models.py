@@ -10,13 +10,11 @@ from artweb.errors import ApplicationError
 from artweb.visibility import may_see
 from training.engine.config import ConfigError, TrainConfig
 from training.models import PretrainedModel
+from training.services import inference
+from training.services.model_files import is_server_path, model_files_check
 
 # A Hugging Face repository id: "name" or "org/name", letters, digits, '.', '_' and '-'.
 HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
-
-
-def is_server_path(source: str) -> bool:
-    return source.startswith(("/", ".", "~"))
 
 
 def _check_source(*, source: str, owner: AbstractBaseUser | None, local_path: str) -> None:
@@ -29,12 +27,6 @@ def _check_source(*, source: str, owner: AbstractBaseUser | None, local_path: st
                 "Only staff may register a model from a directory on the server; give a Hugging Face model id "
                 "(org/name), or ask an administrator to register the directory.",
                 field_errors={"source": ["server paths need staff"]},
-            )
-        directory = Path(local_path or source).expanduser()
-        if not (directory / "config.json").exists():
-            raise ApplicationError(
-                f"{source} is not a model directory (no config.json in it).",
-                field_errors={"source": ["not a model directory"]},
             )
         return
     if trusted:
@@ -87,7 +79,18 @@ def base_model_check(
 ) -> tuple[str, str, str]:
     """The rules of a base model's name and source, for whoever registers or edits one (the API, the
     models page, the admin): returns (name, source, local_path) stripped, or raises ApplicationError.
-    actor: the person acting (None: the operator's own commands); a server directory needs staff."""
+    actor: the person acting (None: the operator's own commands); a server directory needs staff.
+    The model's files are checked as a worker will load them (training.services.model_files)."""
+    name, source, local_path = _check_fields(
+        name=name, source=source, local_path=local_path, max_length=max_length, actor=actor
+    )
+    _check_files(source=source, local_path=local_path)
+    return name, source, local_path
+
+
+def _check_fields(
+    *, name: str, source: str, local_path: str, max_length: int, actor: AbstractBaseUser | None
+) -> tuple[str, str, str]:
     name, source, local_path = (name or "").strip(), (source or "").strip(), (local_path or "").strip()
     if not name or len(name) > 200:
         raise ApplicationError(
@@ -104,6 +107,11 @@ def base_model_check(
         )
     _check_source(source=source, owner=actor, local_path=local_path)
     return name, source, local_path
+
+
+def _check_files(*, source: str, local_path: str) -> None:
+    """The files at the path the workers will be given for this model: the same resolution as theirs."""
+    model_files_check(inference.base_model_path(PretrainedModel(source=source, local_path=local_path)))
 
 
 @transaction.atomic
@@ -123,8 +131,9 @@ def base_model_register(
 
     owner is the user registering it, who alone sees it; None registers a model shared with everyone, as
     the operator's commands do. Registering the same name again with the same source returns the existing
-    row (idempotent); a different source is an error."""
-    name, source, local_path = base_model_check(
+    row (idempotent); a different source is an error. A new model's files are checked, as a worker will
+    load them, before its row is written: one a worker could not load is refused with what to fix."""
+    name, source, local_path = _check_fields(
         name=name, source=source, local_path=local_path, max_length=max_length, actor=owner
     )
     recommended_train = recommended_train_check(recommended_train)
@@ -143,6 +152,7 @@ def base_model_register(
         return existing
     if is_server_path(source) and not local_path:
         local_path = str(Path(source).expanduser().resolve())
+    _check_files(source=source, local_path=local_path)
     return PretrainedModel.objects.create(
         owner=owner,
         name=name,

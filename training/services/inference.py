@@ -14,8 +14,10 @@ import atexit
 import gc
 import hashlib
 import logging
+import math
 import os
 import threading
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -23,10 +25,12 @@ from django.core.cache import cache
 
 from rollouts.inference import cpu_probe
 from rollouts.inference.ct2_server import CT2Server
+from rollouts.inference.inference_server import InferenceServerError
 from rollouts.inference.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_supports_tools
 from rollouts.sandbox.jail import JailConfig
 from rollouts.sandbox.proxy import Upstream
 from rollouts.sandbox.uid_lease import uid_range
+from training.services.model_files import model_files_check
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,9 @@ _engine: tuple[tuple[str, str], cpu_probe.Choice] | None = None  # (device, sett
 _server_model: str | None = None  # _served_as() of the model it serves
 _judge = None  # a VLLMServer of the base model alone, for RULER while _server holds merged policy weights
 _judge_model: str | None = None
+# Starts that failed: (the served identity and max length) -> (time.monotonic() of the failure, its message).
+_start_failures: dict[str, tuple[float, str]] = {}
+START_RETRY_SECONDS = 300  # how long a model whose start failed is refused at once, with that failure's reason
 _trainer = None
 _trainer_key: tuple[int, int] | None = None  # (run id, step the trainer is at)
 _resident_reference: int | None = None  # release_memory's: resident bytes after the first step since a trim
@@ -102,24 +109,56 @@ def _served_as(base_model) -> str:
 
 
 def inference_server(base_model):
-    """A healthy inference server for this base model (started or restarted as needed)."""
+    """A healthy inference server for this base model (started or restarted as needed).
+
+    Another model's server is stopped only once this model can be started: its files pass the check
+    registration makes (ApplicationError, the running server untouched), and it did not fail to start in
+    the last START_RETRY_SECONDS (InferenceServerError, at once, with that start's reason). A server that
+    fails to start is stopped and not kept: the worker then holds none, and the next request for any model
+    starts its own."""
     global _server, _server_model
 
     served = _served_as(base_model)
     with _lock:
-        if _server is not None and _server_model != served:
+        if _server is not None and _server_model == served:
+            _server.ensure_running()
+            return _server
+        failure_key = f"{served}|{base_model.max_length}"  # a max length changed since is another start
+        _start_failure_check(failure_key)
+        model_files_check(base_model_path(base_model))
+        if _server is not None:
             _server.stop()
-            _server = None
+            _server, _server_model = None, None
         if _judge is not None and _judge_model != served:
             _judge_stop()  # another base model's judge only holds memory
-        if _server is None:
-            _server = _new_server(
-                base_model, port=settings.ARTWEB["VLLM_PORT"], adapter_mode=settings.ARTWEB["VLLM_ADAPTER_MODE"]
-            )
-            _server_model = served
-            _server.start()
-        _server.ensure_running()
-        return _server
+        server = _new_server(
+            base_model, port=settings.ARTWEB["VLLM_PORT"], adapter_mode=settings.ARTWEB["VLLM_ADAPTER_MODE"]
+        )
+        try:
+            server.start()
+        except BaseException as exc:
+            server.stop()  # what the start left: its processes, its work directory
+            if isinstance(exc, InferenceServerError):  # the server's own failure, not an interruption
+                _start_failures[failure_key] = (time.monotonic(), str(exc))
+            raise
+        _start_failures.pop(failure_key, None)
+        _server, _server_model = server, served
+        return server
+
+
+def _start_failure_check(key: str) -> None:
+    """InferenceServerError with the reason the start of `key` failed, when that was less than
+    START_RETRY_SECONDS ago: each start of a model that cannot start takes as long as a good one."""
+    failed = _start_failures.get(key)
+    if failed is None:
+        return
+    failed_at, message = failed
+    left = START_RETRY_SECONDS - (time.monotonic() - failed_at)
+    if left <= 0:
+        del _start_failures[key]
+        return
+    when = f"{math.ceil(left / 60)} min" if left > 60 else f"{math.ceil(left)} s"
+    raise InferenceServerError(f"{message} (This start failed on this worker; it is tried again in about {when}.)")
 
 
 def release_memory() -> None:

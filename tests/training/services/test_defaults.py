@@ -190,10 +190,12 @@ def test_a_companion_is_set_from_the_script_page(client):
     assert version.asset.companion_reward == reward.asset
 
 
-def test_recommended_settings_are_registered_through_the_api_and_the_form(client):
+def test_recommended_settings_are_registered_through_the_api_and_the_form(client, hub_model):
     from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
+    for repo_id in ("org/q", "org/q2", "org/q3"):
+        hub_model(repo_id)
     user = UserFactory(username="reg")
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
