@@ -9,6 +9,7 @@ async function poll(delay) {
       const body = await response.json();
       badge.textContent = body.status;
       badge.className = `badge status-${body.status}`;
+      if (body.waiting) waiting.textContent = body.waiting;
       if (body.finished) { location.reload(); return; }
     }
   } catch (_) { /* server restarting: keep polling */ }

@@ -1,6 +1,11 @@
 """One sandbox process, as the worker drives it: started first (it imports the SDK and waits), then given
 its part of a batch, read (rollouts.sandbox.reader) until it is done, and ended, saying why when it
 stopped early. And the loop that reads a batch's processes until every one has finished.
+
+A batch's deadline is kept to the moment: a little before it, each process still running is asked to
+report (a line on its control pipe: the guest answers for each rollout it has not sent, with a result when
+it has one, else with an "unfinished" line of where it was and what it printed last); at the deadline every
+process left is killed, what it had already written to its pipe is still read, and the worker goes on.
 """
 
 from __future__ import annotations
@@ -26,21 +31,34 @@ if TYPE_CHECKING:
     from rollouts.sandbox.scores import ScoreRequest
 
 PRESTART_NICE = 19  # CPU priority of a pre-started jailed batch until its hand-over (in the idle class)
+REPORT_GRACE_S = 2.0  # how long before the deadline a sandbox is asked to report (at most a quarter of the limit)
+DRAIN_READS = 64  # reads of a stopped sandbox's pipe, at most READ_CHUNK each: what it wrote before it stopped
+
+
+def report_grace(batch_timeout: float) -> float:
+    return min(REPORT_GRACE_S, batch_timeout / 4)
 
 
 def pump(sandboxes, selector, *, batch_timeout: float, should_stop, tick, cancelled: str, unfinished: str) -> None:
-    """Read the sandboxes' pipes until every one has finished, the batch's deadline passes (the rest are
-    killed, each unfinished item saying `unfinished`) or the caller cancels; `tick` takes what arrived after
-    each read and may raise to end the batch early."""
+    """Read the sandboxes' pipes until every one has finished, the batch's deadline passes or the caller
+    cancels; `tick` takes what arrived after each read and may raise to end the batch early. Shortly before
+    the deadline each sandbox still running is asked to report; at the deadline the rest are killed, each
+    unfinished item saying `unfinished` (and Sandbox.at_deadline set)."""
     deadline = time.monotonic() + batch_timeout
+    report_at = deadline - report_grace(batch_timeout)
     while any(not box.finished for box in sandboxes):
         if should_stop():
             raise Cancelled(cancelled)
-        if time.monotonic() > deadline:
-            for box in sandboxes:
-                box.kill(f"The batch did not finish within its {batch_timeout:g} s limit; {unfinished}")
+        now = time.monotonic()
+        if now >= deadline:
+            reason = f"The batch did not finish within its {batch_timeout:g} s limit; {unfinished}"
+            stop_at_deadline([box for box in sandboxes if not box.finished], reason)
             return
-        for key, _ in selector.select(timeout=0.2):
+        if now >= report_at:
+            for box in sandboxes:
+                if not box.finished:
+                    box.ask_report()
+        for key, _ in selector.select(timeout=min(0.2, (report_at if now < report_at else deadline) - now)):
             key.data.read()
             # A closed pipe stays readable, and so does one whose sandbox was cut off for breaking the
             # protocol (nothing more is read from it): stop watching both.
@@ -64,6 +82,15 @@ def _unjailed_limits(limits: SandboxLimits, cpu_seconds: int) -> Callable[[], No
     return apply
 
 
+def stop_at_deadline(boxes: list[Sandbox], reason: str) -> None:
+    """Kill every process at once, then read what each had written before it died: the worker is free as
+    soon as they are gone, and a result sent just before the deadline still counts."""
+    for box in boxes:
+        box.signal_kill()
+    for box in boxes:
+        box.end_at_deadline(reason)
+
+
 class Sandbox(ResultReader):
     """One sandbox process: started first (it imports the SDK and waits), then given its part of a batch."""
 
@@ -83,6 +110,7 @@ class Sandbox(ResultReader):
         self.log_path = log_path
         self.cpu_seconds = cpu_seconds
         self.jail = jail
+        self.at_deadline = False  # killed at the batch's deadline with rollouts unfinished
 
     @classmethod
     def start(cls, shape: BatchShape, layout: BatchFiles, k: int, jail: Jail | None, *, ahead: bool = False) -> Sandbox:
@@ -177,9 +205,22 @@ class Sandbox(ResultReader):
                 view = view[os.write(self.control_fd, view) :]
         except OSError:  # it died while waiting: check_exit says how
             pass
-        finally:
-            os.close(self.control_fd)
-            self.control_fd = -1
+        # The control pipe stays open for the report before the deadline (ask_report).
+
+    def ask_report(self) -> None:
+        """The batch's deadline is near: ask the guest to answer for every rollout it has not sent (a result,
+        or an "unfinished" line: rollouts.sandbox.reader) and say it is done. Once; a guest that is gone or
+        does not listen is killed at the deadline all the same."""
+        if self.control_fd < 0:
+            return
+        try:
+            # Never blocks the worker: a guest that stopped reading its pipe just gets no report.
+            os.set_blocking(self.control_fd, False)
+            os.write(self.control_fd, b'{"report": true}\n')
+        except OSError:
+            pass
+        os.close(self.control_fd)
+        self.control_fd = -1
 
     # --- ending ------------------------------------------------------------------------------------
 
@@ -189,14 +230,7 @@ class Sandbox(ResultReader):
         if not self._done:
             if self.proc.poll() is None:
                 return
-            # What is still in the pipe, a bounded amount at a time.
-            for _ in range(64):
-                if self.eof or self.finished:
-                    break
-                before = len(self._buffer), len(self._ready)
-                self.read()
-                if (len(self._buffer), len(self._ready)) == before and not self.eof:
-                    break
+            self.drain()
             if self.finished:  # a protocol violation while draining
                 return
         # Once it said "done" (its last line: one after it is a violation) every result is in, so a live
@@ -209,6 +243,24 @@ class Sandbox(ResultReader):
         if not self._done:
             self.exit_reason = self._describe_exit(self.proc.returncode)
         self._kill_group()
+
+    def drain(self) -> None:
+        """Read what is still in the pipe of a process that stopped (or was killed), a bounded amount at a time."""
+        for _ in range(DRAIN_READS):
+            if self.eof or self.finished or not self.read():
+                break
+
+    def end_at_deadline(self, reason: str) -> None:
+        """Its batch's deadline passed and it was killed (signal_kill): take what it had written, then end it."""
+        self.drain()
+        if self.finished:  # what it had written broke the protocol: that is its reason
+            return
+        if self._done and len(self._seen) >= self._expected():  # every answer was in, just in time
+            self.finished = True
+            self._kill_group()
+            return
+        self.at_deadline = True
+        self.kill(reason)
 
     def kill(self, reason: str) -> None:
         if not self.finished:
@@ -236,7 +288,7 @@ class Sandbox(ResultReader):
                 why = f"it was killed by {sig.name}"
         else:
             why = f"it exited with status {code} (os._exit(), or a crash outside a rollout)"
-        tail = self._log_tail()
+        tail = self.log_tail()
         return (
             "The sandbox process running this rollout stopped before the rollout finished: "
             + why
@@ -244,7 +296,7 @@ class Sandbox(ResultReader):
             + (f"\n\nLast output of the sandbox process:\n{tail}" if tail else "")
         )
 
-    def _log_tail(self, lines: int = 20) -> str:
+    def log_tail(self, lines: int = 20) -> str:
         try:
             with open(self.log_path, "rb") as fh:
                 fh.seek(max(0, os.fstat(fh.fileno()).st_size - 16_000))
@@ -253,13 +305,16 @@ class Sandbox(ResultReader):
             return ""
         return "\n".join(text.strip().splitlines()[-lines:])[-4000:]
 
-    def _kill_group(self) -> None:
+    def signal_kill(self) -> None:
         # Unjailed: the session. Jailed: bwrap, whose death takes the namespace's init, and with it every
         # process of the namespace (--die-with-parent); the cgroup is swept when the batch ends.
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def _kill_group(self) -> None:
+        self.signal_kill()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

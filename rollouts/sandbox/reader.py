@@ -8,7 +8,10 @@ protocol (garbage, a flood, a record for a slot it does not own, twice the same 
 
 Both modes read with this same code: a rollout sandbox sends "trajectory" lines, a score sandbox "score"
 lines (rollouts.sandbox.scores.ScoreSandbox says which slots it owns and how a score is checked); every
-cap is the worker's own (SandboxLimits).
+cap is the worker's own (SandboxLimits). A rollout sandbox asked to report before its batch's deadline
+(rollouts.sandbox.process.pump) may answer for a rollout it could not finish with an "unfinished" line
+instead: where it was, the last lines it printed and, once it had finished, its unscored trajectory,
+kept in `reports` for that rollout's error.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from rollouts.sandbox.records import (
     RecordError,
     ResultBudget,
     check_trajectory,
+    check_unfinished,
     line_limit,
     megabytes,
     parse_line,
@@ -35,7 +39,7 @@ class ResultReader:
     The process behind it (rollouts.sandbox.process.Sandbox) sets its slots when it begins (groups,
     group_size, vocab_size), shares the batch's budget, and says how it is stopped (kill)."""
 
-    KINDS = ("trajectory", "done")  # the lines this sandbox may send
+    KINDS = ("trajectory", "unfinished", "done")  # the lines this sandbox may send
     WHAT = "trajectory"  # the key of a line's record, and what people read in the errors
     SLOT = "rollout it runs"  # what each of its records answers for
 
@@ -50,6 +54,7 @@ class ResultReader:
         self._buffer = b""
         self._ready: list[tuple[int, int, dict]] = []
         self._seen: set[tuple[int, int]] = set()
+        self.reports: dict[tuple[int, int], dict] = {}  # (group, index) -> an "unfinished" line's report
         self._done = False
         self.eof = False
         self.budget = ResultBudget(limits.batch_bytes)  # the batch's own, shared by its processes (hand_over)
@@ -58,19 +63,20 @@ class ResultReader:
         """Stop the sender for good, `reason` its exit_reason (the process knows how: Sandbox.kill)."""
         raise NotImplementedError
 
-    def read(self) -> None:
-        """Take what is waiting on the pipe, at most READ_CHUNK bytes: the caller's loop keeps its deadline."""
+    def read(self) -> bool:
+        """Take what is waiting on the pipe, at most READ_CHUNK bytes: the caller's loop keeps its deadline.
+        False when nothing was waiting."""
         if self.finished and self.exit_reason is not None:
-            return
+            return False
         try:
             chunk = os.read(self.read_fd, READ_CHUNK)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             chunk = b""
         if not chunk:
             self.eof = True
-            return
+            return False
         self._buffer += chunk
         *lines, self._buffer = self._buffer.split(b"\n")
         longest = max([len(self._buffer), *map(len, lines)])
@@ -79,13 +85,14 @@ class ResultReader:
                 f"it sent a line of more than {megabytes(limit)}, twice the limit of "
                 f"{megabytes(self.limits.record_bytes)} on one record (SandboxLimits.record_bytes)"
             )
-            return
+            return True
         for line in lines:
             try:
                 self._accept(parse_line(line, self.KINDS, max_depth=self.limits.record_depth), len(line))
             except RecordError as exc:
                 self._violation(str(exc))
-                return
+                break
+        return True
 
     def _accept(self, message: dict, size: int) -> None:
         """Take one parsed line of `size` bytes."""
@@ -98,7 +105,13 @@ class ResultReader:
         if (group, index) in self._seen:
             raise RecordError(f"it sent {self.WHAT} {index} of group {group} twice ({self._records_allowed()})")
         self._seen.add((group, index))
-        self._ready.append((group, index, self._keep(message.get(self.WHAT), size)))
+        if message["kind"] == "unfinished":
+            report = check_unfinished(message)
+            if message.get(self.WHAT) is not None:  # it had finished; its group's scoring had not
+                report["record"] = self._keep(message[self.WHAT], size)
+            self.reports[(group, index)] = report
+        else:
+            self._ready.append((group, index, self._keep(message.get(self.WHAT), size)))
 
     def _records_allowed(self) -> str:
         """The bound on the number of records, which the protocol's rules above enforce."""

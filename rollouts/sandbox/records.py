@@ -146,6 +146,34 @@ def check_trajectory(record: Any, *, vocab_size: int | None) -> dict:
     return _without_nul(record)  # PostgreSQL's text and jsonb refuse NUL characters: the step could not save it
 
 
+# What a sandbox may say of a rollout it could not finish before the batch's deadline: an "unfinished" line,
+# its last word on that rollout (rollouts.sandbox.process asks for it just before the deadline), with the
+# rollout's trajectory when it had one (checked as any other). Only the tail of its log is kept, bounded
+# here whatever the line held.
+UNFINISHED_STATES = ("waiting", "running", "scoring")  # not started / in rollout() or its reward / its group's
+REPORT_LOG_LINES = 20
+REPORT_LINE_CHARS = 1000
+
+
+def check_unfinished(message: Any) -> dict:
+    """An "unfinished" line's report: {"state": one of UNFINISHED_STATES, "seconds": float | None (how long
+    it had run), "logs": the last REPORT_LOG_LINES lines it printed, each cut to REPORT_LINE_CHARS}."""
+    state = message.get("state")
+    if state not in UNFINISHED_STATES:
+        raise RecordError(f"an unfinished rollout's state must be one of {', '.join(UNFINISHED_STATES)}")
+    seconds = message.get("seconds")
+    if seconds is not None and _finite(seconds, "seconds") < 0:
+        raise RecordError("an unfinished rollout's seconds must be >= 0")
+    logs = message.get("logs", [])
+    if not isinstance(logs, list) or not all(isinstance(line, str) for line in logs):
+        raise RecordError("an unfinished rollout's logs must be a list of strings")
+    return {
+        "state": state,
+        "seconds": None if seconds is None else float(seconds),
+        "logs": [_without_nul(line[:REPORT_LINE_CHARS]) for line in logs[-REPORT_LOG_LINES:]],
+    }
+
+
 MAX_SCORE_ERROR_CHARS = 20_000
 
 
@@ -197,3 +225,18 @@ def reward_failed(error: str | None) -> bool:
     """The reward function failed on this trajectory (it raised, gave no finite number, or timed out),
     not the rollout before it."""
     return bool(error) and error.startswith((REWARD_ERROR_PREFIX, *REWARD_TIMEOUT_PREFIXES))
+
+
+# How a rollout stopped at its batch's deadline is told (rollouts.sandbox.rollouts.deadline_error): its error
+# starts with this and names every rollout the batch stopped, so the first such error says which hung.
+DEADLINE_PREFIX = "The batch did not finish within its "
+
+
+def deadline_stopped(error: str | None) -> bool:
+    """The rollout was still unfinished when its batch reached its deadline, and was stopped."""
+    return bool(error) and error.startswith(DEADLINE_PREFIX)
+
+
+def deadline_summary(error: str) -> str:
+    """The first paragraph of such an error: the limit and the rollouts it stopped, the same in each of them."""
+    return error.split("\n\n", 1)[0]

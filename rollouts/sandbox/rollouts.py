@@ -13,6 +13,9 @@ Results come back as one JSON line per finished trajectory on a pipe, so a proce
 a segfault, a limit) loses only its unfinished rollouts, which are recorded as errors saying why. Every
 line is checked (rollouts.sandbox.reader) before it is believed; a sandbox that breaks the protocol
 (garbage, a flood, a record for a rollout it does not own) is killed and its unfinished rollouts fail.
+A batch that reaches its deadline keeps every result that came back; each rollout still unfinished gets
+an error naming it, every other rollout the deadline stopped, and the last lines it printed
+(deadline_error), and its sandbox is killed at the deadline itself (rollouts.sandbox.process.pump).
 
 A run's next batch can be started ahead, once its step's update is done: a fresh jail whose interpreter has imported
 the SDK and the OpenAI client and waits for the batch; why this design, and why it keeps each batch as
@@ -42,6 +45,7 @@ from rollouts.sandbox.jail import JailConfig
 from rollouts.sandbox.prestart import StartedBatch, prestarted
 from rollouts.sandbox.process import Sandbox, pump
 from rollouts.sandbox.proxy import Upstream
+from rollouts.sandbox.records import DEADLINE_PREFIX
 
 
 @dataclass
@@ -74,6 +78,8 @@ class RolloutRequest:
     # and, with prestart_next, pre-starts one for the key's next batch (see rollouts.sandbox.prestart).
     warm_key: str | None = None
     prestart_next: bool = False
+    # How errors name each scenario: its number in its set (the inspector's Scenario #); None: its position here.
+    scenario_numbers: list[int] | None = None
 
 
 @dataclass
@@ -223,9 +229,18 @@ def _rollouts_in(
         )
         for box in sandboxes:
             collect(box)
+        stopped = _deadline_records(request, records, sandboxes, batch_timeout)
         if jail is not None and (kills := jail.cgroup.oom_kills()):
             _note_memory(records, kills, request.limits.memory_mb)
-        return _results(request, records, None, sandboxes)
+        results = _results(request, records, None, sandboxes)
+        failed = sum(1 for group in results for t in group.trajectories if t["error"])
+        if stopped and failed > budget:
+            raise TooManyErrors(
+                f"{failed} of {total} rollouts failed (max_exceptions={request.max_exceptions}). The first "
+                f"rollout the deadline stopped:\n{stopped}",
+                results,
+            )
+        return results
     finally:
         selector.close()
         started.close()
@@ -254,6 +269,93 @@ def _note_memory(records: list[list[dict | None]], kills: int, memory_mb: int) -
         for record in group:
             if record is not None and record["error"] is not None and note not in record["error"]:
                 record["error"] += note
+
+
+MAX_NAMED = 8  # rollouts a deadline error names; the others are counted
+ERROR_LOG_LINES = 5  # of a stopped rollout's last lines, those its error quotes (its logs keep the rest)
+
+
+def _deadline_records(request: RolloutRequest, records, sandboxes, batch_timeout: float) -> str | None:
+    """Give each rollout that a sandbox stopped by the deadline left without a result its error and the last
+    lines it printed (from the sandbox's report, when it could give one). Returns the first such error."""
+    stopped = [
+        (g, i, box)
+        for box in sandboxes
+        if box.at_deadline or (box.reports and box.exit_reason is None)  # (killed, or it answered the report)
+        for g in box.groups
+        for i in range(request.group_size)
+        if records[g][i] is None
+    ]
+    if not stopped:
+        return None
+    label = _labeler(request)
+    names = [label(g, i) for g, i, _ in stopped]
+    for g, i, box in stopped:
+        report = box.reports.get((g, i))
+        error = deadline_error(
+            names,
+            this=label(g, i),
+            limit_s=batch_timeout,
+            rollout_timeout_s=request.limits.rollout_timeout_s,
+            report=report,
+            process_output=box.log_tail(lines=10)[-1000:],
+        )
+        kept = (report or {}).get("record") or {**failed_record(""), "logs": report["logs"] if report else []}
+        records[g][i] = {**kept, "reward": None, "error": error}
+    g, i, _ = stopped[0]
+    return records[g][i]["error"]
+
+
+def _labeler(request: RolloutRequest) -> Callable[[int, int], str]:
+    numbers = request.scenario_numbers or list(range(len(request.scenarios)))
+    if request.group_size == 1:
+        return lambda g, i: f"scenario {numbers[g]}"
+    return lambda g, i: f"scenario {numbers[g]} sample {i}"
+
+
+STATES = {
+    "waiting": "had not started (held back by the batch's concurrency, or by a rollout that kept its process busy)",
+    "running": "was still running",
+    "scoring": "had finished but was not scored: its group's reward (score_group or RULER) runs once all "
+    "the group's rollouts have",
+}
+
+
+def deadline_error(
+    names: list[str],
+    *,
+    this: str,
+    limit_s: float,
+    rollout_timeout_s: float,
+    report: dict | None,
+    process_output: str,
+) -> str:
+    """The error of a rollout still unfinished at its batch's deadline: every rollout the deadline stopped
+    (MAX_NAMED of them by name), where this one was and the last lines it printed, and what to fix."""
+    named = ", ".join(names[:MAX_NAMED]) + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
+    stopped = "1 rollout" if len(names) == 1 else f"{len(names)} rollouts"
+    parts = [f"{DEADLINE_PREFIX}{limit_s:g} s limit, so it was stopped with {stopped} unfinished: {named}."]
+    if report is None:
+        parts.append(
+            f"This one ({this}) had sent no result, and its sandbox process gave no report of it before the "
+            "deadline, so what it printed last is not known."
+        )
+    else:
+        ran = f" after {report['seconds']:.1f} s" if report["seconds"] is not None else ""
+        said = report["logs"][-ERROR_LOG_LINES:]
+        printed = (
+            "The last lines it printed:\n" + "\n".join(line[:300] for line in said) if said else "It printed nothing."
+        )
+        where = f"This one ({this}) {STATES[report['state']]}{ran}."
+        parts.append(where if report["state"] == "waiting" else f"{where} {printed}")
+    if process_output:
+        parts.append(f"Last output of its sandbox process, outside any rollout:\n{process_output}")
+    parts.append(
+        f"Each rollout is stopped at its own limit of {rollout_timeout_s:g} s (rollout_timeout_s); one that "
+        "outlives it blocks in code that cannot be interrupted, or catches the timeout (except BaseException, "
+        "or asyncio.CancelledError) and carries on. Give blocking calls their own timeout."
+    )
+    return "\n\n".join(parts)
 
 
 def _results(request, records, missing: str | None, sandboxes=()) -> list[GroupResult]:

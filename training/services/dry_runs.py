@@ -13,19 +13,21 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from artweb.errors import ApplicationError
 from artweb.visibility import require_visible
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
-from rollouts.sandbox.records import reward_failed
+from rollouts.sandbox.records import deadline_stopped, deadline_summary, reward_failed
 from rollouts.sandbox.rollouts import dry_run
 from training import task_names
 from training.engine.advantages import group_advantages
 from training.jobs.kinds import FAIL, JobKind
 from training.jobs.leases import JobHeartbeat, worker_name
 from training.jobs.services import job_claim, job_enqueue, job_event, job_fail, job_finish
-from training.models import DryRun
+from training.models import DryRun, Run
 from training.services import inference
 
 logger = logging.getLogger(__name__)
@@ -162,8 +164,16 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
         "samples": samples,
         "failed": failures.failed,
         "reward_failed": failures.reward_failed,
-        "message": _spread_message(rows, with_spread, samples, failures),
+        "message": _deadline_note(mine) + _spread_message(rows, with_spread, samples, failures),
     }
+
+
+def _deadline_note(trajectories: list[dict]) -> str:
+    """First, when the batch reached its time limit: which rollouts it stopped (the sandbox's own summary)."""
+    stopped = next((t["error"] for t in trajectories if deadline_stopped(t.get("error"))), None)
+    if stopped is None:
+        return ""
+    return deadline_summary(stopped) + " Each one's error below says where it was and what it printed last. "
 
 
 @dataclass(frozen=True)
@@ -253,7 +263,14 @@ def dry_run_execute(*, dry_run_id: int) -> None:
 
 
 def _dry_run_result(obj: DryRun) -> dict:
+    name = obj.base_model.name
+    _stage(
+        obj,
+        f"Starting the inference server for {name}, or finding it running (the first start takes a minute or more).",
+    )
     server = inference.inference_server(obj.base_model)
+    n = len(obj.scenarios)
+    _stage(obj, f"Rolling out {n} scenario{'s' * (n != 1)} x {obj.samples} against {name} in the sandbox.")
     # Each scenario is one group of `samples` rollouts, as a training step would roll it out.
     result = dry_run(
         script=obj.script_version.content,
@@ -270,3 +287,44 @@ def _dry_run_result(obj: DryRun) -> dict:
     )
     result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
     return result
+
+
+def _stage(obj: DryRun, message: str) -> None:
+    """What a running dry run is doing now, for its page (dry_run_waiting)."""
+    job_event(jobs=DRY_RUN_JOBS, job=obj, kind="stage", message=message)
+
+
+def dry_run_waiting(dry_run: DryRun) -> str:
+    """What an unfinished dry run waits for, in words for its page: a worker (none running, or busy), or
+    the stage its worker is at and for how long."""
+    if dry_run.status == "running":
+        stage = dry_run.events.filter(kind="stage").order_by("-id").first()
+        if stage is None:
+            return "A worker took it and is starting."
+        seconds = max(0, int((timezone.now() - stage.created_at).total_seconds()))
+        return f"{stage.message} ({seconds} s so far)"
+    gpu_workers = workers_alive_count("gpu")
+    if gpu_workers == 0:
+        return (
+            "No GPU worker is running, so nothing can take it yet: start one (make run starts one; "
+            "Operations > Workers in the docs says how)."
+        )
+    if Run.objects.filter(status__in=Run.ACTIVE_STATUSES).exclude(worker="").exists():
+        return "Queued: the worker is busy with a training step and takes it next."
+    return "Queued: a worker takes it in a moment."
+
+
+def workers_alive_count(queue: str) -> int | None:
+    """Workers of the queue marked alive (training.sweeper); None when Redis cannot say."""
+    import redis
+
+    from training.sweeper import workers_alive
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            return workers_alive(client).get(queue, 0)
+        finally:
+            client.close()
+    except redis.RedisError:
+        return None

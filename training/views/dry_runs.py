@@ -15,7 +15,7 @@ from artweb.presenters import transcript
 from rollouts import selectors as rollout_selectors
 from training.forms import DryRunForm
 from training.selectors import base_model_visible, dry_run_get
-from training.services.dry_runs import dry_run_create
+from training.services.dry_runs import dry_run_create, dry_run_waiting
 
 
 def _dry_run_form(request, data=None, initial=None) -> DryRunForm:
@@ -92,6 +92,7 @@ def dry_run_detail_view(request, dry_run_id: int):
             "trajectories": _dry_run_trajectories(dry_run.result),
             "spread": spread if isinstance(spread, dict) else None,
             "finished": dry_run.status in ("done", "failed"),
+            "waiting": "" if dry_run.status in ("done", "failed") else dry_run_waiting(dry_run),
         },
     )
 
@@ -100,4 +101,6 @@ def dry_run_detail_view(request, dry_run_id: int):
 @require_GET
 def dry_run_status_view(request, dry_run_id: int):
     dry_run = dry_run_get(user=request.user, dry_run_id=dry_run_id)
-    return JsonResponse({"id": dry_run.id, "status": dry_run.status, "finished": dry_run.status in ("done", "failed")})
+    finished = dry_run.status in ("done", "failed")
+    waiting = "" if finished else dry_run_waiting(dry_run)
+    return JsonResponse({"id": dry_run.id, "status": dry_run.status, "finished": finished, "waiting": waiting})

@@ -55,24 +55,27 @@ def warm_up() -> None:
 MAX_CONTROL_BYTES = 1 << 20
 
 
-def wait_for_batch(fd: int) -> dict[str, str]:
+def wait_for_batch(fd: int) -> tuple[dict[str, str], bool]:
     """Block until the worker sends the batch's environment (one JSON line); exit quietly if it closes the
-    pipe instead (a pre-started process that no batch took)."""
+    pipe instead (a pre-started process that no batch took). The pipe stays open for the worker's report
+    request before the deadline (Batch.watch_deadline); True when that came already, with the environment."""
     data = b""
-    while not data.endswith(b"\n"):
+    while b"\n" not in data:
         chunk = os.read(fd, 65536)
         if not chunk or len(data) > MAX_CONTROL_BYTES:
             os._exit(0)
         data += chunk
-    os.close(fd)
-    message = json.loads(data)
-    return {str(k): str(v) for k, v in message["env"].items()}
+    line, _, rest = data.partition(b"\n")
+    message = json.loads(line)
+    return {str(k): str(v) for k, v in message["env"].items()}, bool(rest)
 
 
 def main() -> None:
     if os.environ.pop("ARTWEB_WARM_UP", "") == "1":  # started ahead of its batch: the imports are free now
         warm_up()
-    os.environ.update(wait_for_batch(int(os.environ.pop("ARTWEB_CONTROL_FD"))))
+    control_fd = int(os.environ.pop("ARTWEB_CONTROL_FD"))
+    env, report_asked = wait_for_batch(control_fd)
+    os.environ.update(env)
     spec_path = Path(sys.argv[1])
     spec = json.loads(spec_path.read_text())
     results.MAX_RECORD_BYTES = int(spec.get("record_bytes", results.MAX_RECORD_BYTES))
@@ -89,6 +92,10 @@ def main() -> None:
     limit_processes(int(spec["max_processes"]))
     weave = _weave_start()
     batch = (ScoreBatch if spec.get("mode") == "score" else Batch)(spec, pipe)
+    if isinstance(batch, ScoreBatch):
+        os.close(control_fd)  # its trajectories' scores are each kept as they come; nothing to report
+    else:
+        batch.watch_deadline(control_fd, asked=report_asked)
     batch.load(spec_path.parent)
     asyncio.run(batch.run())
     _weave_finish(weave)

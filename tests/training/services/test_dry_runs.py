@@ -364,6 +364,9 @@ def test_the_task_scores_the_base_models_answers(vllm_server, vllm_model_dir, al
     assert spread["scenarios"][1]["rewards"] == [0.5] * 4 and spread["scenarios"][2]["errors"] == 4
     assert spread["message"].startswith("This reward gives spread on 1 of 3 scenarios")
     json.dumps(dry.result)  # stored as JSON as it is
+    stages = list(dry.events.filter(kind="stage").values_list("message", flat=True))
+    assert stages[0].startswith("Starting the inference server for smollm-local")
+    assert stages[1] == "Rolling out 3 scenarios x 4 against smollm-local in the sandbox."
 
     client.force_login(alice)
     page = client.get(reverse("dry-run-detail", args=[dry.id])).content.decode()

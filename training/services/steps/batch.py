@@ -156,6 +156,7 @@ def rollouts_request(
         script=run.script_version.content,
         reward=run.reward_version.content if run.reward_version else None,
         scenarios=[s.data for s in scenarios],
+        scenario_numbers=[s.index for s in scenarios],  # the inspector's numbers, in errors that name rollouts
         group_size=group_size,
         base_url=server.base_url,
         model_name=model_name,

@@ -25,6 +25,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from artweb.dispatch import publish
 from artweb.logging import log_context
 from rollouts.sandbox import Cancelled, TooManyErrors
+from rollouts.sandbox.records import deadline_stopped
 from rollouts.sandbox.rollouts import prestart_batch
 from training import task_names
 from training.analytics import learning_signals
@@ -365,7 +366,10 @@ def _start_ahead(run: Run, cfg: RunConfig, next_step: int, server) -> None:
 
 
 def _first_error(results) -> str:
-    return next((t["error"] for r in results for t in r.trajectories if t.get("error")), "")
+    """The error a failed step quotes: one that names the rollouts its batch's deadline stopped, when the
+    deadline was hit, else the first in group order."""
+    errors = [t["error"] for r in results for t in r.trajectories if t.get("error")]
+    return next((e for e in errors if deadline_stopped(e)), errors[0] if errors else "")
 
 
 def _fmt(x):

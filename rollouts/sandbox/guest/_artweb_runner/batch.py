@@ -4,12 +4,18 @@ its wall-clock limit, then scored by the reward function (per trajectory or per 
 Timeouts: `asyncio.timeout` stops a rollout that waits too long; a rollout that blocks the loop
 itself (`while True: pass`) is interrupted by a watchdog thread, which signals the main thread so
 that a RolloutTimeout is raised inside the blocking code, failing that rollout and no other.
+
+A rollout that outlives both (it swallows its timeout, or blocks where no signal reaches it) holds the
+batch until the worker's deadline. Shortly before it, the worker asks for a report on the control pipe: a
+thread here then answers for every rollout not yet sent (Batch.report) and the process ends, so the
+worker keeps what finished and learns where each of the others was and what it printed last.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import signal
 import threading
 import time
@@ -59,6 +65,20 @@ class Watchdog(threading.Thread):
             raise RolloutTimeout()
 
 
+class Slot:
+    """Where one rollout is, for the report before the deadline: "waiting" for the concurrency limit,
+    "running" (its log and start time set), or "finished" (its record set, its group's scoring pending)."""
+
+    def __init__(self) -> None:
+        self.state = "waiting"
+        self.log: RolloutLog | None = None
+        self.started = 0.0
+        self.record: dict | None = None
+
+
+REPORT_LOG_LINES = 20  # of a rollout's log, the last lines the report carries (the worker keeps as many)
+
+
 class Batch:
     def __init__(self, spec: dict, pipe: ResultPipe) -> None:
         self.spec = spec
@@ -77,6 +97,10 @@ class Batch:
         self.judge_model = spec.get("judge_model")
         self.load_error: str | None = None
         self.watchdog: Watchdog | None = None
+        # Every rollout's slot from the start: the reporting thread reads this dict, which never changes size.
+        # (A score batch has no rollouts: no group_size.)
+        size = int(spec.get("group_size", 0))
+        self.slots = {(g["index"], i): Slot() for g in spec["groups"] for i in range(size)}
 
     def load(self, workdir: Path) -> None:
         try:
@@ -113,9 +137,51 @@ class Batch:
         for index, (record, _) in enumerate(records):
             self.pipe.send({"kind": "trajectory", "group": group["index"], "index": index, "trajectory": record})
 
+    def watch_deadline(self, control_fd: int, *, asked: bool = False) -> None:
+        """Report (and end the process) when the worker asks, by a line on the control pipe, from a thread of
+        its own: the main thread may be the one a rollout keeps busy. A pipe closed without one asks nothing."""
+
+        def wait() -> None:
+            try:
+                request = asked or os.read(control_fd, 4096)
+            except OSError:
+                request = b""
+            if request:
+                self.pipe.last_word(self.report)
+                os._exit(0)
+
+        threading.Thread(target=wait, name="artweb-deadline", daemon=True).start()
+
+    def report(self, sent: set[tuple[int, int]]) -> list[dict]:
+        """A line for every rollout not in `sent`: a finished one's record when nothing is left to score it
+        (the group's scoring is not waited for), else an "unfinished" line saying where it was, with the
+        last lines it printed and, once it had finished, its unscored record."""
+        lines = []
+        now = time.monotonic()
+        group_scored = self.load_error is None and (self.reward_kind == "group" or self.ruler)
+        for (group, index), slot in self.slots.items():
+            if (group, index) in sent:
+                continue
+            line = {"group": group, "index": index}
+            record = slot.record
+            if record is not None and (record["error"] is not None or not group_scored):
+                lines.append({**line, "kind": "trajectory", "trajectory": record})
+                continue
+            line.update(kind="unfinished", state="waiting", logs=[])
+            if record is not None:
+                line.update(state="scoring", logs=list(record["logs"])[-REPORT_LOG_LINES:], trajectory=record)
+            elif slot.log is not None:
+                line.update(state="running", logs=slot.log.tail(REPORT_LOG_LINES))
+            if slot.state != "waiting":
+                line["seconds"] = round(now - slot.started, 3)
+            lines.append(line)
+        return lines
+
     async def run_one(self, group: dict, index: int) -> tuple[dict, Trajectory | None]:
+        slot = self.slots[(group["index"], index)]
         async with self.semaphore:
             log, usage = RolloutLog(), Usage()
+            slot.log, slot.started, slot.state = log, time.monotonic(), "running"
             current_log.set(log)
             current_usage.set(usage)
             started = time.monotonic()
@@ -135,7 +201,9 @@ class Batch:
             )
             if error is not None:
                 record["reward"] = None
-            return bounded_record(record), trajectory
+            record = bounded_record(record)
+            slot.record, slot.state = record, "finished"
+            return record, trajectory
 
     async def _rollout_and_reward(self, scenario: Scenario, timing: dict) -> tuple[Trajectory | None, str | None]:
         """Runs the rollout and then, when it is per trajectory, the reward function; the reward's time goes

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import Callable
 
 from artweb_sdk import Trajectory
 from artweb_sdk.errors import NotSupportedInSandbox
@@ -17,18 +19,46 @@ MAX_RECORD_BYTES = 4 << 20  # one trajectory; larger ones are replaced by an err
 
 
 class ResultPipe:
+    """One line per result, then "done", after which nothing. Lines are written one at a time: the report
+    before the batch's deadline comes from another thread (last_word)."""
+
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.sent: set[tuple[int, int]] = set()  # (group, index) of every result written
 
     def send(self, message: dict) -> None:
         if os.getpid() != self._pid:
             # A process forked by the script reached our code: it must not report or run other rollouts.
             os._exit(0)
         data = (json.dumps(message, allow_nan=False) + "\n").encode()
+        with self._lock:
+            if not self._closed:
+                self._write(data, message)
+
+    def last_word(self, unsent: Callable[[set[tuple[int, int]]], list[dict]]) -> None:
+        """Write unsent(what was sent) and "done", with no other line between or after them."""
+        with self._lock:
+            if self._closed:
+                return
+            for message in unsent(set(self.sent)):
+                try:
+                    data = (json.dumps(message, allow_nan=False) + "\n").encode()
+                except (TypeError, ValueError):
+                    data = (json.dumps({**message, "trajectory": None}) + "\n").encode()
+                self._write(data, message)
+            self._write(b'{"kind": "done"}\n', {"kind": "done"})
+
+    def _write(self, data: bytes, message: dict) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view) :]
+        if message.get("kind") == "done":
+            self._closed = True
+        elif "group" in message:
+            self.sent.add((message["group"], message["index"]))
 
 
 def score_record(

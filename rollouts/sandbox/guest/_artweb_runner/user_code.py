@@ -35,6 +35,12 @@ class RolloutLog:
             return
         self.lines.append(line[:MAX_LOG_LINE_CHARS])
 
+    def tail(self, n: int) -> list[str]:
+        """The last n lines written so far, the one still without its newline included (another thread's
+        read: a copy, never the list itself)."""
+        lines = list(self.lines[-n:])
+        return (lines + [self._partial])[-n:] if self._partial else lines
+
     def finish(self) -> list[str]:
         if self._partial:
             self._add(self._partial)
