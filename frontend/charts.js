@@ -9,6 +9,9 @@ const Plotly = window.Plotly;
 // The chart list (id, title, series, band, markers, signal) comes with each page's data, from
 // training/charts.py: the one place it is written.
 
+// The longest a chart out of view waits to draw its new points when the browser stays busy (ms).
+const IDLE_MS = 1000;
+
 const PALETTE = ["#2f6fde", "#e4572e", "#29a36a", "#a05bd8", "#d4a017", "#17a2b8", "#d63384", "#6c757d"];
 
 export function color(i) { return PALETTE[i % PALETTE.length]; }
@@ -60,11 +63,13 @@ export class MetricChart {
     this.y = [...(data.y || [])];
     this.std = spec.band ? [...(data.std || [])] : null;
     this.smoothing = smoothing;
-    // Live points reach charts out of view only as data; they are drawn once the chart scrolls (or its
-    // tab switches) into view. Drawing is the costly part of a live update, so this keeps a page of
-    // eight 2,000-point charts quick to update.
+    // Live points reach a chart out of view as data at once, and are drawn when the browser is next idle
+    // (within IDLE_MS) or when the chart scrolls (or its tab switches) into view, whichever comes first.
+    // Drawing is the costly part of a live update: the charts in view are drawn first, and a page of
+    // fourteen 2,000-point charts stays quick to update, yet every chart shows every point.
     this.visible = true;
     this.stale = false;
+    this.idle = null;
     if ("IntersectionObserver" in window) {
       new IntersectionObserver((entries) => {
         this.visible = entries[entries.length - 1].isIntersecting;
@@ -91,16 +96,30 @@ export class MetricChart {
       out.push({ x: x(), y: sy.map((v, i) => v + ss[i]), mode: "lines", line: { width: 0 }, fill: "tonexty",
                  fillcolor: "rgba(47,111,222,0.18)", hoverinfo: "skip", name: "+std" });
     }
-    const markers = this.spec.markers ? "lines+markers" : "lines";
+    // A series measured only some steps has markers; any trace of one point too, which a line alone
+    // would leave invisible.
+    const single = this.x.length === 1;
+    const markers = this.spec.markers || single ? "lines+markers" : "lines";
     out.push({ x: x(), y: this.y.slice(), mode: markers, name: "raw", line: { color: main, width: 1 },
-               opacity: w > 0 ? 0.3 : 1, marker: { size: 4 }, hoverinfo: w > 0 ? "skip" : "x+y" });
-    out.push({ x: x(), y: sy, mode: "lines", name: "smoothed", line: { color: main, width: 2 }, visible: w > 0 });
+               opacity: w > 0 ? 0.3 : 1, marker: { size: single ? 7 : 4 }, hoverinfo: w > 0 ? "skip" : "x+y" });
+    out.push({ x: x(), y: sy, mode: single ? "lines+markers" : "lines", name: "smoothed",
+               line: { color: main, width: 2 }, marker: { size: 7 }, visible: w > 0 });
     return out;
   }
 
   draw() {
     this.stale = false;
     return Plotly.react(this.el, this.traces(), baseLayout(this.spec.title, this.x.length === 0), PLOT_CONFIG);
+  }
+
+  // Draw the points a chart out of view holds when the browser is next idle (or by IDLE_MS).
+  drawWhenIdle() {
+    if (this.idle !== null) return;
+    const later = window.requestIdleCallback || ((fn) => setTimeout(fn, 50));
+    this.idle = later(() => {
+      this.idle = null;
+      if (this.stale) this.draw();
+    }, { timeout: IDLE_MS });
   }
 
   setSmoothing(w) { this.smoothing = w; return this.draw(); }
@@ -112,10 +131,12 @@ export class MetricChart {
       this.y.push(y);
       if (this.std) this.std.push(std ?? 0);
       this.stale = true;
+      this.drawWhenIdle();
       return null;
     }
-    if (this.x.length === 0) {
-      // The first point: redraw, which also takes the "no data yet" note away.
+    if (this.x.length <= 1 || this.stale) {
+      // The first point (a redraw takes the "no data yet" note away), the second (the first one's marker
+      // goes), or a chart with points not drawn yet: redraw.
       this.x.push(x);
       this.y.push(y);
       if (this.std) this.std.push(std ?? 0);

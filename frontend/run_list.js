@@ -1,9 +1,11 @@
 // Runs list, live from ws/runs/: status, progress and rewards of the listed runs (status and step
-// messages, each naming its run), and runs created after the page loaded ("run" messages, one row each).
+// messages, each naming its run), every field of a row ("run" messages: the row as the server built the
+// first paint's, training.services.broadcast.run_row_message, sent after each status change and step),
+// and runs created after the page loaded (a "run" message of a run not listed yet).
 //
 // A new run goes at the top of the table when the page lists the newest runs first, unfiltered, page 1;
 // anywhere else it might not belong here, so the page names it in a notice with a link instead.
-import { showStatus } from "./status.js";
+import { fixed3, showStatus, showWhen } from "./status.js";
 import { LiveSocket, showConnState } from "./ws.js";
 
 const root = document.getElementById("runs-live");
@@ -15,7 +17,7 @@ const insertsNew = root?.dataset.insertsNew === "1";
 const perPage = Number(root?.dataset.perPage || 50);
 
 const runUrl = (id) => root.dataset.runUrl.replace(/\/0\/$/, `/${id}/`);
-const fixed3 = (x) => (typeof x === "number" ? x.toFixed(3) : null);
+const notYet = () => Object.assign(document.createElement("span"), { className: "muted", textContent: "not yet" });
 
 function update(tr, msg) {
   if (msg.status) showStatus(tr.querySelector("[data-status]"), msg.status);
@@ -26,10 +28,14 @@ function update(tr, msg) {
     bar.value = msg.steps_done;
     tr.querySelector("[data-steps]").textContent = `${msg.steps_done}/${msg.num_steps}`;
   }
-  const latest = fixed3(msg.type === "step" ? (msg.metrics || {}).reward_mean : msg.latest_reward);
-  if (latest) tr.querySelector("[data-latest]").textContent = latest;
-  const best = fixed3(msg.best_val_reward);
-  if (best && msg.type === "run") tr.querySelector("[data-best]").textContent = best;
+  if (msg.type === "step") {
+    const reward = (msg.series || msg.metrics || {}).reward_mean;
+    if (typeof reward === "number") tr.querySelector("[data-latest]").textContent = fixed3(reward);
+  }
+  if (msg.type !== "run") return;
+  tr.querySelector("[data-latest]").textContent = fixed3(msg.latest_reward);
+  tr.querySelector("[data-best]").textContent = fixed3(msg.best_val_reward);
+  showWhen(tr.querySelector("[data-started]"), msg.started_at, notYet());
 }
 
 function field(tr, name, text) {
@@ -56,11 +62,7 @@ function buildRow(msg) {
   // A client-driven run's task is "ART client", with no version.
   field(tr, "task_version", msg.task_version != null ? `v${msg.task_version}` : "");
   field(tr, "owner", msg.owner);
-  if (msg.started_at) field(tr, "started", new Date(msg.started_at).toLocaleString());
-  else field(tr, "started", "").append(Object.assign(document.createElement("span"), { className: "muted", textContent: "not yet" }));
   tr.querySelector("[data-progress]").setAttribute("aria-label", `progress of ${msg.name}`);
-  tr.querySelector("[data-latest]").textContent = "—";
-  tr.querySelector("[data-best]").textContent = "—";
   update(tr, msg);
   return tr;
 }

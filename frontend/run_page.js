@@ -3,15 +3,15 @@
 // window.__artwebLive.received[step] / .points[step] record when each live step arrived and when it
 // was drawn (epoch ms); the page benchmark reads them to measure commit-to-screen latency.
 import { MetricChart, restyleOnThemeChange } from "./charts.js";
-import { showStatus } from "./status.js";
+import { fixed3, showStatus, showWhen } from "./status.js";
 import { LiveSocket, showConnState } from "./ws.js";
 
 const data = JSON.parse(document.getElementById("run-data").textContent);
 const state = {
-  status: data.status,
+  status: data.summary.status,
   actions: data.actions || [], // what the server allows now (training.services.runs.run_actions)
-  stepsDone: data.steps_done,
-  numSteps: data.num_steps,
+  stepsDone: data.summary.steps_done,
+  numSteps: data.summary.num_steps,
   lastStep: data.last_step ?? -1,
   lastEvent: data.last_event || 0,
   lastLog: data.last_log || 0,
@@ -67,6 +67,55 @@ function renderStatus() {
   for (const button of document.querySelectorAll("#run-actions [data-action]")) {
     button.disabled = !state.actions.includes(button.dataset.action);
   }
+}
+
+// --- the summary, the error and the checkpoints -----------------------------------------------------
+// The figures besides the charts, from the builder of the first paint (training.services.broadcast.
+// run_summary): the page data's, then each summary message's and a catch-up's status message's. A
+// message sets the fields it names.
+function applySummary(msg) {
+  if ("status" in msg) state.status = msg.status;
+  if (typeof msg.steps_done === "number") state.stepsDone = msg.steps_done;
+  if (typeof msg.num_steps === "number") state.numSteps = msg.num_steps;
+  if ("latest_reward" in msg) document.getElementById("run-latest").textContent = fixed3(msg.latest_reward);
+  if ("best_val_reward" in msg) document.getElementById("run-best").textContent = fixed3(msg.best_val_reward);
+  if ("started_at" in msg) showWhen(document.getElementById("run-started"), msg.started_at, "—");
+  if ("checkpoints" in msg) document.getElementById("checkpoints-count").textContent = String(msg.checkpoints);
+  if ("error" in msg) {
+    const box = document.getElementById("run-error");
+    box.querySelector("pre").textContent = msg.error || "";
+    box.hidden = !msg.error;
+  }
+  renderStatus();
+}
+
+// A row of the Checkpoints tab (training.services.broadcast.checkpoint_message), as the template draws it.
+function checkpointRow(c) {
+  const promoted = c.promoted ? el("span", { className: "badge status-completed", textContent: "promoted",
+    dataset: { promoted: "" } }) : null;
+  const created = el("td");
+  showWhen(created, c.created_at, "");
+  const download = c.download ? el("a", { href: c.download, download: "", textContent: "Download adapter (.tar.gz)" }) : null;
+  return el("tr", { dataset: { checkpoint: c.id, step: c.step } },
+    el("td", {}, String(c.step), promoted && " ", promoted),
+    el("td", { textContent: c.state }),
+    el("td", { className: "num", textContent: c.size }),
+    el("td", { className: "num", textContent: fixed3(c.val_reward) }),
+    created,
+    el("td", {}, download));
+}
+
+// A new checkpoint goes in by step (newest first); a known one is drawn anew in place.
+function addCheckpoint(c) {
+  const body = document.getElementById("checkpoint-rows");
+  body.querySelector("[data-empty]")?.remove();
+  // A run has one promoted checkpoint at most (training.services.checkpoints.checkpoint_promote).
+  if (c.promoted) for (const badge of body.querySelectorAll("[data-promoted]")) badge.remove();
+  const row = checkpointRow(c);
+  const shown = body.querySelector(`[data-checkpoint="${c.id}"]`);
+  if (shown) return shown.replaceWith(row);
+  const after = [...body.rows].find((r) => Number(r.dataset.step) < c.step);
+  body.insertBefore(row, after || null);
 }
 
 // --- timeline and logs ----------------------------------------------------------------------------
@@ -230,7 +279,8 @@ function addStep(msg) {
   if (msg.step <= state.lastStep) return; // already drawn (catch-up overlap or duplicate delivery)
   live.received[msg.step] = performance.timeOrigin + performance.now();
   state.lastStep = msg.step;
-  const m = msg.metrics || {};
+  // Each chart's point, by the rule of the first paint (training.services.broadcast.step_series).
+  const m = msg.series || msg.metrics || {};
   const draws = charts.filter((c) => typeof m[c.spec.series] === "number" && isFinite(m[c.spec.series]));
   // The reward chart first, each of the others in a task of its own: a redraw of a 2,000-point chart
   // takes tens of ms, and the headline curve should not wait behind seven others.
@@ -251,12 +301,11 @@ function onMessage(msg) {
   switch (msg.type) {
     case "step": addStep(msg); break;
     case "status":
-      state.status = msg.status ?? state.status;
       state.actions = msg.actions ?? state.actions;
-      if (typeof msg.steps_done === "number") state.stepsDone = msg.steps_done;
-      if (typeof msg.num_steps === "number") state.numSteps = msg.num_steps;
-      renderStatus();
+      applySummary(msg);
       break;
+    case "summary": applySummary(msg); break;
+    case "checkpoint": addCheckpoint(msg); break;
     case "event": addEvent(msg); break;
     case "log": addLog(msg); break;
     case "group": addGroup(msg); break;
@@ -264,13 +313,13 @@ function onMessage(msg) {
   }
 }
 
-renderStatus();
+applySummary(data.summary);
 for (const g of data.groups || []) addGroup(g);
 live.socket = new LiveSocket(data.ws_path, {
   onMessage,
   catchUp: () => ({
     type: "catch_up", after_step: state.lastStep, after_event: state.lastEvent, after_log: state.lastLog,
-    after_group: state.lastGroup, pending_groups: pendingGroups(),
+    after_group: state.lastGroup, pending_groups: pendingGroups(), checkpoints_since: data.checkpoints_since,
   }),
   onState: (s) => { live.state = s; showConnState(document.getElementById("live-state"))(s); },
 });

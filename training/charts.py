@@ -73,3 +73,6 @@ RUN_CHARTS: tuple[dict, ...] = (
 DEFAULT_SERIES: tuple[str, ...] = tuple(
     dict.fromkeys(name for c in RUN_CHARTS for name in (c["series"], *(("reward_std",) if c.get("band") else ())))
 )
+
+# The decimals a chart's values keep, in the first paint and in a live step's points alike.
+POINT_DIGITS = 6

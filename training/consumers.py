@@ -3,24 +3,30 @@ from its cursors and gets what it missed from the database; the socket then carr
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils.dateparse import parse_datetime
 
 from training.selectors import (
     GROUPS_SHOWN,
+    checkpoint_rows,
     run_events_since,
+    run_figures_get,
     run_logs_since,
-    run_progress_get,
     run_steps_since,
     run_visible,
     runs_by_id,
 )
 from training.services.broadcast import (
+    checkpoint_message,
     event_message,
     log_message,
     run_group_messages,
     run_group_name,
     run_row_message,
+    run_summary,
     runs_list_group,
     step_message,
 )
@@ -29,6 +35,9 @@ from training.services.runs import run_status_message
 CATCH_UP_LIMIT = 2000
 # Runs a runs-list page asks about at most: its largest page.
 RUNS_CATCH_UP_LIMIT = 200
+# A checkpoint's created_at is its worker's clock at the insert, which may precede the commit that made it
+# visible: catch-up looks this much further back than the page's cursor (a row told twice is drawn once).
+CHECKPOINT_CLOCK_MARGIN = timedelta(minutes=1)
 
 
 def _cursor(content: dict, name: str) -> int:
@@ -36,6 +45,13 @@ def _cursor(content: dict, name: str) -> int:
         return int(content.get(name) or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def _since(content: dict, name: str):
+    """A time cursor (ISO 8601, as the page got it from the server), less the clock margin; None if absent."""
+    value = content.get(name)
+    moment = parse_datetime(value) if isinstance(value, str) else None
+    return moment - CHECKPOINT_CLOCK_MARGIN if moment is not None and moment.tzinfo is not None else None
 
 
 def _ids(content: dict, name: str, limit: int) -> list[int]:
@@ -92,10 +108,11 @@ class RunConsumer(_CatchUpConsumer):
         def cursor(name):
             return _cursor(content, name)
 
-        run = run_progress_get(run_id=self.run_id)
+        run = run_figures_get(run_id=self.run_id)
         if run is None:
             return []
-        out = [run_status_message(run)]
+        # The status message, with the rest of the page's summary: every field the first paint showed.
+        out = [{**run_status_message(run), **run_summary(run, checkpoints=run.checkpoint_count)}]
         progress = {"steps_done": run.steps_done, "num_steps": run.num_steps}
         steps = run_steps_since(run=run, after_step=cursor("after_step"), limit=CATCH_UP_LIMIT)
         out += [step_message(s, **progress) for s in steps]
@@ -109,6 +126,9 @@ class RunConsumer(_CatchUpConsumer):
                 run_id=self.run_id, after_id=cursor("after_group"), ids=_ids(content, "pending_groups", GROUPS_SHOWN)
             )
         )
+        # Checkpoints written or deleted since the page's first paint (checkpoints_since: its time).
+        if (since := _since(content, "checkpoints_since")) is not None:
+            out += [checkpoint_message(c) for c in checkpoint_rows(run_id=self.run_id, since=since)]
         return out
 
 

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import numpy as np
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import F, Func, Max, Min, Q, QuerySet, Subquery
+from django.db.models import F, Func, Max, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
@@ -20,7 +20,7 @@ from rest_framework.authtoken.models import Token
 from tsdownsample import MinMaxDownsampler
 
 from artweb.visibility import own, visible
-from training.charts import DEFAULT_SERIES
+from training.charts import DEFAULT_SERIES, POINT_DIGITS
 from training.models import (
     Checkpoint,
     DryRun,
@@ -169,7 +169,7 @@ def run_metrics(
     out: dict[str, dict] = {}
     for name, (x, y) in full.items():
         x, y = _downsample(x, y, max_points or 0)
-        out[name] = {"x": x.tolist(), "y": [round(v, 6) for v in y.tolist()]}
+        out[name] = {"x": x.tolist(), "y": [round(v, POINT_DIGITS) for v in y.tolist()]}
     return {"series": out, "last_step": last_step}
 
 
@@ -182,9 +182,9 @@ def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
     series = {}
     for name in DEFAULT_SERIES:
         x, y = _downsample(*full[name], max_points)
-        series[name] = {"x": x.tolist(), "y": [round(v, 6) for v in y.tolist()]}
+        series[name] = {"x": x.tolist(), "y": [round(v, POINT_DIGITS) for v in y.tolist()]}
     std_x, std_y = full["reward_std"]
-    std_by_step = dict(zip(std_x.tolist(), [round(v, 6) for v in std_y.tolist()], strict=False))
+    std_by_step = dict(zip(std_x.tolist(), [round(v, POINT_DIGITS) for v in std_y.tolist()], strict=False))
     series["reward_band"] = {
         "x": series["reward_mean"]["x"],
         "std": [std_by_step.get(x) for x in series["reward_mean"]["x"]],
@@ -192,10 +192,22 @@ def run_chart_data(*, run: Run, max_points: int = 500) -> dict:
     return {"series": series, "last_step": last_step}
 
 
-def run_progress_get(*, run_id: int) -> Run | None:
-    """The run's status and progress alone (a reconnecting page's first message), or None if it is gone.
-    The caller has checked that the user may see the run."""
-    return Run.objects.filter(id=run_id).only("id", "status", "steps_done", "num_steps", "error").first()
+def run_figures_get(*, run_id: int) -> Run | None:
+    """The run with what its page's summary and its runs-list row show, checkpoint_count (its checkpoints,
+    kept or deleted) included, or None if it is gone. One query; the caller has checked that the user may
+    see the run."""
+    checkpoints = _total(Checkpoint.objects.filter(run=OuterRef("pk")), "COUNT", "id")
+    runs = Run.objects.filter(id=run_id).select_related("base_model", "script_version__asset", "owner")
+    return runs.annotate(checkpoint_count=checkpoints).first()
+
+
+def checkpoint_rows(*, run_id: int, ids=(), steps=(), since: datetime | None = None) -> list[Checkpoint]:
+    """The run's checkpoints among ids or steps, and those created or deleted since `since`: the rows a
+    run page's Checkpoints tab is told of live or on catch-up. Newest step first."""
+    changed = Q(id__in=list(ids)) | Q(step__in=list(steps))
+    if since is not None:
+        changed |= Q(created_at__gte=since) | Q(deleted_at__gte=since)
+    return list(Checkpoint.objects.filter(changed, run_id=run_id).order_by("-step"))
 
 
 def run_steps_since(*, run: Run, after_step: int = -1, limit: int = 2000) -> list[Step]:

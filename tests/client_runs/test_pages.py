@@ -93,7 +93,7 @@ def test_the_run_page_says_where_the_rollouts_run_and_when_the_client_last_calle
     assert '<button type="submit" class="danger" data-action="cancel" >' in body
     assert 'data-action="resume" disabled' in body
     # The checkpoints tab as for any run.
-    assert "Checkpoints (1)" in body
+    assert 'Checkpoints (<span id="checkpoints-count">1</span>)' in body
     assert reverse("checkpoint-download", args=[run.id, client_run["checkpoint"].id]) in body
 
 

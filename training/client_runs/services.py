@@ -28,7 +28,7 @@ from training.jobs.services import job_enqueue
 from training.models import Checkpoint, PretrainedModel, Run, Step
 from training.selectors import quota_status, quota_steps_window_frees
 from training.services import inference
-from training.services.broadcast import run_row_message, runs_list_broadcast
+from training.services.broadcast import run_figures_broadcast, run_row_message, runs_list_broadcast
 from training.services.checkpoints import checkpoint_delete, checkpoint_protection_reason
 from training.services.quotas import quota_check_run_start, quota_step_refusal
 from training.services.runs import RUN_JOBS, config_with_recommended, run_event, run_transition
@@ -388,3 +388,4 @@ def client_val_reward_record(*, run: Run, reward: float) -> None:
     if run.steps_done:
         Step.objects.filter(run=run, step=run.steps_done).update(val_reward=reward)
         Checkpoint.objects.filter(run=run, step=run.steps_done).update(val_reward=reward)
+    run_figures_broadcast(run_id=run.id)  # the run page's best validation reward, live

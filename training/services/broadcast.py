@@ -1,9 +1,15 @@
 """Messages to the WebSocket groups of the run pages and of the runs list, sent only after the
 transaction that wrote them commits.
 
-The messages that carry a row (a scored trajectory group, a run of the list) are built here, once: the
-live broadcast, the page's first paint and a reconnecting page's catch-up all use the same builder, so
-the browser renders one shape whichever way a row reached it.
+The messages that carry a row or a figure (a scored trajectory group, a run of the list, a run's summary,
+a checkpoint, a step's chart points) are built here, once: the live broadcast, the page's first paint and
+a reconnecting page's catch-up all use the same builder, so the browser renders one shape whichever way
+it reached it.
+
+A message that moves a run's figures (a step committed, a status change, a checkpoint's event) is
+followed by the figures as they are when it leaves: the run's summary for its page (with the step's or
+the event's checkpoint row) and its row for the runs lists. Every field the first paint shows thus
+arrives with the change that moved it, whichever service made the change.
 
 Groups: `run_<id>` for one run's page; `runs_user_<id>` for a person's runs list and `runs_staff` for
 the lists of those who see every run (staff: artweb.visibility). A staff member's socket joins only
@@ -19,10 +25,22 @@ from collections.abc import Sequence
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.template.defaultfilters import filesizeformat
+from django.urls import reverse
+from django.utils import timezone
 
 from artweb.visibility import sees_everything
-from training.models import Run
-from training.selectors import CLIENT_TASK, GROUPS_SHOWN, group_extremes, run_groups_latest
+from training.charts import DEFAULT_SERIES, POINT_DIGITS
+from training.models import Checkpoint, Run
+from training.selectors import (
+    CLIENT_TASK,
+    COLUMN_SERIES,
+    GROUPS_SHOWN,
+    checkpoint_rows,
+    group_extremes,
+    run_figures_get,
+    run_groups_latest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +81,8 @@ def event_message(event) -> dict:
         message["level"] = data["level"]
     if data.get("link"):
         message["link"] = data["link"]
+    if event.kind.startswith("checkpoint_") and isinstance(data.get("checkpoint"), int):
+        message["checkpoint"] = data["checkpoint"]  # the row its page shows anew (run_broadcast)
     return message
 
 
@@ -77,7 +97,8 @@ def broadcast_now(group: str, message: dict) -> None:
 
 
 def run_broadcast(run_id: int, message: dict, *, to_list: bool = False) -> None:
-    """Queue a message for the run's page (and, with to_list, its owner's runs list) after commit."""
+    """Queue a message for the run's page (and, with to_list, its owner's runs list) after commit, and
+    after a message that moves the run's figures, the figures (figures_send)."""
     groups = [run_group_name(run_id)]
     if to_list:
         owner_id = Run.objects.filter(id=run_id).values_list("owner_id", flat=True).first()
@@ -87,8 +108,52 @@ def run_broadcast(run_id: int, message: dict, *, to_list: bool = False) -> None:
     def send():
         for group in groups:
             broadcast_now(group, message)
+        if _moves_figures(message):
+            figures_send(run_id, checkpoint_ids=_checkpoint_ids(message), steps=_steps(message), to_list=to_list)
 
     transaction.on_commit(send)
+
+
+def run_figures_broadcast(*, run_id: int) -> None:
+    """After commit, tell the run's page and the runs lists its figures: for a service that changes one
+    without sending a step, status or checkpoint event message."""
+    transaction.on_commit(lambda: figures_send(run_id, to_list=True))
+
+
+def _moves_figures(message: dict) -> bool:
+    """A step (progress, rewards, a checkpoint), a status (started, finished, an error) or a checkpoint's
+    event (deleted, promoted)."""
+    return message.get("type") in ("step", "status") or (message.get("type") == "event" and "checkpoint" in message)
+
+
+def _checkpoint_ids(message: dict) -> tuple[int, ...]:
+    return (message["checkpoint"],) if isinstance(message.get("checkpoint"), int) else ()
+
+
+def _steps(message: dict) -> tuple[int, ...]:
+    """A step message's step: its checkpoint is written with it."""
+    return (message["step"],) if message.get("type") == "step" and isinstance(message.get("step"), int) else ()
+
+
+def figures_send(run_id: int, *, checkpoint_ids=(), steps=(), to_list: bool = False) -> None:
+    """Send the run's figures as they are now: its summary (and the named checkpoints' rows) to its page,
+    with to_list its row to the runs lists. Called after the commit; the message before it has left
+    already, so a failed read costs only this."""
+    try:
+        run = run_figures_get(run_id=run_id)
+        if run is None:
+            return
+        rows = checkpoint_rows(run_id=run_id, ids=checkpoint_ids, steps=steps) if checkpoint_ids or steps else []
+    except Exception:
+        logger.warning("reading run %s's figures failed", run_id, exc_info=True)
+        return
+    broadcast_now(run_group_name(run_id), summary_message(run, checkpoints=run.checkpoint_count))
+    for row in rows:
+        broadcast_now(run_group_name(run_id), checkpoint_message(row))
+    if to_list:
+        row = run_row_message(run)
+        for group in runs_list_groups(run.owner_id):
+            broadcast_now(group, row)
 
 
 def runs_list_broadcast(*, owner_id: int, message: dict) -> None:
@@ -109,26 +174,68 @@ def _finite(x):
     return x if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def run_row_message(run) -> dict:
-    """A run as one row of the runs list. Reads run.base_model, run.script_version.asset and run.owner:
-    select_related them when building many."""
+def _when(moment) -> str | None:
+    """A time as the pages show it: ISO 8601 in the server's time zone, whose wall clock to the minute is
+    what they print (first paint and live alike)."""
+    return timezone.localtime(moment).isoformat() if moment else None
+
+
+def _run_figures(run) -> dict:
+    """What both the run page's summary and the run's row in the runs list show."""
     return {
-        "type": "run",
-        "run": run.id,
-        "name": run.name,
-        "tags": list(run.tags),
         "status": run.status,
         "steps_done": run.steps_done,
         "num_steps": run.num_steps,
         "latest_reward": _finite(run.latest_reward),
         "best_val_reward": _finite(run.best_val_reward),
+        "started_at": _when(run.started_at),
+    }
+
+
+def run_row_message(run) -> dict:
+    """A run as one row of the runs list: its first paint and its live updates. Reads run.base_model,
+    run.script_version.asset and run.owner: select_related them when building many."""
+    return {
+        "type": "run",
+        "run": run.id,
+        "name": run.name,
+        "tags": list(run.tags),
+        **_run_figures(run),
         "base_model": run.base_model.name,
         # A client-driven run has no script: its rollouts run in the ART client (training.client_runs).
         "task": run.script_version.asset.name if run.script_version else CLIENT_TASK,
         "task_version": run.script_version.number if run.script_version else None,
         "owner": run.owner.get_username(),
-        "created_at": run.created_at.isoformat() if run.created_at else None,
-        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "created_at": _when(run.created_at),
+    }
+
+
+def run_summary(run, *, checkpoints: int) -> dict:
+    """The run page's figures besides its charts: status and progress, the latest and the best validation
+    reward, when it started, its error, and how many checkpoints its Checkpoints tab lists (kept or
+    deleted). The first paint's (training.views.runs), a summary message's and a catch-up's."""
+    return {**_run_figures(run), "error": run.error, "checkpoints": checkpoints}
+
+
+def summary_message(run, *, checkpoints: int) -> dict:
+    return {"type": "summary", "run": run.id, **run_summary(run, checkpoints=checkpoints)}
+
+
+def checkpoint_message(checkpoint: Checkpoint) -> dict:
+    """A row of the run page's Checkpoints tab, first paint and live: download is the adapter's archive,
+    for a checkpoint whose files are kept."""
+    kept = checkpoint.state == Checkpoint.State.ACTIVE
+    return {
+        "type": "checkpoint",
+        "run": checkpoint.run_id,
+        "id": checkpoint.id,
+        "step": checkpoint.step,
+        "state": checkpoint.state,
+        "promoted": checkpoint.promoted,
+        "size": filesizeformat(checkpoint.size_bytes),
+        "val_reward": _finite(checkpoint.val_reward),
+        "created_at": _when(checkpoint.created_at),
+        "download": reverse("checkpoint-download", args=[checkpoint.run_id, checkpoint.id]) if kept else None,
     }
 
 
@@ -160,13 +267,31 @@ def log_message(line) -> dict:
     }
 
 
+def step_series(step) -> dict:
+    """The step's point on each chart: {series: value or None}, by the rule of the first paint's query
+    (training.selectors._SERIES_SQL): a Step column as it is; else the metrics key when it is not null,
+    kept if a number, else the timings key if a number (a boolean is no number; nor, for JSON, NaN)."""
+    metrics, timings = step.metrics or {}, step.timings or {}
+    points = {}
+    for name in DEFAULT_SERIES:
+        if name in COLUMN_SERIES:
+            value = _finite(getattr(step, name))
+        elif metrics.get(name) is not None:
+            value = _finite(metrics[name])
+        else:
+            value = _finite(timings.get(name))
+        points[name] = None if value is None else round(value, POINT_DIGITS)
+    return points
+
+
 def step_message(step, *, steps_done: int | None, num_steps: int | None) -> dict:
-    """A committed step for the run page and the runs list, live and on catch-up alike: the Step row's
-    metrics with its reward columns and duration, and the run's progress."""
+    """A committed step for the run page and the runs list, live and on catch-up alike: its point on each
+    chart (series), the Step row's metrics with its reward columns and duration, and the run's progress."""
     return {
         "type": "step",
         "run": step.run_id,
         "step": step.step,
+        "series": step_series(step),
         "metrics": {
             **step.metrics,
             "reward_mean": step.reward_mean,

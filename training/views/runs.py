@@ -10,6 +10,7 @@ from django.core.paginator import Paginator
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from artweb.errors import ApplicationError
@@ -41,7 +42,7 @@ from training.selectors import (
     run_logs_recent,
     run_warnings,
 )
-from training.services.broadcast import run_group_messages
+from training.services.broadcast import checkpoint_message, run_group_messages, run_row_message, run_summary
 from training.services.checkpoints import checkpoint_archive
 from training.views.plotly import plotly_url
 
@@ -59,6 +60,8 @@ def run_list_view(request):
     per_page = int(request.GET["per_page"]) if request.GET.get("per_page", "").isdigit() else 50
     per_page = per_page if per_page in PAGE_SIZES else 50
     page = Paginator(runs, per_page).get_page(request.GET.get("page"))
+    # Each row as the live list receives it (training.services.broadcast.run_row_message): one builder.
+    rows = [run_row_message(run) for run in page.object_list]
     query = request.GET.copy()
     query.pop("page", None)
     filters = form.selector_kwargs()
@@ -69,6 +72,7 @@ def run_list_view(request):
             "nav": "runs",
             "form": form,
             "page": page,
+            "rows": rows,
             "query": query.urlencode(),
             "per_page": per_page,
             "page_sizes": PAGE_SIZES,
@@ -82,17 +86,15 @@ def run_list_view(request):
     )
 
 
-def _run_page_data(run, chart, events, logs, groups, actions) -> dict:
+def _run_page_data(run, chart, events, logs, groups, actions, summary, as_of) -> dict:
     """What the run page's script starts from; the socket brings everything after it (a status message
-    brings the actions the new status allows)."""
+    brings the actions the new status allows). summary: the figures the page shows besides its charts
+    (training.services.broadcast.run_summary, the builder of the live ones too); as_of: when the page
+    read its checkpoints, the catch-up's cursor for them."""
     return {
         "run": run.id,
-        "status": run.status,
         "actions": actions,
-        "steps_done": run.steps_done,
-        "num_steps": run.num_steps,
-        "started_at": run.started_at.isoformat() if run.started_at else None,
-        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "summary": summary,
         "charts": RUN_CHARTS,
         "series": chart["series"],
         "last_step": chart["last_step"],
@@ -100,6 +102,7 @@ def _run_page_data(run, chart, events, logs, groups, actions) -> dict:
         "last_log": logs[-1].id if logs else 0,
         "groups": groups,
         "groups_shown": GROUPS_SHOWN,
+        "checkpoints_since": as_of.isoformat(),
         "ws_path": f"/ws/runs/{run.id}/",
     }
 
@@ -107,11 +110,14 @@ def _run_page_data(run, chart, events, logs, groups, actions) -> dict:
 @login_required
 def run_detail_view(request, run_id: int):
     run = run_get(user=request.user, run_id=run_id)
+    as_of = timezone.now()  # before the reads: a checkpoint written meanwhile comes again on catch-up
     chart = run_chart_data(run=run, max_points=CHART_POINTS)
     events = run_events_recent(run=run, limit=50)
     logs = run_logs_recent(run=run, limit=100)
     groups = run_group_messages(run_id=run.id)
     actions = services.run_actions(run=run, user=request.user)
+    checkpoints = [checkpoint_message(c) for c in checkpoint_list(run=run)]
+    summary = run_summary(run, checkpoints=len(checkpoints))
     return render(
         request,
         "training/run_detail.html",
@@ -119,12 +125,13 @@ def run_detail_view(request, run_id: int):
             "nav": "runs",
             "run": run,
             "actions": actions,
-            "page_data": _run_page_data(run, chart, events, logs, groups, actions),
+            "summary": summary,
+            "page_data": _run_page_data(run, chart, events, logs, groups, actions, summary, as_of),
             "charts": RUN_CHARTS,
             "events": events,
             "warnings": run_warnings(run=run),
             "logs": logs,
-            "checkpoints": checkpoint_list(run=run),
+            "checkpoints": checkpoints,
             # A client-driven run: where its rollouts run, its client's last call, its training jobs.
             "client": run_client_summary(run=run),
             "config_json": json.dumps(run.config, indent=2, sort_keys=True),
