@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# How long a Redis call on a step's path waits out an outage (a restart takes seconds), and its backoff.
+OUTAGE_SECONDS = 60.0
+BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 class UnreadableCacheValue(ValueError):
@@ -77,3 +85,22 @@ class JsonRedisCache(RedisCache):
     def __init__(self, server, params):
         super().__init__(server, params)
         self._class = JsonRedisCacheClient
+
+
+def riding_out_outages(call: Callable[[], T], *, what: str, seconds: float | None = None) -> T:
+    """call(), tried again with backoff while Redis cannot be reached, for up to `seconds` (OUTAGE_SECONDS):
+    a worker's step goes on through a Redis restart instead of failing the run. The last error is raised
+    when Redis is still away after that."""
+    import redis
+
+    deadline = time.monotonic() + (OUTAGE_SECONDS if seconds is None else seconds)
+    for attempt in range(1_000_000):
+        try:
+            return call()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            wait = BACKOFF_SECONDS[min(attempt, len(BACKOFF_SECONDS) - 1)]
+            if time.monotonic() + wait > deadline:
+                raise
+            log.warning("Redis unavailable for %s (%s); trying again in %.1f s", what, exc, wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")

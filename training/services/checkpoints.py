@@ -27,7 +27,9 @@ def _loaded_adapter_paths() -> set[str]:
     """Adapter directories any inference server reports as loaded (kept in Redis by the workers)."""
     from django.core.cache import cache
 
-    return set(cache.get("artweb:loaded_adapters", []) or [])
+    from artweb.cache import riding_out_outages
+
+    return set(riding_out_outages(lambda: cache.get("artweb:loaded_adapters", []), what="the loaded adapters") or [])
 
 
 def checkpoint_protection_reason(checkpoint: Checkpoint) -> str | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.cache import cache
 
+from artweb.cache import riding_out_outages
 from rollouts.inference import cpu_probe
 from rollouts.inference.ct2_server import CT2Server
 from rollouts.inference.inference_server import InferenceServerError
@@ -295,7 +296,7 @@ def _judge_stop() -> None:
 def adapters_loaded_publish() -> None:
     """Tell the web side which adapter directories are loaded (checkpoint deletion refuses those)."""
     paths = list(_server.loaded_adapter_paths()) if _server is not None else []
-    cache.set("artweb:loaded_adapters", paths, timeout=None)
+    riding_out_outages(lambda: cache.set("artweb:loaded_adapters", paths, timeout=None), what="the loaded adapters")
 
 
 def trainer_for(run, *, checkpoint_dir: str | None):
