@@ -11,9 +11,14 @@ upstreams. An upstream a user named (a judge endpoint) is reached through the eg
 (rollouts.sandbox.egress) instead, and no upstream's redirect is followed.
 
 What passes is bounded: the OpenAI request fields listed in FORWARDED_FIELDS (rollouts.sandbox.proxy_rules;
-an inference server's own extensions, such as vLLM's priority or kv_transfer_params, are refused), `n`
-and the token budget of a request, the requests a batch has in flight, and a body's size and JSON
-nesting depth.
+an inference server's own extensions, such as vLLM's priority or kv_transfer_params, are refused), `n`,
+the token budget and the top log-probabilities of a request, the requests a batch has in flight, and a
+body's size and JSON nesting depth.
+
+Every chat completion bound for the worker's own servers asks for its sampled token ids and their
+log-probabilities (SAMPLED_TOKENS), whichever client the script built, and the reply comes back with them:
+the trainer needs them from each choice. The proxy keeps nothing of it; what a trajectory records is the
+choice the script got.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from rollouts.sandbox.proxy_rules import (
     FORWARDED_ROUTES,
     PASSED_ROUTES,
     REFUSED,
+    asking_sampled_tokens,
     check_fields,
     model_card,
     model_not_found,
@@ -322,9 +328,14 @@ class InferenceProxy:
                 "too_many_requests_in_flight",
                 "rate_limit_error",
             )
+        upstream = sock.models[model]
+        if upstream.egress is None:
+            # A server a user named (a judge endpoint) may not know return_token_ids, and is never trained
+            # on: its requests go as sent.
+            body = asking_sampled_tokens(body, suffix)
         sock.in_flight += 1
         try:
-            return await self._forward(request, sock.models[model], suffix, model, body)
+            return await self._forward(request, upstream, suffix, model, body)
         finally:
             sock.in_flight -= 1
 

@@ -19,7 +19,7 @@ FORWARDED_ROUTES = {("POST", "/v1/chat/completions"): "/chat/completions", ("POS
 PASSED_ROUTES = "POST /v1/chat/completions, POST /v1/completions and GET /v1/models"
 
 # The request fields passed on, per route: OpenAI's own that an inference server handles as OpenAI does,
-# return_token_ids, which the SDK adds to every chat request (the trainer needs the sampled ids), and the
+# return_token_ids (vLLM's: the sampled token ids, which the trainer needs; see SAMPLED_TOKENS), and the
 # sampling knobs of vLLM's that only shape the caller's own completion (top_k, min_p, repetition_penalty,
 # ignore_eos ...; agent scripts pass them in extra_body, and their cost is bounded by the token caps).
 # Anything else is an inference server's extension and refused: vLLM's priority (jumping other batches'
@@ -40,6 +40,22 @@ FORWARDED_FIELDS = {
     ),
     "/completions": _SAMPLING | frozenset("prompt suffix echo best_of".split()),
 }
+
+# Alternatives per sampled token a request may ask for (chat's top_logprobs, legacy completions' logprobs):
+# OpenAI's own limit, vLLM's default max_logprobs and artweb's CTranslate2 server's. Each one repeats in
+# the reply for every token of every choice, and -1 would ask vLLM for the whole vocabulary.
+MAX_TOP_LOGPROBS = 20
+_TOP_LOGPROBS_FIELD = {"/chat/completions": "top_logprobs", "/completions": "logprobs"}
+
+# Asked of the worker's own inference servers (vLLM and artweb's CTranslate2 server, which both answer
+# them) on every chat completion, over whatever the caller sent: each choice then carries the token ids
+# the policy sampled (`token_ids`) and their log-probabilities, which the trainer trains on. The SDK's
+# client asks for them itself; a client the script built (an AsyncOpenAI on model.inference_base_url, as
+# ART's notebooks do) gets them from here, so its turns train on the sampled tokens too. The reply is
+# passed on as the server gave it, these fields included: the script's Choice objects hold them, and the
+# trajectory records them as it records the SDK's.
+SAMPLED_TOKENS = {"logprobs": True, "return_token_ids": True}
+
 # Marks a request the proxy turned away itself (counted in stats()), as against an upstream failure.
 REFUSED = web.ResponseKey("refused", bool)
 
@@ -63,16 +79,28 @@ def check_fields(body: dict, suffix: str, caps: Mapping[str, int]) -> web.Respon
             f"OpenAI's own fields and vLLM's sampling options for {suffix} ({', '.join(sorted(allowed))}).",
             "field_not_allowed",
         )
-    for name, cap in caps.items():
+    bounds = {name: (1, cap) for name, cap in caps.items()}
+    bounds[_TOP_LOGPROBS_FIELD[suffix]] = (0, MAX_TOP_LOGPROBS)
+    for name, (low, high) in bounds.items():
         value = body.get(name)
-        if value is not None and (type(value) is not int or not 1 <= value <= cap):
+        # A bool passes as 0 or 1 where 0 is allowed: legacy completions' logprobs=True means one alternative.
+        whole = type(value) is int or (low == 0 and type(value) is bool)
+        if value is not None and (not whole or not low <= value <= high):
             return openai_error(
                 400,
-                f"{name} must be a whole number from 1 to {cap} (the proxy's limit for {name}); "
+                f"{name} must be a whole number from {low} to {high} (the proxy's limit for {name}); "
                 f"got {json.dumps(value)[:40]}.",
                 "value_out_of_range",
             )
     return None
+
+
+def asking_sampled_tokens(body: dict, suffix: str) -> dict:
+    """The body a worker's own server gets: a chat completion asks for its sampled token ids and their
+    log-probabilities (SAMPLED_TOKENS), whatever the caller set them to; anything else goes as sent."""
+    if suffix != "/chat/completions":
+        return body
+    return {**body, **SAMPLED_TOKENS}
 
 
 def model_card(name: str) -> dict:

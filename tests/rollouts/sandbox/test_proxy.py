@@ -169,7 +169,7 @@ def test_it_passes_an_allowed_model_with_the_workers_key_not_the_callers(served,
     [seen] = upstream.requests
     assert (seen["method"], seen["path"]) == ("POST", "/v1/chat/completions")
     assert seen["authorization"] == f"Bearer {WORKER_KEY}"
-    assert seen["body"] == chat()
+    assert seen["body"] == {**chat(), "logprobs": True, "return_token_ids": True}  # asked for every turn
 
 
 def test_it_passes_legacy_completions(served, upstream):
@@ -208,7 +208,12 @@ def test_it_sends_upstream_the_body_it_checked(served, upstream):
     with http(served) as client:
         response = client.post("/chat/completions", content=raw, headers={"Content-Type": "application/json"})
     assert response.status_code == 200
-    assert upstream.requests[0]["body"] == {"model": "run-1@3", "messages": []}
+    assert upstream.requests[0]["body"] == {
+        "model": "run-1@3",
+        "messages": [],
+        "logprobs": True,
+        "return_token_ids": True,
+    }
 
 
 @pytest.mark.parametrize(
