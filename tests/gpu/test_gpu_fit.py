@@ -94,7 +94,7 @@ def test_a_model_that_cannot_fit_is_refused_before_its_weights_load(tmp_path, vl
     print(refused.value)
     assert "Training qwen2.5-7b needs about" in str(refused.value) and "are free" in str(refused.value)
     assert "ARTWEB_VLLM_KV_CACHE_GB" in str(refused.value)
-    assert torch.cuda.memory_allocated() == before
+    assert torch.cuda.memory_allocated() <= before  # nothing loaded (the trainer freed what it held)
 
 
 def test_a_4bit_base_trains_in_less_memory(vllm_model_dir):

@@ -36,6 +36,9 @@ MARGIN_BYTES = int(1.5 * GiB)
 MARGIN_SHARE = 0.12
 # Bytes per stored weight of a 4-bit (NF4, double-quantised) linear layer: half a byte and its scales.
 NF4_BYTES = 0.53
+# The sequence length the estimate plans the peft backend's attention for (at most the run's max_seq_len):
+# longer sequences are rarer than this budget is short, and the first update's peak resizes it anyway.
+ATTENTION_SPAN = 2048
 
 
 @dataclass(frozen=True)
@@ -141,13 +144,22 @@ def _margin(available: int) -> int:
     return MARGIN_BYTES + int(MARGIN_SHARE * max(available, 0))
 
 
-def activation_bytes_per_token(shape: ModelShape, *, backend: str, checkpointing: bool, dtype_bytes: int) -> int:
-    """Activations an update keeps per token for its backward (see the module docstring for the fit)."""
+def activation_bytes_per_token(
+    shape: ModelShape, *, backend: str, checkpointing: bool, dtype_bytes: int, span: int = 0
+) -> int:
+    """Activations an update keeps per token for its backward (see the module docstring for the fit).
+
+    span: the longest sequence's tokens, for the peft backend, whose masked attention keeps each query's
+    fp32 weights over its sequence (heads x span a token and layer; measured on an H100 with the default
+    model: about 2 MB a token against 0.5 MB without this term). Unsloth's kernels keep none."""
     h, i, kv = shape.hidden, shape.intermediate * shape.active_experts, shape.kv_heads * shape.head_dim
     per_layer = (4 * h + 1.5 * i + kv) if backend == "unsloth" else (6 * h + 3 * i + 2 * kv)
+    per_layer *= dtype_bytes
+    if backend != "unsloth":
+        per_layer += 2 * 4 * shape.heads * span  # the weights and their gradient, fp32
     if checkpointing:  # each layer's input is kept; one layer at a time is recomputed in full
-        return int(dtype_bytes * (shape.layers * h + per_layer))
-    return int(dtype_bytes * shape.layers * per_layer)
+        return int(dtype_bytes * shape.layers * h + per_layer)
+    return int(shape.layers * per_layer)
 
 
 def plan(
@@ -161,6 +173,7 @@ def plan(
     lora_targets: tuple[str, ...],
     checkpointing: bool,
     cap: int = MAX_AUTO_TOKENS,
+    span: int = 0,
 ) -> MemoryPlan:
     """The memory of an update of this model and the largest micro-batch (a multiple of 256 tokens, at
     most cap) that fits `available` bytes; micro_batch_tokens is 0 when not even MIN_FIT_TOKENS do."""
@@ -172,7 +185,9 @@ def plan(
     lora_state = shape.lora_parameters(lora_rank, lora_targets) * 4 * 4
     # one chunk of fp32 logits, its log-softmax and probabilities
     workspace = 3 * 4 * min(CHUNK_ELEMENTS, shape.vocab * cap)
-    per_token = activation_bytes_per_token(shape, backend=backend, checkpointing=checkpointing, dtype_bytes=2)
+    per_token = activation_bytes_per_token(
+        shape, backend=backend, checkpointing=checkpointing, dtype_bytes=2, span=min(span, ATTENTION_SPAN)
+    )
     room = available - weights - lora_state - workspace - _margin(available)
     tokens = min(cap, max(room, 0) // per_token) // 256 * 256
     return MemoryPlan(
@@ -240,6 +255,7 @@ def plan_for(cfg: Any, shape: ModelShape, available: int, device: str, quantizat
         lora_targets=tuple(cfg.lora_target_modules),
         checkpointing=cfg.gradient_checkpointing,
         cap=cfg.micro_batch_tokens or MAX_AUTO_TOKENS,
+        span=cfg.max_seq_len,
     )
 
 
@@ -248,10 +264,19 @@ def cuda_available(device: str) -> int:
     within the share of the card it is allowed (torch.cuda.set_per_process_memory_fraction)."""
     import torch
 
+    device = _index(device)
     free, total = torch.cuda.mem_get_info(device)
     allocated = torch.cuda.memory_allocated(device)
     share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _device: 1.0)(device)
     return int(min(free + torch.cuda.memory_reserved(device), share * total) - allocated)
+
+
+def _index(device: str) -> int:
+    """The CUDA device's index ("cuda" is the current device): some of torch's memory calls need one."""
+    import torch
+
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
 
 
 def read_model_config(base_model_path: str) -> dict[str, Any]:
@@ -297,8 +322,8 @@ def peak_start(device: str) -> int:
     """Start measuring an update's peak; returns the bytes allocated before it."""
     import torch
 
-    torch.cuda.reset_peak_memory_stats(device)
-    return int(torch.cuda.memory_allocated(device))
+    torch.cuda.reset_peak_memory_stats(_index(device))
+    return int(torch.cuda.memory_allocated(_index(device)))
 
 
 def budget_after_update(device: str, *, before: int, largest: int, vocab: int, cap: int = MAX_AUTO_TOKENS) -> int:
@@ -307,7 +332,7 @@ def budget_after_update(device: str, *, before: int, largest: int, vocab: int, c
     import torch
 
     workspace = 3 * 4 * min(CHUNK_ELEMENTS, vocab * max(largest, 1))
-    peak_over_base = int(torch.cuda.max_memory_allocated(device)) - before - workspace
+    peak_over_base = int(torch.cuda.max_memory_allocated(_index(device))) - before - workspace
     room = cuda_available(device) - workspace
     room -= _margin(room)
     return measured_budget(peak_over_base=peak_over_base, tokens=largest, room=room, cap=cap)
