@@ -105,7 +105,7 @@ class Run(BackgroundJob):
 
 
 class TrajectoryGroup(models.Model):
-    """The group_size rollouts of one scenario in one step, compared against each other by GRPO."""
+    """A scenario's rollouts in one step (one role's, when each returns several), compared with each other by GRPO."""
 
     class Split(models.TextChoices):
         TRAIN = "train"
@@ -144,6 +144,7 @@ class Trajectory(models.Model):
     index = models.PositiveSmallIntegerField(help_text="Position within the group.")
     messages = models.JSONField(default=list)
     tools = models.JSONField(null=True, blank=True)
+    additional_histories = models.JSONField(default=list, blank=True)  # ART's: [{messages, tools}], each trained
     reward = models.FloatField(null=True)
     advantage = models.FloatField(null=True)
     metrics = models.JSONField(default=dict, blank=True)
@@ -174,10 +175,8 @@ class Trajectory(models.Model):
 
 
 class DryRun(BackgroundJob):
-    """A rollout script tried on a few scenarios against the live base model, before any run.
-
-    A background job (training.jobs) of a GPU worker (it owns the inference server); the page polls it.
-    """
+    """A rollout script tried on a few scenarios against the live base model, before any run: a background
+    job (training.jobs) of a GPU worker (it owns the inference server); the page polls it."""
 
     Status = JobStatus
 

@@ -103,30 +103,89 @@ def _finite(value: Any, what: str) -> float:
     return float(value)
 
 
-def _check_message(message: Any, i: int, vocab_size: int | None) -> None:
+def _check_message(message: Any, i: int, vocab_size: int | None, where: str = "") -> None:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise RecordError(f"message {i} must be an object with a string role")
+        raise RecordError(f"{where}message {i} must be an object with a string role")
     token_ids, logprobs = message.get("token_ids"), message.get("logprobs")
     if token_ids is None:
         return
     if not isinstance(token_ids, list) or not isinstance(logprobs, list) or len(token_ids) != len(logprobs):
-        raise RecordError(f"message {i}: token_ids and logprobs must be lists of the same length")
+        raise RecordError(f"{where}message {i}: token_ids and logprobs must be lists of the same length")
     for t in token_ids:
-        _int(t, f"message {i}: a token id", 0, vocab_size)
+        _int(t, f"{where}message {i}: a token id", 0, vocab_size)
     for lp in logprobs:
-        if _finite(lp, f"message {i}: a logprob") > 0:
-            raise RecordError(f"message {i}: a logprob must be <= 0, got {lp!r:.40}")
+        if _finite(lp, f"{where}message {i}: a logprob") > 0:
+            raise RecordError(f"{where}message {i}: a logprob must be <= 0, got {lp!r:.40}")
+
+
+# A trajectory's additional histories (ART's: conversations beside its main one, each trained as a sequence
+# of its own with the trajectory's advantage), and the trajectories one rollout may return (self-play: one per
+# role). Both are bounded by the record's bytes too; these caps keep each count sane on its own.
+MAX_ADDITIONAL_HISTORIES = 128
+MAX_TRAJECTORIES_PER_ROLLOUT = 32
+# How a rollout's several trajectories train (scored_groups): "by_position", the k-th trajectories of a
+# scenario's rollouts form one group; "one_group", the rollout's trajectories are a group of their own.
+GROUPINGS = ("by_position", "one_group")
+
+
+def _check_messages(messages: Any, vocab_size: int | None, where: str = "") -> None:
+    if not isinstance(messages, list):
+        raise RecordError(f"{where}messages must be a list")
+    for i, message in enumerate(messages):
+        _check_message(message, i, vocab_size, where)
+
+
+def _check_histories(histories: Any, vocab_size: int | None) -> None:
+    """additional_histories: absent, or a list of {"messages": [...], "tools": list | null}."""
+    if histories is None:
+        return
+    if not isinstance(histories, list):
+        raise RecordError('additional_histories must be a list of {"messages", "tools"} objects')
+    if len(histories) > MAX_ADDITIONAL_HISTORIES:
+        raise RecordError(
+            f"the trajectory has {len(histories)} additional_histories; at most {MAX_ADDITIONAL_HISTORIES} are "
+            "kept (MAX_ADDITIONAL_HISTORIES): put fewer conversations in one trajectory"
+        )
+    for h, history in enumerate(histories):
+        where = f"additional history {h}: "
+        if not isinstance(history, dict) or set(history) - {"messages", "tools"}:
+            raise RecordError(f'{where}must be an object with only "messages" and "tools"')
+        _check_messages(history.get("messages"), vocab_size, where)
+        if history.get("tools") is not None and not isinstance(history["tools"], list):
+            raise RecordError(f"{where}tools must be a list or null")
+
+
+def _check_others(record: dict, vocab_size: int | None) -> None:
+    """more_trajectories and grouping: the other trajectories of a rollout that returned several, each a
+    whole record of its own (without others of its own)."""
+    others, grouping = record.get("more_trajectories"), record.get("grouping")
+    if others is None and grouping is None:
+        return
+    if not isinstance(others, list) or grouping not in GROUPINGS:
+        raise RecordError(f"more_trajectories must be a list, with a grouping of {' or '.join(GROUPINGS)}")
+    if len(others) + 1 > MAX_TRAJECTORIES_PER_ROLLOUT:
+        raise RecordError(
+            f"the rollout returned {len(others) + 1} trajectories; at most {MAX_TRAJECTORIES_PER_ROLLOUT} are "
+            "kept from one rollout (MAX_TRAJECTORIES_PER_ROLLOUT)"
+        )
+    for k, other in enumerate(others, start=1):
+        if not isinstance(other, dict) or "more_trajectories" in other or "grouping" in other:
+            raise RecordError(f"trajectory {k} of the rollout must be a trajectory object without others of its own")
+        try:
+            check_trajectory(other, vocab_size=vocab_size)
+        except RecordError as exc:
+            raise RecordError(f"trajectory {k} of the rollout: {exc}") from None
+        if other.get("error") is not None:
+            raise RecordError(f"trajectory {k} of the rollout has an error of its own; a rollout fails as a whole")
 
 
 def check_trajectory(record: Any, *, vocab_size: int | None) -> dict:
     """The record if every field has the type and range the rest of artweb relies on; else RecordError."""
     if not isinstance(record, dict):
         raise RecordError("the trajectory is not an object")
-    messages = record.get("messages")
-    if not isinstance(messages, list):
-        raise RecordError("messages must be a list")
-    for i, message in enumerate(messages):
-        _check_message(message, i, vocab_size)
+    _check_messages(record.get("messages"), vocab_size)
+    _check_histories(record.get("additional_histories"), vocab_size)
+    _check_others(record, vocab_size)
     if record.get("reward") is not None:
         _finite(record["reward"], "reward")
     if record.get("error") is not None and not isinstance(record["error"], str):
@@ -144,6 +203,26 @@ def check_trajectory(record: Any, *, vocab_size: int | None) -> dict:
     if record.get("reward_ms") is not None:
         _int(record["reward_ms"], "reward_ms")
     return _without_nul(record)  # PostgreSQL's text and jsonb refuse NUL characters: the step could not save it
+
+
+def scored_groups(trajectories: list[dict]) -> list[list[dict]]:
+    """The GRPO groups of one scenario's rollouts, in a fixed order (the trainer and the stored groups
+    both split them so; advantages are matched by it).
+
+    A rollout that returned one trajectory puts it in the scenario's first group, as ever. One that returned
+    a list (grouping "by_position", one trajectory per role) puts its k-th trajectory in the scenario's k-th
+    group, as ART's self-play examples group them by role; one that returned a TrajectoryGroup ("one_group")
+    is a group of its own, as gather_trajectory_groups trains a group a coroutine returns. A failed rollout
+    keeps only its first record (to inspect), in the first group."""
+    groups: dict[tuple[str, int], list[dict]] = {("position", 0): []}
+    for i, record in enumerate(trajectories):
+        members = [{k: v for k, v in record.items() if k not in ("more_trajectories", "grouping")}]
+        if record.get("error") is None:
+            members += record.get("more_trajectories") or []
+        own = record.get("grouping") == "one_group" and record.get("error") is None
+        for k, member in enumerate(members):
+            groups.setdefault(("rollout", i) if own else ("position", k), []).append(member)
+    return [group for key, group in groups.items() if group or len(groups) == 1]
 
 
 # What a sandbox may say of a rollout it could not finish before the batch's deadline: an "unfinished" line,

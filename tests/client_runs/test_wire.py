@@ -236,8 +236,8 @@ G1 = ("trajectory_groups", 1)
         (_at((*T11, "reward"))("1.0"), "group 1, trajectory 1: reward must be a finite number"),
         (_at((*T11, "reward"))(None), "group 1, trajectory 1: reward must be a finite number"),
         (
-            _at((*T11, "additional_histories"))([{"messages_and_choices": [], "tools": None}]),
-            "group 1, trajectory 1 has additional_histories",
+            _at((*T11, "additional_histories"))([{"messages_and_choices": [], "bogus": None}]),
+            "group 1, trajectory 1, additional history 0 has fields artweb does not know: bogus",
         ),
         (_at((*T11, "messages_and_choices"))("hi"), "group 1, trajectory 1: messages_and_choices must be a list"),
         (_at((*T11, "messages_and_choices", 0))("hi"), "group 1, trajectory 1, item 0 is neither a message nor"),

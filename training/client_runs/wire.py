@@ -5,7 +5,9 @@ A training job's body is ART's `TrajectoryGroup.model_dump(mode="json")` per gro
 `Choice` objects the policy returned (its samples: trained). A choice becomes an assistant message with
 `sampled: true` and, when the client kept them, the sampler's token ids (`token_ids`, or `token_id:<n>`
 tokens in its logprobs) and log-probs; a turn without them is completed on the worker (the chat template's
-ids, the current policy's log-probs: training.engine.trainer.GRPOTrainer.complete_sampled_turns).
+ids, the current policy's log-probs: training.engine.trainer.GRPOTrainer.complete_sampled_turns). A
+trajectory's `additional_histories` are converted the same way, each into {"messages", "tools"}: trained,
+as in ART, as sequences of their own with the trajectory's advantage.
 
 Every error says which group and trajectory, and what to change. Anything artweb cannot honour is refused
 by name, never ignored.
@@ -126,7 +128,7 @@ def parse_training_job(body: Any, *, vocab_size: int | None, record_bytes: int) 
     settings, recompute = train_settings(body.get("experimental_config"))
     tokens = {"client_turns_sampled": 0, "client_turns_retokenized": 0, "client_turns_policy_logprobs": 0}
     groups = [_group(g, i, vocab_size, record_bytes, tokens, recompute) for i, g in enumerate(raw_groups)]
-    if not any(m.get("sampled") for g in groups for t in g.trajectories for m in t["messages"]):
+    if not any(m.get("sampled") for g in groups for t in g.trajectories for m in _all_messages(t)):
         raise WireError(
             "No trajectory holds a completion the model sampled, so there is nothing to train: keep the Choice "
             "objects that model.openai_client() returned in messages_and_choices, not plain message dicts."
@@ -205,21 +207,19 @@ def _trajectory(raw: Any, where: str, vocab_size, record_bytes: int, tokens: dic
     if not isinstance(raw, dict):
         raise WireError(f"{where} is not an object (a Trajectory as JSON).")
     _no_unknown(raw, TRAJECTORY_FIELDS, where)
-    if raw.get("additional_histories"):
-        raise WireError(
-            f"{where} has additional_histories, which artweb does not train yet; put each history in a "
-            "trajectory of its own."
-        )
     reward = raw.get("reward", 0.0)
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         raise WireError(f"{where}: reward must be a finite number, got {reward!r:.60}.")
-    items = raw.get("messages_and_choices")
-    if not isinstance(items, list):
-        raise WireError(f"{where}: messages_and_choices must be a list.")
-    messages = [_item(item, f"{where}, item {i}", vocab_size, tokens, recompute) for i, item in enumerate(items)]
+    messages = _messages(raw.get("messages_and_choices"), where, vocab_size, tokens, recompute)
+    histories = raw.get("additional_histories") or []
+    if not isinstance(histories, list):
+        raise WireError(f"{where}: additional_histories must be a list of History objects.")
+    histories = [
+        _history(h, f"{where}, additional history {k}", vocab_size, tokens, recompute) for k, h in enumerate(histories)
+    ]
     metrics = _numbers(raw.get("metrics"), f"{where}: metrics")
     duration = metrics.get("duration")
-    sampled = [m for m in messages if m.get("sampled")]
+    sampled = [m for m in [*messages, *(m for h in histories for m in h["messages"])] if m.get("sampled")]
     record = {
         "messages": messages,
         "tools": raw.get("tools"),
@@ -232,6 +232,8 @@ def _trajectory(raw: Any, where: str, vocab_size, record_bytes: int, tokens: dic
         "completion_tokens": sum(len(m.get("token_ids") or m.get("sampled_token_ids") or []) for m in sampled),
         "duration_ms": int(duration * 1000) if isinstance(duration, (int, float)) and 0 <= duration < 1e7 else 0,
     }
+    if histories:
+        record["additional_histories"] = histories
     try:
         record = check_trajectory(record, vocab_size=vocab_size)
     except RecordError as exc:
@@ -239,6 +241,27 @@ def _trajectory(raw: Any, where: str, vocab_size, record_bytes: int, tokens: dic
     if record_size(record) > record_bytes:
         raise WireError(f"{where} is larger than {record_bytes >> 20} MB as JSON, the limit for one trajectory.")
     return record
+
+
+def _messages(items: Any, where: str, vocab_size, tokens: dict, recompute: bool) -> list[dict]:
+    if not isinstance(items, list):
+        raise WireError(f"{where}: messages_and_choices must be a list.")
+    return [_item(item, f"{where}, item {i}", vocab_size, tokens, recompute) for i, item in enumerate(items)]
+
+
+def _history(raw: Any, where: str, vocab_size, tokens: dict, recompute: bool) -> dict:
+    """An ART History ({messages_and_choices, tools}) as a record's additional history: {messages, tools}."""
+    if not isinstance(raw, dict):
+        raise WireError(f"{where} is not an object (a History as JSON: messages_and_choices and tools).")
+    _no_unknown(raw, {"messages_and_choices", "tools"}, where)
+    return {
+        "messages": _messages(raw.get("messages_and_choices"), where, vocab_size, tokens, recompute),
+        "tools": raw.get("tools"),
+    }
+
+
+def _all_messages(record: dict) -> list[dict]:
+    return [*record["messages"], *(m for h in record.get("additional_histories") or [] for m in h["messages"])]
 
 
 def _item(item: Any, where: str, vocab_size, tokens: dict, recompute: bool) -> dict:

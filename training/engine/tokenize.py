@@ -4,6 +4,9 @@ The conversation is rendered with the model's own chat template (tools included)
 server rendered it. Each assistant turn the policy generated is replaced by the exact token ids the
 sampler drew, with their recorded log-probs, so nothing the policy produced is re-tokenized (a re-encode
 of the same text can split differently, and the old log-probs would then belong to other tokens).
+
+A trajectory's additional histories (ART's `Trajectory.additional_histories`: conversations beside its main
+one) are tokenized the same way, each into a sequence of its own (trajectory_histories), as ART does.
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ class TokenizedSequence:
     def n_trainable(self) -> int:
         """Tokens that get a loss: sampled ones with a position before them to predict them from."""
         return sum(self.trainable[1:])
+
+
+def trajectory_histories(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversations a trajectory trains, each a {"messages", "tools"} dict tokenize_trajectory takes: the
+    trajectory itself, then each of its additional histories. As in ART, each becomes a sequence of its own
+    that carries the trajectory's advantage; their message dicts are the trajectory's own, not copies."""
+    extra = trajectory.get("additional_histories") or []
+    return [trajectory, *({"messages": h.get("messages") or [], "tools": h.get("tools")} for h in extra)]
 
 
 def is_trainable_turn(message: dict[str, Any]) -> bool:
@@ -185,10 +196,11 @@ def encode_sampled_turn(tokenizer: Any, messages: list[dict[str, Any]], index: i
 def complete_sampled_turns(trainer: Any, groups: list[list[dict]]) -> int:
     """Give each sampled turn that came without token ids the ids the chat template writes for it, and
     each without log-probs the current policy's (the client sampled from it: the update's ratio starts
-    at 1). Returns how many turns were completed."""
+    at 1), in every conversation of each trajectory (trajectory_histories). Returns how many turns were
+    completed."""
     pending: list[dict] = []
     completed = 0
-    for traj in (t for group in groups for t in group):
+    for traj in (h for group in groups for t in group for h in trajectory_histories(t)):
         messages = traj.get("messages") or []
         for i, message in enumerate(messages):
             if not is_unsampled_turn(message):

@@ -1,7 +1,8 @@
 """The GRPO trainer: scored trajectory groups in, one LoRA update and metrics out.
 
 One update reads top to bottom in `train_step`:
-  advantages per group → tokenize the trajectories of groups with signal → micro-batches under a token
+  advantages per group → tokenize the trajectories of groups with signal (a sequence for each conversation
+  of a trajectory: its own and its additional histories, all with its advantage) → micro-batches under a token
   budget, packed into one row each (a group's shared prompt once, no padding) → per micro-batch: policy
   log-probs of the sampled tokens, loss, backward (gradients accumulate) → clip the gradient norm →
   AdamW step → scheduler step.
@@ -26,6 +27,7 @@ import torch
 # One Cancelled for the whole step: should_stop() said stop, in the sandbox or during an update (where the
 # optimizer was not stepped). The runtime is pure too, and training may import rollouts.
 from rollouts.sandbox import Cancelled
+from rollouts.sandbox.records import scored_groups
 from training.engine import fit
 from training.engine.advantages import compute_advantages
 from training.engine.attention import use_packed_attention
@@ -35,7 +37,7 @@ from training.engine.checkpoint import read_checkpoint, restore_rng, write_check
 from training.engine.config import ConfigError, TrainConfig
 from training.engine.logprobs import token_logprobs
 from training.engine.losses import aggregate, kl_k3, policy_loss
-from training.engine.tokenize import TokenizedSequence, tokenize_trajectory
+from training.engine.tokenize import TokenizedSequence, tokenize_trajectory, trajectory_histories
 
 # The smallest micro-batch budget an out-of-memory retry goes down to (TrainConfig's own lower bound).
 MIN_MICRO_BATCH_TOKENS = 16
@@ -193,7 +195,10 @@ class GRPOTrainer:
 
     # --- one update ------------------------------------------------------------------------------------
     def train_step(self, groups: list[list[dict]], should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """groups: each scenario's rollouts; those that returned several trajectories are split into their
+        groups first (scored_groups), and "advantages" in the result is per split group."""
         start = time.perf_counter()
+        groups = [g for group in groups for g in scored_groups(group)]
         adv = compute_advantages(groups, scale_rewards=self.cfg.scale_rewards)
         seqs = self.tokenize_groups(groups, adv.values, adv.used)
         tokenize_seconds = time.perf_counter() - start
@@ -232,7 +237,7 @@ class GRPOTrainer:
             "tokens_trained": total_tokens,
             # Positions the model ran over: each trained sequence, padding and shared prompts included.
             "tokens_processed": processed,
-            "trajectories_trained": len(seqs),
+            "trajectories_trained": len({s.source for s in seqs}),  # a trajectory trains one sequence per history
             "groups_used": adv.groups_used,
             "groups_skipped": adv.groups_skipped,
             "sequences_truncated": truncated,
@@ -295,7 +300,8 @@ class GRPOTrainer:
     def tokenize_groups(
         self, groups: list[list[dict]], advantages: list[list[float | None]], used: list[bool]
     ) -> list[TokenizedSequence]:
-        """Sequences of every scored trajectory of the groups with signal, advantage attached."""
+        """Sequences of every scored trajectory of the groups with signal, advantage attached: one for the
+        trajectory and one for each of its additional histories, each with the trajectory's advantage."""
         seqs: list[TokenizedSequence] = []
         cache: dict[str, list[int]] = {}
         for g, (group, group_adv, ok) in enumerate(zip(groups, advantages, used, strict=True)):
@@ -304,9 +310,10 @@ class GRPOTrainer:
             for t, (traj, a) in enumerate(zip(group, group_adv, strict=True)):
                 if a is None:
                     continue
-                seq = tokenize_trajectory(self.tokenizer, traj, self.cfg.max_seq_len, cache)
-                seq.advantage, seq.source = a, (g, t)
-                seqs.append(seq)
+                for history in trajectory_histories(traj):
+                    seq = tokenize_trajectory(self.tokenizer, history, self.cfg.max_seq_len, cache)
+                    seq.advantage, seq.source = a, (g, t)
+                    seqs.append(seq)
         return seqs
 
     # --- a step whose groups a client posted (training.services.steps.sources) ----------------------------

@@ -100,6 +100,7 @@ def trajectory_inspector_view(request, run_id: int):
             "all_steps": f["all_steps"],
             "selected": selected,
             "turns": transcript(selected.messages) if selected else [],
+            "histories": _histories(selected) if selected else [],
             "question": scenario_question(selected.messages, getattr(selected.group.scenario, "data", None))
             if selected
             else "",
@@ -107,3 +108,9 @@ def trajectory_inspector_view(request, run_id: int):
             "step_query": step_query.urlencode(),
         },
     )
+
+
+def _histories(trajectory) -> list[dict]:
+    """Its additional histories (ART's), each as display turns and the tools it offered, in order."""
+    histories = trajectory.additional_histories if isinstance(trajectory.additional_histories, list) else []
+    return [{"turns": transcript(h.get("messages")), "tools": h.get("tools")} for h in histories if isinstance(h, dict)]

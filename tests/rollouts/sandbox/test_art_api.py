@@ -270,14 +270,15 @@ def test_a_group_keeps_its_metadata_metrics_logs_and_the_exceptions_it_was_given
         art.TrajectoryGroup(["not a trajectory"])
 
 
-def test_additional_histories_are_kept_on_the_trajectory_and_refused_by_its_record():
+def test_additional_histories_are_kept_on_the_trajectory_and_recorded_by_its_record():
     trajectory = art.Trajectory(
         additional_histories=[{"messages_and_choices": [{"role": "user", "content": "x"}], "tools": None}]
     )
     [history] = trajectory.additional_histories
     assert isinstance(history, art.History) and history.messages() == [{"role": "user", "content": "x"}]
-    with pytest.raises(art.NotSupportedInSandbox, match="Trajectory.additional_histories.*not store or train"):
-        trajectory.to_record()
+    assert trajectory.to_record()["additional_histories"] == [
+        {"messages": [{"role": "user", "content": "x"}], "tools": None}
+    ]
 
 
 # --- gathering -----------------------------------------------------------------------------------------
@@ -618,11 +619,9 @@ def test_a_script_retries_its_rollout_with_art_retry_and_walks_a_dataset(request
 
 
 def test_a_trajectory_that_cannot_be_recorded_fails_its_own_rollout_only(request_for):
-    histories = (
-        'return art.Trajectory(reward=1.0, additional_histories=[art.History([{"role": "user", "content": "x"}])])'
-    )
+    history = 'art.History([{"role": "user", "content": "x"}, 42])'
     for bad, needle in (
-        (histories, "art.NotSupportedInSandbox: Trajectory.additional_histories is not available"),
+        (f"return art.Trajectory(reward=1.0, additional_histories=[{history}])", "The trajectory is not JSON"),
         ("return art.Trajectory(messages_and_choices=[42], reward=1.0)", "The trajectory is not JSON"),
     ):
         bad_group, good_group = run_rollouts(request_for(script(f'print("before")\n{bad}')))

@@ -1,5 +1,10 @@
 """The step's scored groups: written (and sent to the run page once they commit), their reward and
-signal figures, and the advantages of the update written back."""
+signal figures, and the advantages of the update written back.
+
+A scenario's rollouts are one group, or several when its rollouts return several trajectories each
+(rollouts.sandbox.records.scored_groups, which the trainer splits them with too): the groups written here,
+their figures and the update's advantages are those groups, in that order.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from django.db import transaction
 from django.db.models import F, Sum
 
 from rollouts.models import Scenario
-from rollouts.sandbox.records import record_size
+from rollouts.sandbox.records import record_size, scored_groups
 from training.analytics import learning_signals
 from training.analytics.learning_signals import truncated
 from training.config import RunConfig
@@ -18,9 +23,11 @@ from training.services.broadcast import final_answer, group_message, run_broadca
 from training.services.steps.errors import StepAborted
 
 
-def _search_text(messages: list[dict]) -> str:
+def _search_text(trajectory: dict) -> str:
+    """The text the inspector's search looks in: every message's, additional histories' included."""
+    histories = trajectory.get("additional_histories") or []
     parts = []
-    for m in messages:
+    for m in [*(trajectory.get("messages") or []), *(m for h in histories for m in h.get("messages") or [])]:
         content = m.get("content")
         if isinstance(content, str):
             parts.append(content)
@@ -57,68 +64,75 @@ def groups_persist(
         replaced.delete()
         stored = 0  # bytes of the trajectories written here, measured as the worker's record limit measures them
         for scenario, result in zip(scenarios, results, strict=False):
-            trajs = result.trajectories
-            rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
-            size = sum(record_size(t) for t in trajs)
-            stored += size
-            group = TrajectoryGroup.objects.create(
-                run=run,
-                step=step,
-                split=split,
-                scenario=scenario,
-                reward_mean=statistics.fmean(rewards) if rewards else None,
-                reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
-                error_count=sum(1 for t in trajs if t.get("error")),
-                skipped=_no_signal(result),
-                failed_attempt=failed,
-                stored_bytes=size,
-            )
-            rows = Trajectory.objects.bulk_create(
-                [
-                    Trajectory(
-                        group=group,
-                        run=run,
-                        step=step,
-                        index=i,
-                        messages=t.get("messages") or [],
-                        tools=t.get("tools"),
-                        reward=t.get("reward"),
-                        metrics=t.get("metrics") or {},
-                        metadata=t.get("metadata") or {},
-                        logs=t.get("logs") or [],
-                        error=t.get("error") or "",
-                        prompt_tokens=t.get("prompt_tokens") or 0,
-                        completion_tokens=t.get("completion_tokens") or 0,
-                        duration_ms=t.get("duration_ms") or 0,
-                        search_text=_search_text(t.get("messages") or []),
-                        reward_ms=t.get("reward_ms"),
-                        truncated=truncated(t.get("messages") or []),
-                    )
-                    for i, t in enumerate(trajs)
-                ]
-            )
-            run_broadcast(run.id, group_message(group, rows))  # leaves on commit; PostgreSQL set the ids
-            groups.append(group)
+            for trajs in scored_groups(result.trajectories):
+                group = _group_create(run, step, split, scenario, trajs, failed=failed)
+                stored += group.stored_bytes
+                groups.append(group)
         # What the owner's storage quota counts (training.services.quotas), in the groups' own transaction.
         Run.objects.filter(id=run.id).update(trajectory_bytes=F("trajectory_bytes") + stored - freed)
     return groups
 
 
-def _no_signal(result) -> bool:
+def _group_create(run: Run, step: int, split: str, scenario: Scenario, trajs: list[dict], *, failed: bool):
+    """One group's row and its trajectories' rows, sent to the run page once they commit."""
+    rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
+    group = TrajectoryGroup.objects.create(
+        run=run,
+        step=step,
+        split=split,
+        scenario=scenario,
+        reward_mean=statistics.fmean(rewards) if rewards else None,
+        reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
+        error_count=sum(1 for t in trajs if t.get("error")),
+        skipped=_no_signal(trajs),
+        failed_attempt=failed,
+        stored_bytes=sum(record_size(t) for t in trajs),
+    )
+    rows = Trajectory.objects.bulk_create(
+        [
+            Trajectory(
+                group=group,
+                run=run,
+                step=step,
+                index=i,
+                messages=t.get("messages") or [],
+                tools=t.get("tools"),
+                additional_histories=t.get("additional_histories") or [],
+                reward=t.get("reward"),
+                metrics=t.get("metrics") or {},
+                metadata=t.get("metadata") or {},
+                logs=t.get("logs") or [],
+                error=t.get("error") or "",
+                prompt_tokens=t.get("prompt_tokens") or 0,
+                completion_tokens=t.get("completion_tokens") or 0,
+                duration_ms=t.get("duration_ms") or 0,
+                search_text=_search_text(t),
+                reward_ms=t.get("reward_ms"),
+                truncated=truncated(t.get("messages") or []),
+            )
+            for i, t in enumerate(trajs)
+        ]
+    )
+    run_broadcast(run.id, group_message(group, rows))  # leaves on commit; PostgreSQL set the ids
+    return group
+
+
+def _no_signal(trajs: list[dict]) -> bool:
     """All the group's rewards are equal (or it has fewer than two): GRPO has nothing to compare."""
-    rewards = [t["reward"] for t in result.trajectories if t.get("reward") is not None]
+    rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
     return len(set(rewards)) <= 1
 
 
 def reward_stats(results, cfg: RunConfig | None = None) -> dict:
     """The step's reward and signal figures, from its scored groups (before the update)."""
-    trajs = [t for r in results for t in r.trajectories]
+    groups = [g for r in results for g in scored_groups(r.trajectories)]
+    trajs = [t for g in groups for t in g]
     rewards = [t["reward"] for t in trajs if t.get("reward") is not None]
     finished = [t for t in trajs if not t.get("error")]
     completion = [t.get("completion_tokens") or 0 for t in finished]
     stats = {
-        "groups": len(results),
-        "groups_no_signal": sum(1 for r in results if _no_signal(r)),
+        "groups": len(groups),
+        "groups_no_signal": sum(1 for g in groups if _no_signal(g)),
         "reward_mean": statistics.fmean(rewards) if rewards else None,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else None,
         "rollouts": len(trajs),
@@ -126,13 +140,13 @@ def reward_stats(results, cfg: RunConfig | None = None) -> dict:
         "completion_tokens_mean": statistics.fmean(completion) if completion else 0.0,
         "completion_tokens_total": sum(completion),
     }
-    stats["dead_group_share"] = stats["groups_no_signal"] / len(results) if results else None
+    stats["dead_group_share"] = stats["groups_no_signal"] / len(groups) if groups else None
     stats["truncation_rate"] = (
         sum(1 for t in finished if truncated(t.get("messages") or [])) / len(finished) if finished else None
     )
     stats.update(
         learning_signals.answer_repeat(
-            [[final_answer(t.get("messages")) for t in r.trajectories if not t.get("error")] for r in results]
+            [[final_answer(t.get("messages")) for t in g if not t.get("error")] for g in groups]
         )
     )
     names = cfg.alerts.reward_components if cfg is not None else []

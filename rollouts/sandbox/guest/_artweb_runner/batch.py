@@ -26,7 +26,16 @@ from artweb_sdk.model import Endpoint, Usage, current_usage
 from artweb_sdk.ruler import RulerError, TrajectoryScore, apply_score, judge_client, score_message_lists
 from artweb_sdk.trajectory import check_reward
 
-from _artweb_runner.results import ResultPipe, bounded_record, plain_metrics, record_of, stage_error
+from _artweb_runner.results import (
+    BY_POSITION,
+    ResultPipe,
+    bounded_record,
+    plain_metrics,
+    returned_trajectories,
+    rollout_record,
+    settle_others,
+    stage_error,
+)
 from _artweb_runner.user_code import RolloutLog, call_maybe_async, current_log, describe_error, load_module
 
 
@@ -177,7 +186,7 @@ class Batch:
             lines.append(line)
         return lines
 
-    async def run_one(self, group: dict, index: int) -> tuple[dict, Trajectory | None]:
+    async def run_one(self, group: dict, index: int) -> tuple[dict, list[Trajectory]]:
         slot = self.slots[(group["index"], index)]
         async with self.semaphore:
             log, usage = RolloutLog(), Usage()
@@ -185,12 +194,12 @@ class Batch:
             current_log.set(log)
             current_usage.set(usage)
             started = time.monotonic()
-            trajectory, error = None, self.load_error
+            trajectories, grouping, error = [], BY_POSITION, self.load_error
             scenario = Scenario(copy.deepcopy(group["scenario"]))
             timing: dict[str, int] = {}
             if error is None:
-                trajectory, error = await self._rollout_and_reward(scenario, timing)
-            record = record_of(trajectory)
+                trajectories, grouping, error = await self._rollout_and_reward(scenario, timing)
+            record = rollout_record(trajectories, grouping)
             record.update(
                 logs=log.finish() + record["logs"],
                 error=error,
@@ -201,51 +210,63 @@ class Batch:
             )
             if error is not None:
                 record["reward"] = None
+            settle_others(record)
             record = bounded_record(record)
             slot.record, slot.state = record, "finished"
-            return record, trajectory
+            return record, trajectories if error is None else trajectories[:1]
 
-    async def _rollout_and_reward(self, scenario: Scenario, timing: dict) -> tuple[Trajectory | None, str | None]:
-        """Runs the rollout and then, when it is per trajectory, the reward function; the reward's time goes
-        to timing["reward_ms"], for the run's reward-health panel."""
+    async def _rollout_and_reward(self, scenario: Scenario, timing: dict) -> tuple[list[Trajectory], str, str | None]:
+        """Runs the rollout and then, when it is per trajectory, the reward function on each trajectory it
+        returned: (the trajectories, how they are grouped, the error or None). The reward's time goes to
+        timing["reward_ms"], for the run's reward-health panel."""
         task = asyncio.current_task()
         self.watchdog.deadlines[task] = time.monotonic() + self.timeout_s
-        trajectory, stage = None, "rollout"
+        trajectories, grouping, stage = [], BY_POSITION, "rollout"
         try:
             async with asyncio.timeout(self.timeout_s) as deadline:
-                trajectory = await call_maybe_async(self.rollout, self.model, scenario)
-                if not isinstance(trajectory, Trajectory):
-                    bad, trajectory = trajectory, None
-                    raise TypeError(f"rollout() must return an art.Trajectory, not {type(bad).__name__}")
+                returned = await call_maybe_async(self.rollout, self.model, scenario)
+                trajectories, grouping = await returned_trajectories(returned)
                 stage = "reward"
-                if self.reward_kind == "trajectory":
-                    reward_started = time.monotonic()
-                    try:
-                        trajectory.reward = check_reward(await call_maybe_async(self.reward, trajectory, scenario))
-                    finally:
-                        timing["reward_ms"] = int((time.monotonic() - reward_started) * 1000)
-                elif self.reward_kind is None:
-                    trajectory.reward = check_reward(trajectory.reward)
-                    if trajectory.reward is None and not self.ruler:
-                        return trajectory, "The rollout set no trajectory.reward and no reward function is attached."
+                if (error := await self._reward_each(trajectories, scenario, timing)) is not None:
+                    return trajectories, grouping, error
                 stage = "result"
-                trajectory.to_record()  # unserialisable content is this rollout's error, not the batch's
-            return trajectory, None
+                for trajectory in trajectories:
+                    trajectory.to_record()  # unserialisable content is this rollout's error, not the batch's
+            return trajectories, grouping, None
         except RolloutTimeout:
-            return trajectory, f"Timed out: the {stage} did not finish within {self.timeout_s:g} s (wall clock)."
+            error = f"Timed out: the {stage} did not finish within {self.timeout_s:g} s (wall clock)."
         except TimeoutError as exc:
             if deadline.expired():
-                return trajectory, f"Timed out: the {stage} did not finish within {self.timeout_s:g} s (wall clock)."
-            return trajectory, stage_error(stage, exc, self.user_files)
+                error = f"Timed out: the {stage} did not finish within {self.timeout_s:g} s (wall clock)."
+            else:
+                error = stage_error(stage, exc, self.user_files)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            return trajectory, stage_error(stage, exc, self.user_files)
+            error = stage_error(stage, exc, self.user_files)
         finally:
             self.watchdog.deadlines.pop(task, None)
+        return trajectories, grouping, error
 
-    async def score_group(self, group: dict, records: list[tuple[dict, Trajectory | None]]) -> None:
-        scored = [(record, traj) for record, traj in records if record["error"] is None and traj is not None]
+    async def _reward_each(self, trajectories: list[Trajectory], scenario: Scenario, timing: dict) -> str | None:
+        """Each trajectory's reward: the per-trajectory reward function's, or the one the rollout set. The
+        error of a rollout that set none, or None."""
+        for n, trajectory in enumerate(trajectories):
+            if self.reward_kind == "trajectory":
+                reward_started = time.monotonic()
+                try:
+                    trajectory.reward = check_reward(await call_maybe_async(self.reward, trajectory, scenario))
+                finally:
+                    timing["reward_ms"] = timing.get("reward_ms", 0) + int((time.monotonic() - reward_started) * 1000)
+            elif self.reward_kind is None:
+                trajectory.reward = check_reward(trajectory.reward)
+                if trajectory.reward is None and not self.ruler:
+                    which = f" (trajectory {n} of the {len(trajectories)} it returned)" if len(trajectories) > 1 else ""
+                    return f"The rollout set no trajectory.reward{which} and no reward function is attached."
+        return None
+
+    async def score_group(self, group: dict, records: list[tuple[dict, list[Trajectory]]]) -> None:
+        scored = self.one_each(records, "a score_group reward function")
         if not scored:
             return
         scenario = Scenario(copy.deepcopy(group["scenario"]))
@@ -271,13 +292,18 @@ class Batch:
             else:
                 record.update(reward=None, error=error)
 
-    async def ruler_group(self, group: dict, records: list[tuple[dict, Trajectory | None]]) -> None:
+    async def ruler_group(self, group: dict, records: list[tuple[dict, list[Trajectory]]]) -> None:
         """The judge scores the group's finished rollouts side by side; its scores become their rewards
         (artweb_sdk.ruler.apply_score says what else is kept). The time it took goes to judge_ms, for the
         step's timings. A judge that gives no usable answer fails the group's rollouts: they have no
         reward under the run's scoring.
         """
-        scored = [(record, traj) for record, traj in records if record["error"] is None and traj is not None]
+        scored = self.one_each(records, "RULER")
+        if any(traj.additional_histories for _, traj in scored):
+            error = "RULER does not score trajectories with additional_histories (ART's RULER refuses them too)."
+            for record, _ in scored:
+                record.update(reward=None, error=error)
+            return
         if not scored:
             return
         scores, error, judge_ms = await self.judge(group, [t for _, t in scored])
@@ -288,6 +314,27 @@ class Batch:
                 continue
             apply_score(record, scores[i])
             traj.reward = scores[i].score
+
+    @staticmethod
+    def one_each(records: list[tuple[dict, list[Trajectory]]], scorer: str) -> list[tuple[dict, Trajectory]]:
+        """The group's finished rollouts as (record, trajectory) for a scorer that compares one trajectory per
+        rollout; one that returned several fails, saying so."""
+        scored = []
+        for record, trajectories in records:
+            if record["error"] is not None or not trajectories:
+                continue
+            if "more_trajectories" in record:
+                n = len(trajectories)
+                record.update(
+                    reward=None,
+                    error=f"rollout() returned {n} {'trajectory' if n == 1 else 'trajectories'} (a list or a "
+                    f"TrajectoryGroup), and {scorer} scores one trajectory per rollout. Set each trajectory's reward "
+                    "in the rollout, or use a per-trajectory reward function, `reward(trajectory, scenario)`.",
+                )
+                settle_others(record)
+                continue
+            scored.append((record, trajectories[0]))
+        return scored
 
     async def judge(self, group: dict, trajectories: list[Trajectory]) -> tuple[list[TrajectoryScore], str | None, int]:
         """The RULER judge's scores of the trajectories side by side: (scores, None, milliseconds), or

@@ -9,8 +9,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from artweb_sdk import Trajectory
-from artweb_sdk.errors import NotSupportedInSandbox
+from artweb_sdk import Trajectory, TrajectoryGroup
 
 from _artweb_runner.user_code import describe_error
 
@@ -84,8 +83,6 @@ def bounded_score(score: dict) -> dict:
 
 
 def stage_error(stage: str, exc: BaseException, user_files: set[str]) -> str:
-    if stage == "result" and isinstance(exc, NotSupportedInSandbox):
-        stage = "rollout"  # an ART feature the record cannot hold: its message says so, the JSON is not at fault
     prefix = {"rollout": "", "reward": "The reward function failed: ", "result": "The trajectory is not JSON: "}
     return prefix.get(stage, "") + describe_error(exc, user_files)
 
@@ -126,3 +123,55 @@ def bounded_record(record: dict) -> dict:
         "prompt_tokens": record["prompt_tokens"],
         "completion_tokens": record["completion_tokens"],
     }
+
+
+# How the trajectories of a rollout that returned several are grouped for GRPO (rollouts.sandbox.records
+# .scored_groups): a list or tuple is one trajectory per role, and the k-th trajectories of a scenario's
+# rollouts form its k-th group (ART's self-play examples); a TrajectoryGroup is one game, a group of its own.
+BY_POSITION, ONE_GROUP = "by_position", "one_group"
+
+
+async def returned_trajectories(value) -> tuple[list[Trajectory], str]:
+    """What rollout() returned, as (its trajectories, how they are grouped); TypeError or ValueError, saying
+    what to return, for anything else."""
+    if isinstance(value, Trajectory):
+        return [value], BY_POSITION
+    if isinstance(value, TrajectoryGroup):
+        group = await value  # a group built from awaitables runs them; those that raised stay in exceptions
+        if not group.trajectories and group.exceptions:
+            raise group.exceptions[0]
+        items, grouping = list(group.trajectories), ONE_GROUP
+    elif isinstance(value, (list, tuple)):
+        items, grouping = list(value), BY_POSITION
+    else:
+        raise TypeError(
+            "rollout() must return an art.Trajectory, a list of them (one per role: self-play), or an "
+            f"art.TrajectoryGroup (one game), not {type(value).__name__}"
+        )
+    for item in items:
+        if not isinstance(item, Trajectory):
+            raise TypeError(f"rollout() returned {type(item).__name__} among its trajectories, not an art.Trajectory")
+    if not items:
+        raise ValueError("rollout() returned no trajectories; return at least one art.Trajectory")
+    return items, grouping
+
+
+def rollout_record(trajectories: list[Trajectory], grouping: str) -> dict:
+    """The record of a rollout: its first trajectory's, and when it returned several (or a group), the
+    others' in "more_trajectories" with the "grouping" they train in."""
+    record = record_of(trajectories[0] if trajectories else None)
+    if len(trajectories) > 1 or grouping != BY_POSITION:
+        record["more_trajectories"] = [record_of(t) for t in trajectories[1:]]
+        record["grouping"] = grouping
+    return record
+
+
+def settle_others(record: dict) -> None:
+    """The rollout's other trajectories take its outcome: none when it failed (only its first is kept, to
+    inspect), else its duration. What it cost in tokens is counted once, on its first trajectory."""
+    if record["error"] is not None:
+        record.pop("more_trajectories", None)
+        record.pop("grouping", None)
+        return
+    for other in record.get("more_trajectories", ()):
+        other.update(error=None, duration_ms=record["duration_ms"], prompt_tokens=0, completion_tokens=0)

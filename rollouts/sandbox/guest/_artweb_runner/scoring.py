@@ -9,7 +9,7 @@ import time
 import types
 from pathlib import Path
 
-from artweb_sdk import Scenario, Trajectory, TrajectoryGroup
+from artweb_sdk import History, Scenario, Trajectory, TrajectoryGroup
 from artweb_sdk.trajectory import check_reward
 
 from _artweb_runner.batch import Batch, RolloutTimeout
@@ -73,6 +73,10 @@ def restore_trajectory(record: dict) -> Trajectory:
         tools=record.get("tools"),
         metrics=record.get("metrics") or {},
         metadata=record.get("metadata") or {},
+        additional_histories=[
+            History([restore_item(m) for m in h.get("messages") or []], h.get("tools"))
+            for h in record.get("additional_histories") or []
+        ],
     )
 
 

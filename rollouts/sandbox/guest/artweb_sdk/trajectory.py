@@ -18,12 +18,11 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from .errors import NotSupportedInSandbox
-
 
 class History:
     """A conversation of a rollout beside its main one (ART's `Trajectory.additional_histories`): its own
-    messages and choices, and the tools it offered."""
+    messages and choices, and the tools it offered. As in ART, it is trained as a sequence of its own
+    that carries its trajectory's reward (and so its advantage)."""
 
     def __init__(self, messages_and_choices: list | None = None, tools: list | None = None) -> None:
         self.messages_and_choices = list(messages_and_choices or [])
@@ -34,6 +33,11 @@ class History:
 
     def messages(self) -> list[dict]:
         return [message_dict(item) for item in self.messages_and_choices]
+
+    def to_record(self) -> dict:
+        """{"messages", "tools"}: its messages as a trajectory record holds them (sampled choices with their
+        token ids and logprobs), the shape of each of a record's `additional_histories`."""
+        return {"messages": [message_record(item) for item in self.messages_and_choices], "tools": _plain(self.tools)}
 
 
 def _history(value: Any) -> History:
@@ -67,7 +71,7 @@ class Trajectory:
         self.metrics = dict(metrics or {})
         self.metadata = dict(metadata or {})
         self.logs = list(logs or [])
-        # Kept on the trajectory; a record cannot hold them yet (to_record says so).
+        # Recorded and trained with the trajectory, each as a sequence of its own (to_record).
         self.additional_histories = [_history(h) for h in additional_histories or []]
         self.initial_policy_version = initial_policy_version
         self.final_policy_version = final_policy_version
@@ -115,15 +119,9 @@ class Trajectory:
         }
 
     def to_record(self) -> dict:
-        """The JSON shape artweb stores and trains on (see rollouts.sandbox.rollouts)."""
-        if self.additional_histories:
-            raise NotSupportedInSandbox(
-                "Trajectory.additional_histories",
-                f"this trajectory has {len(self.additional_histories)}, and artweb does not store or train "
-                "additional histories yet; they would be dropped, so the rollout fails instead.",
-                "Keep one conversation per trajectory for now.",
-            )
-        return {
+        """The JSON shape artweb stores and trains on (see rollouts.sandbox.rollouts); the worker checks it
+        again, its additional histories included (rollouts.sandbox.records.check_trajectory)."""
+        record = {
             "messages": [message_record(item) for item in self.messages_and_choices],
             "tools": _plain(self.tools),
             "reward": self.reward,
@@ -131,6 +129,9 @@ class Trajectory:
             "metadata": _plain(self.metadata),
             "logs": [str(line) for line in self.logs],
         }
+        if self.additional_histories:
+            record["additional_histories"] = [_history(h).to_record() for h in self.additional_histories]
+        return record
 
 
 class TrajectoryGroup:
