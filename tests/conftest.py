@@ -65,3 +65,14 @@ def hub_model(hub, vllm_model_dir):
     """hub_model(repo_id): the default model's files in the `hub` cache under repo_id, so that the id can
     be registered (registration looks a Hub id up in the local cache); returns its snapshot directory."""
     return lambda repo_id: cache_model(hub, repo_id, model_files(vllm_model_dir))
+
+
+@pytest.fixture
+def as_user(client):
+    """Sign the test client in as a persona: as_user(alice)."""
+
+    def sign_in(user):
+        client.force_login(user)
+        return client
+
+    return sign_in

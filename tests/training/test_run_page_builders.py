@@ -36,17 +36,6 @@ from training.services.steps.commit import step_commit
 
 
 @pytest.fixture
-def as_user(client):
-    """Sign the test client in as a persona: as_user(alice)."""
-
-    def sign_in(user):
-        client.force_login(user)
-        return client
-
-    return sign_in
-
-
-@pytest.fixture
 def listen():
     """listen(group) -> drain(): the messages the group received, read from the real channel layer."""
     layer = get_channel_layer()

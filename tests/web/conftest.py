@@ -11,17 +11,6 @@ from artweb.testing.factories import (
 
 
 @pytest.fixture
-def as_user(client):
-    """Sign the test client in as a persona: as_user(alice)."""
-
-    def sign_in(user):
-        client.force_login(user)
-        return client
-
-    return sign_in
-
-
-@pytest.fixture
 def world(alice, bob):
     """One run of each persona's with steps, trajectories and a checkpoint."""
     BaseModelFactory()
