@@ -11,6 +11,12 @@ job's rows): the client's 1-second poll for the job's events is left out, as the
 median step of each, their ratio, and the held-out reward after the last step per seed with the mean and
 standard error over seeds.
 
+Both runs' last checkpoints are then scored by one evaluator (bench.heldout: every held-out scenario of
+the example, --heldout-samples answers each, one sampler and seed for all), so the comparison does not
+depend on who sampled the validation answers: the in-run figures (the worker's validation for the script,
+8 answers sampled by the client for the client) are printed too, but the verdict is the evaluator's, the
+script - client difference paired over scenarios per seed, with its standard error over seeds.
+
     python -m bench.client_run --steps 20 --seeds 2
 """
 
@@ -39,7 +45,9 @@ from rest_framework.authtoken.models import Token
 from artweb.launcher.worker import gpu_worker_command, gpu_worker_env
 from artweb.testing import stack
 from artweb.testing.art_client import art_python
+from bench.defaults_learn import heldout
 from bench.run_curve import EXAMPLES, _register_model, run_artweb
+from bench.trl_compare import heldout_difference
 from training.client_runs.models import ClientModel, ClientTrainingJob
 from training.client_runs.services import client_model_register
 from training.engine.default_model import ensure_default_model
@@ -108,7 +116,21 @@ def run_client(*, seed: int, steps: int, args) -> dict:
         job = jobs[line["step"]]
         line["job_s"] = (job.finished_at - job.created_at).total_seconds()
         line["step_s"] = line["rollouts_s"] + line["job_s"]
-    return {"run_id": run.id, "steps": lines, "wall_seconds": time.time() - started}
+    last = run.checkpoints.order_by("-step").first()
+    return {
+        "run_id": run.id,
+        "steps": lines,
+        "wall_seconds": time.time() - started,
+        "checkpoint": last.path if last else None,
+    }
+
+
+def last_checkpoint(run_id: int) -> str:
+    run = Run.objects.get(id=run_id)
+    last = run.checkpoints.filter(step=run.steps_done).first()
+    if last is None:
+        raise SystemExit(f"run {run_id} ended {run.status} without the checkpoint of its last step: {run.error}")
+    return last.path
 
 
 def summary(script: dict, client: dict) -> dict:
@@ -145,10 +167,12 @@ def main() -> int:
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--val-every", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--heldout-samples", type=int, default=16, help="the evaluator's answers per scenario")
     args = parser.parse_args()
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; ART client {ART_VERSION}; {vars(args)}", flush=True)
-    rows = []
-    for seed in range(args.first_seed, args.first_seed + args.seeds):
+    rows, adapters = [], {}
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    for seed in seeds:
         script = run_artweb(
             steps=args.steps,
             group_size=args.group_size,
@@ -163,13 +187,26 @@ def main() -> int:
         row = {"seed": seed, **summary(script, client)}
         rows.append(row)
         print(json.dumps(row), flush=True)
+        adapters[f"script-{seed}"] = last_checkpoint(script["run_id"])
+        adapters[f"client-{seed}"] = last_checkpoint(client["run_id"])
     script_s = statistics.median(r["script_step_s"] for r in rows)
     client_s = statistics.median(r["client_step_s"] for r in rows)
     print(f"\nmedian step: uploaded script {script_s:.2f}s, ART client {client_s:.2f}s (rollouts + job, poll aside)")
-    print(f"held-out reward after {args.steps} steps, mean ± standard error over {len(rows)} seeds:")
+    print(f"in-run validation after {args.steps} steps, mean ± standard error over {len(rows)} seeds:")
     print(f"  uploaded script: {_mean_se([r['script_held_out'] for r in rows])}")
     print(f"  ART client:      {_mean_se([r['client_held_out'] for r in rows])}")
     print(f"client-driven step / uploaded-script step: {client_s / script_s:.2f}")
+    model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
+    out = Path(tempfile.mkdtemp(prefix="artweb-client-heldout-")) / "heldout.json"
+    results = heldout(model_dir, adapters, out, samples=args.heldout_samples)
+    held = heldout_difference(results, seeds, first="script", second="client")
+    print(f"\nheld-out reward by one evaluator ({args.heldout_samples} answers per held-out scenario), per seed:")
+    for r in held["per_seed"]:
+        print(f"  seed {r['seed']}: script {r['script']:.3f}, client {r['client']:.3f}, difference {r['diff']:+.3f}")
+    print(f"  base model: {results['base']['reward_mean']:.3f}")
+    print(f"script - client, {held['unit']}: {held['diff']:+.3f} (standard error {held['se']:.3f})")
+    verdict = "within one standard error: the curves match" if held["within"] else "outside one standard error"
+    print(f"learning: {verdict}")
     return 0
 
 

@@ -76,8 +76,9 @@ def launch_with_defaults(client: Client, name: str) -> tuple[int, dict]:
     return run_id, data
 
 
-def heldout(model_dir: Path, adapters: dict[str, str], out: Path) -> dict:
+def heldout(model_dir: Path, adapters: dict[str, str], out: Path, samples: int = 16) -> dict:
     cmd = [sys.executable, "-m", "bench.heldout", "--model-dir", str(model_dir), "--out", str(out)]
+    cmd += ["--samples", str(samples)]
     for name, path in adapters.items():
         cmd += ["--adapter", f"{name}={path}"]
     subprocess.run(cmd, check=True, cwd=REPO)

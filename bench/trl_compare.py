@@ -141,24 +141,25 @@ def _median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def heldout_difference(results: dict, seeds: list[int]) -> dict:
-    """The held-out reward's difference artweb - TRL, with its standard error.
+def heldout_difference(results: dict, seeds: list[int], first: str = "artweb", second: str = "trl") -> dict:
+    """The held-out reward's difference first - second (artweb - TRL by default), with its standard error.
 
     One seed: the difference paired over the held-out scenarios, so its error is the evaluator's and the
     scenarios' spread; it says nothing about how much either trainer's result moves with its seed. Several
     seeds (one artweb run and one TRL run per seed): each seed's scenario-paired difference, and their mean
     with the standard error of the mean over seeds, which also carries the spread between training runs.
-    The two are within noise when the difference is within one standard error of zero, or above it."""
+    `no_worse`: the difference is within one standard error of zero, or above it; `within`: within one
+    standard error of zero either way (the two learn alike)."""
     rows = []
     for seed in seeds:
-        a, t = results[f"artweb-{seed}"], results[f"trl-{seed}"]
+        a, t = results[f"{first}-{seed}"], results[f"{second}-{seed}"]
         diffs = [x - y for x, y in zip(a["per_scenario"], t["per_scenario"], strict=True)]
         se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
         rows.append(
             {
                 "seed": seed,
-                "artweb": a["reward_mean"],
-                "trl": t["reward_mean"],
+                first: a["reward_mean"],
+                second: t["reward_mean"],
                 "diff": statistics.fmean(diffs),
                 "se": se,
                 "scenarios": len(diffs),
@@ -172,12 +173,13 @@ def heldout_difference(results: dict, seeds: list[int]) -> dict:
         unit = f"mean over {len(rows)} seeds of each seed's difference paired over the held-out scenarios"
     return {
         "per_seed": rows,
-        "artweb": statistics.fmean(r["artweb"] for r in rows),
-        "trl": statistics.fmean(r["trl"] for r in rows),
+        first: statistics.fmean(r[first] for r in rows),
+        second: statistics.fmean(r[second] for r in rows),
         "diff": diff,
         "se": se,
         "unit": unit,
         "no_worse": diff >= -se,
+        "within": abs(diff) <= se,
     }
 
 

@@ -10,6 +10,12 @@ On a GPU (`--device cuda`) it trains in bf16 and can generate with TRL's vLLM co
 after every step); `--vllm-eager` starts that engine without CUDA graphs, as artweb's worker does with
 ARTWEB_VLLM_ENFORCE_EAGER=1.
 
+One optimizer step per artweb step: TRL's generation batch is the whole step (every completion of the step
+generated in one vLLM call), and `--micro-batch N` runs its update in micro-batches of N sequences whose
+gradients are accumulated (per_device_train_batch_size = N, gradient_accumulation_steps = the step's
+sequences / N; 0: the whole step at once). `--reward FILE` scores completions with another reward file of
+the `reward(trajectory, scenario)` form (default: the example task's).
+
 Settings follow artweb's defaults one for one (see `grpo_config`): CISPO with its ratio capped at 5 (artweb's
 ε_high = 4 around 1), rewards scaled by the group's standard deviation, no KL term, AdamW with
 β2 = 0.99 and weight decay 0.1, gradient norm clipped at 0.1, a constant learning rate, LoRA on all
@@ -34,6 +40,57 @@ if str(REPO) not in sys.path:
 from bench.task import load_reward, load_scenarios, messages_for, train_schedule
 
 GENERATION_MODES = ("transformers", "continuous-batching", "vllm-colocate")
+VLLM_FIELDS = (
+    "vllm_gpu_memory_utilization",
+    "vllm_max_model_length",
+    "vllm_enable_sleep_mode",
+    "vllm_importance_sampling_correction",
+)
+
+
+def train_batching(group_size: int, scenarios_per_step: int, micro_batch: int) -> tuple[int, int]:
+    """(per_device_train_batch_size, gradient_accumulation_steps) so that one optimizer step covers one artweb
+    step of group_size x scenarios_per_step sequences in micro-batches of micro_batch (0: all at once)."""
+    batch = group_size * scenarios_per_step
+    micro = micro_batch or batch
+    if micro < 1 or batch % micro:
+        raise ValueError(
+            f"the micro-batch ({micro_batch} sequences) must divide a step's {batch} sequences "
+            f"({group_size} x {scenarios_per_step} scenarios): one of "
+            + ", ".join(str(d) for d in range(1, batch + 1) if batch % d == 0)
+        )
+    return micro, batch // micro
+
+
+def prompt_tokens_max(model_dir: Path, prompts: list[list[dict]]) -> int:
+    """The longest of these chat prompts in the model's tokens, chat template and generation prompt included."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return max(
+        len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        for text in {tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts}
+    )
+
+
+def vllm_context(prompt_tokens: int, max_tokens: int, sequences: int) -> int:
+    """vLLM's context for TRL's engine: the longest prompt and a whole completion, 64 tokens to spare for how TRL
+    renders the prompt; at least 4,096 / the step's sequences, as vLLM wants its batch of sequences (TRL's
+    max_num_seqs) to hold TRL's 4,096-token scheduling budget (max_num_batched_tokens)."""
+    return max(prompt_tokens + max_tokens + 64, -(-4096 // sequences))
+
+
+def vllm_settings(args) -> dict:
+    """GRPOConfig's settings of the colocated vLLM engine: its share of the GPU, its context (`train` sets it to
+    hold the longest prompt and a whole completion; unset, vLLM sizes it from the model's config), sleep mode,
+    and TRL's importance-sampling correction of the sampler's log-probs (TRL's default: on). Callers that build
+    their own namespace without the newer options get TRL's defaults for them."""
+    return {
+        "vllm_gpu_memory_utilization": args.vllm_memory,
+        "vllm_max_model_length": getattr(args, "vllm_max_model_length", 0) or None,
+        "vllm_enable_sleep_mode": getattr(args, "vllm_sleep_mode", False),
+        "vllm_importance_sampling_correction": getattr(args, "vllm_is_correction", "on") == "on",
+    }
 
 
 def grpo_config(args, out_dir: Path):
@@ -43,11 +100,12 @@ def grpo_config(args, out_dir: Path):
     from training.engine.backends import resolve_dtype
 
     dtype = resolve_dtype(args.dtype, args.device)
+    micro, accumulation = train_batching(args.group_size, args.scenarios_per_step, getattr(args, "micro_batch", 0))
     extra = {}
     if args.gradient_checkpointing != "trl-default":  # TRL's default is on; artweb's engine's is off
         extra["gradient_checkpointing"] = args.gradient_checkpointing == "on"
     if args.generation == "vllm-colocate":
-        extra["vllm_gpu_memory_utilization"] = args.vllm_memory
+        extra.update(vllm_settings(args))
     return GRPOConfig(
         output_dir=str(out_dir),
         max_steps=args.steps,
@@ -55,8 +113,11 @@ def grpo_config(args, out_dir: Path):
         use_cpu=args.device == "cpu",
         bf16=dtype == torch.bfloat16,
         model_init_kwargs={"dtype": dtype},
-        per_device_train_batch_size=args.group_size * args.scenarios_per_step,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation,
+        # One generation per optimizer step: every completion of the step in one batch (TRL derives
+        # steps_per_generation = gradient_accumulation_steps from it).
+        generation_batch_size=args.group_size * args.scenarios_per_step,
         num_generations=args.group_size,
         max_completion_length=args.max_tokens,
         shuffle_dataset=False,
@@ -122,8 +183,17 @@ def make_dataset(args):
     )
 
 
-def make_reward_func():
-    score = load_reward()
+def make_prompts(args) -> list[list[dict]]:
+    """The chat prompts of the run's steps (make_dataset's prompt column)."""
+    schedule = train_schedule(load_scenarios()["train"], args.steps, args.scenarios_per_step, args.seed)
+    return [messages_for(s) for step in schedule for s in step]
+
+
+def make_reward_func(path: Path | None = None):
+    """TRL's reward function from a reward file of artweb's form, `reward(trajectory, scenario)` (default: the
+    example task's): each completion is scored as artweb scores a trajectory whose messages are the prompt and
+    that answer (bench.task.load_reward)."""
+    score = load_reward(path) if path else load_reward()
 
     def example_reward(prompts, completions, scenario, **_):
         return [
@@ -144,8 +214,14 @@ def train(args) -> dict:
     from trl import GRPOTrainer
 
     torch.manual_seed(args.seed)
-    if args.generation == "vllm-colocate" and args.vllm_eager:
-        vllm_without_cuda_graphs()
+    if args.generation == "vllm-colocate":
+        if args.vllm_eager:
+            vllm_without_cuda_graphs()
+        if not args.vllm_max_model_length:
+            longest = prompt_tokens_max(args.model_dir, make_prompts(args))
+            args.vllm_max_model_length = vllm_context(
+                longest, args.max_tokens, args.group_size * args.scenarios_per_step
+            )
     steps: list[dict] = []
 
     class Timed(GRPOTrainer):
@@ -175,7 +251,7 @@ def train(args) -> dict:
     started = time.perf_counter()
     trainer = Timed(
         model=str(args.model_dir),
-        reward_funcs=[make_reward_func()],
+        reward_funcs=[make_reward_func(args.reward)],
         args=grpo_config(args, args.out / "trl-out"),
         train_dataset=make_dataset(args),
         peft_config=lora_config(args.lora_rank),
@@ -195,6 +271,11 @@ def train(args) -> dict:
         "adapter": str(adapter),
         "generation": args.generation,
         "gradient_checkpointing": bool(trainer.args.gradient_checkpointing),
+        "micro_batch": trainer.args.per_device_train_batch_size,
+        "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps,
+        "generation_batch_size": trainer.args.generation_batch_size,
+        "vllm": {k: getattr(trainer.args, k) for k in VLLM_FIELDS} if trainer.args.use_vllm else None,
+        "reward_file": str(args.reward) if args.reward else "example",
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -219,7 +300,7 @@ def update(args) -> dict:
     batch = json.loads(Path(args.batch).read_text())
     trainer = GRPOTrainer(
         model=str(args.model_dir),
-        reward_funcs=[make_reward_func()],
+        reward_funcs=[make_reward_func(args.reward)],
         args=grpo_config(args, args.out / "trl-update"),
         train_dataset=make_dataset(args),
         peft_config=lora_config(args.lora_rank),
@@ -320,11 +401,41 @@ def main(argv: list[str] | None = None) -> int:
         default="trl-default",
         help="off matches artweb's engine; TRL's GRPOConfig turns it on by default",
     )
+    p.add_argument(
+        "--reward", type=Path, help="a reward file with reward(trajectory, scenario) (default: the example's)"
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=0,
+        help="sequences per forward/backward pass, accumulated over the step (0: the whole step at once)",
+    )
     p.add_argument("--vllm-eager", action="store_true", help="vllm-colocate: no CUDA graphs (faster start)")
     p.add_argument("--vllm-memory", type=float, default=0.3, help="vllm-colocate: share of the GPU's memory for vLLM")
+    p.add_argument(
+        "--vllm-max-model-length",
+        type=int,
+        default=0,
+        help="vllm-colocate: vLLM's context (0: the longest prompt + --max-tokens + 64 tokens)",
+    )
+    p.add_argument(
+        "--vllm-sleep-mode",
+        action="store_true",
+        help="vllm-colocate: free vLLM's weights and KV cache during the update (less memory, slower steps)",
+    )
+    p.add_argument(
+        "--vllm-is-correction",
+        choices=["on", "off"],
+        default="on",
+        help="vllm-colocate: TRL's importance-sampling correction of vLLM's log-probs (TRL's default: on)",
+    )
     p.add_argument("--batch", type=Path, help="update mode: JSON with prompt_ids, completion_ids, advantages")
     p.add_argument("--repeats", type=int, default=3, help="update mode: timed updates after one warm-up")
     args = p.parse_args(argv)
+    try:
+        train_batching(args.group_size, args.scenarios_per_step, args.micro_batch)
+    except ValueError as e:
+        p.error(f"--micro-batch: {e}")
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     result = train(args) if args.mode == "train" else update(args)

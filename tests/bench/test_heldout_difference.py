@@ -49,3 +49,23 @@ def test_a_difference_beyond_one_standard_error_is_reported_as_worse():
     assert held["diff"] == pytest.approx(-0.0967, abs=1e-3)
     assert held["no_worse"] is False
     assert "worse than TRL's (target" in _heldout_lines(held)[0]
+
+
+def test_named_sides_and_a_match_either_way():
+    """bench.client_run compares the uploaded script with the ART client: `within` holds only when the
+    difference is inside one standard error on both sides."""
+    results = {
+        "script-0": _result([0.80, 0.90]),
+        "client-0": _result([0.70, 0.70]),  # +0.15
+        "script-1": _result([0.60, 0.60]),
+        "client-1": _result([0.55, 0.55]),  # +0.05
+    }
+    held = heldout_difference(results, [0, 1], first="script", second="client")
+    assert held["diff"] == pytest.approx(0.10)
+    assert held["se"] == pytest.approx(0.05)  # stdev(0.15, 0.05) = 0.0707; / sqrt(2)
+    assert held["no_worse"] is True and held["within"] is False
+    # Differences -0.05 and +0.05: mean 0, standard error 0.05.
+    close = heldout_difference({**results, "client-0": _result([0.90, 0.90])}, [0, 1], "script", "client")
+    assert close["diff"] == pytest.approx(0.0) and close["se"] == pytest.approx(0.05) and close["within"] is True
+    assert [r["script"] for r in held["per_seed"]] == pytest.approx([0.85, 0.60])
+    assert held["client"] == pytest.approx((0.70 + 0.55) / 2)

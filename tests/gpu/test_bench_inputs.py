@@ -89,9 +89,11 @@ def test_trl_is_configured_as_the_gpu_comparison_asks(tmp_path, device):
         max_tokens=48,
         learning_rate=2e-4,
         device=device,
+        dtype="auto",
         gradient_checkpointing="off",
         generation="vllm-colocate",
         vllm_memory=0.25,
+        micro_batch=8,
     )
     config = grpo_config(args, tmp_path)
     assert config.use_cpu == (device == "cpu")
@@ -100,4 +102,6 @@ def test_trl_is_configured_as_the_gpu_comparison_asks(tmp_path, device):
     assert config.use_vllm and config.vllm_mode == "colocate" and config.vllm_gpu_memory_utilization == 0.25
     assert config.gradient_checkpointing is False  # artweb's engine's default; TRL's is on
     assert (config.loss_type, config.epsilon_high, config.beta) == ("cispo", 5.0, 0.0)
-    assert config.num_generations == 6 and config.per_device_train_batch_size == 24
+    assert config.num_generations == 6 and config.generation_batch_size == 24  # the whole step generated at once
+    # ... and trained in micro-batches of 8 sequences whose gradients are accumulated into one optimizer step
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (8, 3)
