@@ -30,6 +30,8 @@ MIN_FIT_TOKENS = 1024
 MAX_AUTO_TOKENS = 65536
 # The budget where nothing is sized (the CPU, where memory is the machine's and measured separately).
 CPU_DEFAULT_TOKENS = 8192
+# A measured update sets the next budget to at most this many times its largest micro-batch.
+GROWTH = 2
 # Kept free beside the estimate: the CUDA context, the allocator's fragmentation, the optimizer step's
 # temporaries.
 MARGIN_BYTES = int(1.5 * GiB)
@@ -184,7 +186,7 @@ def plan(
     # fp32 weights, gradients and AdamW's two moments
     lora_state = shape.lora_parameters(lora_rank, lora_targets) * 4 * 4
     # one chunk of fp32 logits, its log-softmax and probabilities
-    workspace = 3 * 4 * min(CHUNK_ELEMENTS, shape.vocab * cap)
+    workspace = workspace_bytes(shape.vocab, cap)
     per_token = activation_bytes_per_token(
         shape, backend=backend, checkpointing=checkpointing, dtype_bytes=2, span=min(span, ATTENTION_SPAN)
     )
@@ -200,14 +202,30 @@ def plan(
     )
 
 
-def measured_budget(*, peak_over_base: int, tokens: int, room: int, cap: int) -> int:
-    """The budget an update's own peak says fits: peak_over_base bytes went to a micro-batch of `tokens`
-    on top of what the trainer held before the update, and `room` bytes beyond that are free for the next
-    updates. Rounded down to 256 tokens, within [MIN_FIT_TOKENS, cap]."""
+def workspace_bytes(vocab: int, tokens: int) -> int:
+    """The output layer's workspace for a micro-batch of `tokens`: one fp32 chunk of logits, its log-softmax
+    and probabilities, at most CHUNK_ELEMENTS each (a small micro-batch's chunk is all of its logits)."""
+    return 3 * 4 * min(CHUNK_ELEMENTS, vocab * max(tokens, 1))
+
+
+def measured_budget(*, peak_over_base: int, tokens: int, room: int, cap: int, vocab: int = 0) -> int:
+    """The budget an update's own peak says fits: peak_over_base bytes (workspace aside) went to a
+    micro-batch of `tokens` on top of what the trainer held before the update, and `room` bytes are free for
+    the next updates' activations and workspace. The workspace grows with the micro-batch up to a chunk (a
+    600-token micro-batch of a 49k vocabulary uses a ninth of a chunk), so the budget leaves room for the
+    workspace of its own size, not the measured one's. Rounded down to 256 tokens, within
+    [MIN_FIT_TOKENS, cap] and at most GROWTH times the measured micro-batch: memory is not linear in
+    tokens far from where it was measured (on an H100 the peft backend's packed rows, measured at 600
+    tokens, ran out of memory at the 6,656 a straight line allowed), so the budget grows by steps, each
+    update measuring the next, and an update that still runs out halves it (the trainer's backstop)."""
     if tokens <= 0 or peak_over_base <= 0:
         return cap
     per_token = peak_over_base / tokens
-    return int(max(MIN_FIT_TOKENS, min(cap, room / per_token)) // 256 * 256)
+    budget = room / (per_token + 12 * vocab)  # while its logits are less than one chunk
+    if vocab * budget > CHUNK_ELEMENTS:
+        budget = (room - workspace_bytes(vocab, CHUNK_ELEMENTS)) / per_token
+    budget = min(budget, GROWTH * tokens)
+    return int(max(MIN_FIT_TOKENS, min(cap, budget)) // 256 * 256)
 
 
 def gib(n: float) -> str:
@@ -331,8 +349,7 @@ def budget_after_update(device: str, *, before: int, largest: int, vocab: int, c
     largest micro-batch), for what the device has free now."""
     import torch
 
-    workspace = 3 * 4 * min(CHUNK_ELEMENTS, vocab * max(largest, 1))
-    peak_over_base = int(torch.cuda.max_memory_allocated(_index(device))) - before - workspace
-    room = cuda_available(device) - workspace
+    peak_over_base = int(torch.cuda.max_memory_allocated(_index(device))) - before - workspace_bytes(vocab, largest)
+    room = cuda_available(device)
     room -= _margin(room)
-    return measured_budget(peak_over_base=peak_over_base, tokens=largest, room=room, cap=cap)
+    return measured_budget(peak_over_base=peak_over_base, tokens=largest, room=room, cap=cap, vocab=vocab)

@@ -95,12 +95,34 @@ def test_a_32b_model_beside_its_inference_server_fits_only_with_a_4bit_base():
 
 
 def test_a_measured_peak_resizes_the_budget():
-    # 1 GiB over the update's start for 4,096 tokens: 256 KiB a token; 8 GiB free holds 32,768.
-    assert fit.measured_budget(peak_over_base=GiB, tokens=4096, room=8 * GiB, cap=65536) == 32768
-    assert fit.measured_budget(peak_over_base=GiB, tokens=4096, room=8 * GiB, cap=16384) == 16384
+    # 1 GiB over the update's start for 4,096 tokens: 256 KiB a token; 8 GiB free holds 32,768, but the
+    # budget grows at most to twice what was measured; less room than that is what limits it.
+    assert fit.measured_budget(peak_over_base=GiB, tokens=4096, room=8 * GiB, cap=65536) == 2 * 4096
+    assert fit.measured_budget(peak_over_base=GiB, tokens=16384, room=8 * GiB, cap=65536) == 32768
+    assert fit.measured_budget(peak_over_base=GiB, tokens=4096, room=GiB + GiB // 2, cap=65536) == 6144
+    assert fit.measured_budget(peak_over_base=GiB, tokens=16384, room=8 * GiB, cap=16384) == 16384
     # Never below the least a run starts with, nor above the cap when nothing was measured.
     assert fit.measured_budget(peak_over_base=GiB, tokens=1024, room=GiB // 100, cap=65536) == fit.MIN_FIT_TOKENS
     assert fit.measured_budget(peak_over_base=0, tokens=0, room=GiB, cap=65536) == 65536
+
+
+def test_the_budget_leaves_room_for_its_own_output_workspace():
+    """Seen on an H100: a small update of the default model (49,152-token vocabulary) measured its
+    activations, and the budget it set ran out of memory at the next update, whose logits workspace had
+    grown to a whole chunk (3 GiB). The budget now pays for the workspace of its own size."""
+    vocab, per_token = 49152, 1 << 20  # 1 MiB of activations a token
+    room, measured = 12 * GiB, 4608  # 4,608 tokens' logits: 0.84 of a chunk
+    budget = fit.measured_budget(
+        peak_over_base=measured * per_token, tokens=measured, room=room, cap=65536, vocab=vocab
+    )
+    assert budget == 9216  # (12 GiB - a whole chunk's 3 GiB) / 1 MiB
+    assert per_token * budget + fit.workspace_bytes(vocab, budget) <= room
+    assert budget < (room - fit.workspace_bytes(vocab, measured)) / per_token  # what the measured one implied
+    # A budget whose logits stay under one chunk pays for them by the token.
+    small = fit.measured_budget(peak_over_base=900 * per_token, tokens=900, room=2 * GiB, cap=65536, vocab=vocab)
+    assert vocab * small <= fit.CHUNK_ELEMENTS
+    assert per_token * small + fit.workspace_bytes(vocab, small) <= 2 * GiB
+    assert per_token * (small + 256) + fit.workspace_bytes(vocab, small + 256) > 2 * GiB
 
 
 def test_a_config_without_the_sizes_is_refused_by_name():
