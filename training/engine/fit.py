@@ -16,6 +16,7 @@ estimate only has to be close: after the first update the trainer measures its o
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,25 @@ def refusal(name: str, device: str, memory: MemoryPlan, four_bit: MemoryPlan | N
         "(ARTWEB_VLLM_KV_CACHE_GB) or the inference server on a GPU of its own (ARTWEB_VLLM_CUDA_DEVICES)."
     )
     return " ".join(parts)
+
+
+# The inference server's KV cache on a GPU when nothing sizes it (and never less): what every earlier
+# release started with.
+KV_CACHE_MIN_GIB = 2.0
+# Room in the KV cache beyond the run's rollouts in flight x their tokens: vLLM's block rounding and
+# another request (an endpoint or playground call) beside a step's rollouts.
+KV_CACHE_HEADROOM = 1.25
+# The update a KV cache sized beside the trainer leaves room for (tokens of one micro-batch).
+TRAINER_RESERVE_TOKENS = 4096
+
+
+def kv_cache_gib(shape: ModelShape, *, sequences: int, tokens: int, free: int, trainer: int) -> float:
+    """The KV cache (GiB, one decimal) for `sequences` rollouts in flight of up to `tokens` tokens each, in the
+    `free` bytes of the server's GPU, leaving its weights (bf16) and `trainer` bytes (0 when the trainer is on
+    another card). Never less than KV_CACHE_MIN_GIB; less than asked when memory is short."""
+    wanted = shape.kv_bytes_per_token() * sequences * tokens * KV_CACHE_HEADROOM
+    room = free - shape.parameters() * 2 - trainer - _margin(free)
+    return max(KV_CACHE_MIN_GIB, math.floor(min(wanted, max(room, 0)) / GiB * 10) / 10)
 
 
 class TrainerDoesNotFit(RuntimeError):

@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 # build holds all of it resident from its start. A step of the shipped example (24 rollouts of the default
 # model) uses about 60 MB; 0.25 GiB holds some 11k tokens of it (bench/results/kv_cache_cpu.md).
 CPU_KV_CACHE_GB = 0.25
+# What a rollout's sequence holds beside one completion (the prompt, earlier turns) when a GPU server's KV
+# cache is sized for the run that starts it (kv_cache_for).
+PROMPT_TOKENS = 512
 
 _lock = threading.Lock()
 _server = None  # an InferenceServer: rollouts.inference.vllm_server.VLLMServer or ct2_server.CT2Server
@@ -109,8 +112,9 @@ def _served_as(base_model) -> str:
     return f"{base_model_path(base_model)}|{chat_template_file(base_model) or ''}"
 
 
-def inference_server(base_model):
-    """A healthy inference server for this base model (started or restarted as needed).
+def inference_server(base_model, *, run=None):
+    """A healthy inference server for this base model (started or restarted as needed; a start for `run`
+    sizes a GPU server's KV cache for that run's rollouts, kv_cache_for).
 
     Another model's server is stopped only once this model can be started: its files pass the check
     registration makes (ApplicationError, the running server untouched), and it did not fail to start in
@@ -133,7 +137,10 @@ def inference_server(base_model):
         if _judge is not None and _judge_model != served:
             _judge_stop()  # another base model's judge only holds memory
         server = _new_server(
-            base_model, port=settings.ARTWEB["VLLM_PORT"], adapter_mode=settings.ARTWEB["VLLM_ADAPTER_MODE"]
+            base_model,
+            port=settings.ARTWEB["VLLM_PORT"],
+            adapter_mode=settings.ARTWEB["VLLM_ADAPTER_MODE"],
+            kv_cache_gb=kv_cache_for(base_model, run),
         )
         try:
             server.start()
@@ -227,7 +234,53 @@ def inference_engine() -> cpu_probe.Choice:
     return _engine[1]
 
 
-def _new_server(base_model, *, port: int | None, adapter_mode: str):
+def kv_cache_for(base_model, run=None) -> float:
+    """The KV cache (GiB) of a new inference server: ARTWEB_VLLM_KV_CACHE_GB when set; CPU_KV_CACHE_GB on a
+    CPU; on a GPU, sized from the model's shape for the run that starts it (its rollouts in flight, each up
+    to max_tokens + PROMPT_TOKENS, at most the model's length) in the card's free memory, leaving the
+    trainer its weights and a 4,096-token update when it shares the card (training.engine.fit.kv_cache_gib).
+    Without a run, or where the shape or the card cannot be read: fit.KV_CACHE_MIN_GIB. The server is shared,
+    so the run that starts it sizes it; later runs use it as it is."""
+    conf = settings.ARTWEB
+    if conf["VLLM_KV_CACHE_GB"]:
+        return conf["VLLM_KV_CACHE_GB"]
+    if conf["DEVICE"] == "cpu":
+        return CPU_KV_CACHE_GB
+    from training.config import RunConfig
+    from training.engine import fit
+
+    try:
+        shape = fit.ModelShape.from_config(fit.read_model_config(base_model_path(base_model)))
+    except ValueError:
+        return fit.KV_CACHE_MIN_GIB
+    if run is None:
+        return fit.KV_CACHE_MIN_GIB
+    cfg = RunConfig.model_validate(run.config)
+    sequences = min(cfg.concurrency, cfg.group_size * cfg.scenarios_per_step)
+    tokens = min(base_model.max_length or cfg.max_tokens + PROMPT_TOKENS, cfg.max_tokens + PROMPT_TOKENS)
+    own_card = bool(conf["VLLM_CUDA_DEVICES"])
+    try:
+        import torch
+
+        index = int(conf["VLLM_CUDA_DEVICES"].split(",")[0]) if own_card else fit._index(conf["DEVICE"])
+        free, _total = torch.cuda.mem_get_info(index)
+    except (ImportError, RuntimeError, ValueError, AssertionError):
+        return fit.KV_CACHE_MIN_GIB
+    plan = fit.plan_for(_train_config(run), shape, free, conf["DEVICE"])
+    trainer = 0 if own_card else plan.need(fit.TRAINER_RESERVE_TOKENS)
+    size = fit.kv_cache_gib(shape, sequences=sequences, tokens=tokens, free=free, trainer=trainer)
+    logger.info(
+        "run %s: inference server KV cache %.1f GiB for %d rollouts in flight of up to %d tokens (%.1f GiB free)",
+        run.id,
+        size,
+        sequences,
+        tokens,
+        free / fit.GiB,
+    )
+    return size
+
+
+def _new_server(base_model, *, port: int | None, adapter_mode: str, kv_cache_gb: float | None = None):
     conf = settings.ARTWEB
     if inference_engine().engine == "ctranslate2":
         return CT2Server(
@@ -245,7 +298,7 @@ def _new_server(base_model, *, port: int | None, adapter_mode: str):
         max_model_len=base_model.max_length,
         extra_args=conf["VLLM_EXTRA_ARGS"].split() if conf["VLLM_EXTRA_ARGS"] else [],
         enforce_eager=conf["VLLM_ENFORCE_EAGER"],
-        kv_cache_gb=conf["VLLM_KV_CACHE_GB"] or (CPU_KV_CACHE_GB if conf["DEVICE"] == "cpu" else 2),
+        kv_cache_gb=kv_cache_gb or kv_cache_for(base_model),
         adapter_mode=adapter_mode,
         log_dir=str(Path(settings.DATA_DIR) / "logs"),
         extra_env={"CUDA_VISIBLE_DEVICES": conf["VLLM_CUDA_DEVICES"]} if conf["VLLM_CUDA_DEVICES"] else None,

@@ -121,7 +121,7 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
         cfg = RunConfig.model_validate(run.config)
         # serving_paused: requests to the OpenAI endpoint wait for the step's end (training.services.serving_gate).
         with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step), serving_paused():
-            server = inference.inference_server(run.base_model)
+            server = inference.inference_server(run.base_model, run=run)
             if run.status == Run.Status.STARTING:
                 run_transition(
                     run=run,
