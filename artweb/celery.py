@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import celeryd_init, task_prerun, worker_process_init, worker_process_shutdown, worker_ready
 from kombu import Exchange, Queue
 
 from training import task_names
@@ -68,6 +68,15 @@ def _start_gpu_process() -> None:
 
     serve_loop_start()
     warm_trainer_imports()
+
+
+@task_prerun.connect
+def _after_warmup(**kwargs) -> None:
+    # A task in the process that warms the trainer's imports starts once they are done (training.services.warmup).
+    if os.environ.get(_SERVES):
+        from training.services.warmup import wait
+
+        wait()
 
 
 @worker_process_shutdown.connect

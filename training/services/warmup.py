@@ -3,8 +3,10 @@
 Importing torch, transformers and PEFT (and Unsloth on a GPU worker, which patches transformers as it
 loads) is most of a first step's `trainer_load` phase: seconds on a CPU, over half a minute with
 Unsloth. The process that will train imports them in a thread of its own as soon as it starts, while
-it waits for its first task; a step that begins meanwhile waits on Python's import lock for what is
-left, never imports twice.
+it waits for its first task. A task or a served request that begins meanwhile waits for the warm-up to
+finish (wait(): the worker's task_prerun hook and the serving loop call it) before it imports anything:
+two threads importing transformers at once can each meet the other's half-initialised modules and fail
+with "ImportError: cannot import name ..." (seen: a run's first step, started 5 s after its worker).
 """
 
 from __future__ import annotations
@@ -47,3 +49,11 @@ def warm_trainer_imports() -> threading.Thread:
         _thread = threading.Thread(target=_import_all, args=(modules(),), name="artweb-warmup", daemon=True)
         _thread.start()
     return _thread
+
+
+def wait() -> None:
+    """Return once the warm-up's imports are done: at once where none was started, and in the warm-up's
+    own thread."""
+    thread = _thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()

@@ -31,7 +31,7 @@ from django.db import close_old_connections, connections
 
 from rollouts.inference.adapter_cache import AdapterCache
 from training.models import PretrainedModel
-from training.services import inference
+from training.services import inference, warmup
 from training.services.serving_gate import gate, serving_slot
 from training.serving.protocol import ALIVE_KEY, ALIVE_TTL_S, QUEUE_KEY, ReplyWriter
 
@@ -201,8 +201,10 @@ def _take(conn, queues: list[str], slots: threading.BoundedSemaphore, pool: Thre
 
 
 def _serve(request: dict, conn, slots: threading.BoundedSemaphore) -> None:
-    """One request on a pool thread; its slot is free again afterwards."""
+    """One request on a pool thread (once the process's warm-up imports are done, training.services.warmup);
+    its slot is free again afterwards."""
     try:
+        warmup.wait()
         serve_request_handle(request, conn=conn)
     except Exception:
         logger.exception("serving a request")
