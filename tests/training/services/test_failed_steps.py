@@ -59,7 +59,7 @@ def worker(monkeypatch, settings, tmp_path):
         base_model_name="SmolLM2-135M-Instruct",
         ensure_base=lambda: "SmolLM2-135M-Instruct",
     )
-    monkeypatch.setattr(inference, "inference_server", lambda base_model: server)
+    monkeypatch.setattr(inference, "inference_server", lambda base_model, run=None: server)
     monkeypatch.setattr(inference, "vocab_size", lambda base_model: None)
 
     def trainer_for(run, checkpoint_dir):

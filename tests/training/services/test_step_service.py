@@ -149,7 +149,7 @@ def world(monkeypatch, settings, tmp_path):
     settings.DATA_DIR = tmp_path
     settings.ARTWEB = {**settings.ARTWEB, "HEARTBEAT_SECONDS": 1}  # the lease's thread checks every second
     w = World()
-    monkeypatch.setattr(inference, "inference_server", lambda base_model: w.server)
+    monkeypatch.setattr(inference, "inference_server", lambda base_model, run=None: w.server)
     monkeypatch.setattr(inference, "vocab_size", lambda base_model: None)
 
     def trainer_for(run, *, checkpoint_dir):
