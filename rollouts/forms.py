@@ -12,7 +12,8 @@ MAX_CODE_BYTES = 1024 * 1024
 
 
 class _CodeInput(forms.Form):
-    """Code given as a file or pasted; a file wins when both are given."""
+    """Code given as a file or pasted; a file wins when both are given. With bundles=True (rollout scripts)
+    the file may also be a .zip bundle (rollouts.bundles), checked by the service."""
 
     file = forms.FileField(required=False, help_text="A .py file (UTF-8).")
     content = forms.CharField(
@@ -22,10 +23,24 @@ class _CodeInput(forms.Form):
         widget=forms.Textarea(attrs={"rows": 16, "spellcheck": "false"}),
     )
 
+    def __init__(self, *args, bundles: bool = False, bundle_bytes: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.bundle_bytes = bundle_bytes if bundles else 0
+        if bundles:
+            self.fields["file"].help_text = (
+                "A .py file (UTF-8), or a .zip bundle: rollout.py at its root with helper modules, data files "
+                "and pure-Python wheels."
+            )
+
     def clean(self):
         data = super().clean()
         upload = data.get("file")
-        if upload:
+        if upload and self.bundle_bytes and upload.name.lower().endswith(".zip"):
+            if upload.size > self.bundle_bytes:
+                self.add_error("file", f"The bundle is {upload.size} bytes; the limit is {self.bundle_bytes}.")
+                return data
+            data["code_args"] = {"bundle": upload.read()}
+        elif upload:
             if upload.size > MAX_CODE_BYTES:
                 self.add_error("file", f"The file is {upload.size} bytes; the limit is {MAX_CODE_BYTES}.")
                 return data
@@ -34,6 +49,8 @@ class _CodeInput(forms.Form):
             data["code"] = data["content"]
         else:
             self.add_error("content", "Choose a file or paste the code.")
+        if "code" in data:
+            data["code_args"] = {"content": data["code"]}
         return data
 
     def code_text(self) -> str:

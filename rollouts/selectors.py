@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from django.conf import settings
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
 from artweb.visibility import visible
+from rollouts.bundles import BundleLimits
 from rollouts.models import (
     RewardFunction,
     RewardFunctionVersion,
@@ -14,6 +18,27 @@ from rollouts.models import (
     Scenario,
     ScenarioSet,
 )
+
+
+def bundle_limits() -> BundleLimits:
+    """The operator's limits on a bundle (settings ARTWEB_BUNDLE_MAX_MB, ARTWEB_BUNDLE_MAX_FILES)."""
+    return BundleLimits(max_files=settings.ARTWEB_BUNDLE_MAX_FILES, max_bytes=settings.ARTWEB_BUNDLE_MAX_MB << 20)
+
+
+def bundle_upload_bytes() -> int:
+    """The largest bundle zip accepted: the bundle's own limit, within what a request may carry (artweb.asgi),
+    less room for the form's other fields."""
+    return min(settings.ARTWEB_BUNDLE_MAX_MB << 20, (settings.ARTWEB_MAX_REQUEST_MB - 1) << 20)
+
+
+def bundle_dir() -> Path:
+    """Where stored rollout bundles live: one <sha256>.zip each, written once, never changed."""
+    return settings.DATA_DIR / "bundles"
+
+
+def script_version_bundle(version: RolloutScriptVersion) -> Path | None:
+    """The stored bundle a script version runs with (its files go beside rollout.py); None: a plain script."""
+    return bundle_dir() / f"{version.bundle_sha256}.zip" if version.bundle_sha256 else None
 
 
 def _visible(model, user) -> QuerySet:

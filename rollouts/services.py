@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 
 from artweb.errors import ApplicationError
 from artweb.jsonlimits import json_loads_limited
+from rollouts.bundles import Bundle, BundleError, bundle_read, bundle_store
 from rollouts.models import (
     RewardFunction,
     RewardFunctionVersion,
@@ -23,6 +24,7 @@ from rollouts.models import (
     ScenarioSet,
 )
 from rollouts.sandbox.validation import validate_reward, validate_script
+from rollouts.selectors import bundle_dir, bundle_limits
 
 MAX_SCENARIO_BYTES = 20 * 1024 * 1024
 MAX_SCENARIOS = 200_000
@@ -69,13 +71,55 @@ def script_validate(*, content: str | bytes) -> str:
     return text
 
 
+def bundle_validate(*, data: bytes) -> tuple[Bundle, str]:
+    """The checked bundle of a zip upload and its rollout.py text, validated like a script."""
+    try:
+        bundle = bundle_read(data, bundle_limits())
+    except BundleError as exc:
+        raise ApplicationError(str(exc), field_errors={"file": [str(exc)]}) from exc
+    try:
+        text = script_validate(content=bundle.rollout_bytes)
+    except ApplicationError as exc:
+        raise ApplicationError(f"rollout.py in the bundle: {exc.message}", field_errors=exc.field_errors) from exc
+    return bundle, text
+
+
+def _script_payload(content: str | bytes | None, bundle: bytes | None) -> tuple[dict, Bundle | None]:
+    """The version's fields from either a script's source or a bundle's zip, and the checked bundle (None for
+    a script), which _bundle_keep stores once nothing else can refuse the upload."""
+    if (content is None) == (bundle is None):
+        raise ApplicationError(
+            "Upload a rollout script (.py) or a bundle (.zip), one of the two.", field_errors={"file": ["required"]}
+        )
+    if bundle is None:
+        text = script_validate(content=content)
+        return {"content": text, "sha256": _sha(text)}, None
+    checked, text = bundle_validate(data=bundle)
+    return {"content": text, "sha256": checked.sha256, "bundle_sha256": checked.sha256}, checked
+
+
+def _bundle_keep(bundle: Bundle | None) -> None:
+    """Store the bundle by its hash (again when a version already names it: the file is the same). Written
+    inside the version's transaction: one that then fails leaves a file nothing names, reused by a later
+    upload of the same files."""
+    if bundle is not None:
+        bundle_store(bundle, bundle_dir())
+
+
 @transaction.atomic
 def script_create(
-    *, owner, name: str, content: str | bytes, description: str = "", companion_reward: RewardFunction | None = None
+    *,
+    owner,
+    name: str,
+    content: str | bytes | None = None,
+    bundle: bytes | None = None,
+    description: str = "",
+    companion_reward: RewardFunction | None = None,
 ) -> RolloutScriptVersion:
+    """A new script and its version 1, from `content` (the source) or `bundle` (a zip's bytes)."""
     name = _check_name(name)
     _check_companion(owner, companion_reward)
-    text = script_validate(content=content)
+    payload, checked = _script_payload(content, bundle)
     if RolloutScript.objects.filter(owner=owner, name=name).exists():
         raise ApplicationError(
             f"You already have a rollout script named {name!r}: upload a new version of it, or pick another name.",
@@ -84,13 +128,18 @@ def script_create(
     script = RolloutScript.objects.create(
         owner=owner, name=name, description=description, companion_reward=companion_reward
     )
-    return RolloutScriptVersion.objects.create(asset=script, number=1, content=text, sha256=_sha(text))
+    _bundle_keep(checked)
+    return RolloutScriptVersion.objects.create(asset=script, number=1, **payload)
 
 
 @transaction.atomic
-def script_version_create(*, script: RolloutScript, content: str | bytes, note: str = "") -> RolloutScriptVersion:
-    text = script_validate(content=content)
-    return _version_create(RolloutScriptVersion, asset=script, text=text, note=note)
+def script_version_create(
+    *, script: RolloutScript, content: str | bytes | None = None, bundle: bytes | None = None, note: str = ""
+) -> RolloutScriptVersion:
+    payload, checked = _script_payload(content, bundle)
+    text, sha = payload.pop("content"), payload.pop("sha256")
+    _bundle_keep(checked)
+    return _version_create(RolloutScriptVersion, asset=script, text=text, note=note, sha=sha, **payload)
 
 
 def _check_companion(owner, reward: RewardFunction | None) -> None:
@@ -140,8 +189,8 @@ def reward_version_create(*, reward: RewardFunction, content: str | bytes, note:
     return _version_create(RewardFunctionVersion, asset=reward, text=text, note=note, kind=kind)
 
 
-def _version_create(model, *, asset, text: str, note: str, **extra):
-    sha = _sha(text)
+def _version_create(model, *, asset, text: str, note: str, sha: str | None = None, **extra):
+    sha = sha or _sha(text)
     existing = model.objects.filter(asset=asset, sha256=sha).first()
     if existing:
         return existing

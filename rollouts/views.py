@@ -64,6 +64,11 @@ def _kind(kind: str) -> AssetKind:
     return ASSETS[kind]
 
 
+def _bundles(k: AssetKind) -> dict:
+    """The upload form's arguments: a rollout script may also be a .zip bundle, within the API's limit."""
+    return {"bundles": True, "bundle_bytes": selectors.bundle_upload_bytes()} if k.slug == "script" else {}
+
+
 def _code_errors(form, exc: ApplicationError) -> list[dict]:
     """Show the service's errors under the code and return the offending lines, numbered."""
     apply_service_errors(form, exc, {"file": "content"} if "content" in form.fields else {})
@@ -80,12 +85,12 @@ def asset_list_view(request, kind: str):
 @login_required
 def asset_create_view(request, kind: str):
     k = _kind(kind)
-    form = CodeAssetForm(request.POST or None, request.FILES or None)
+    form = CodeAssetForm(request.POST or None, request.FILES or None, **_bundles(k))
     error_lines = []
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
         try:
-            version = k.create(owner=request.user, name=d["name"], content=d["code"], description=d["description"])
+            version = k.create(owner=request.user, name=d["name"], description=d["description"], **d["code_args"])
         except ApplicationError as exc:
             error_lines = _code_errors(form, exc)
         else:
@@ -100,12 +105,12 @@ def asset_create_view(request, kind: str):
 def asset_detail_view(request, kind: str, asset_id: int):
     k = _kind(kind)
     asset = k.get(request.user, asset_id)
-    form = CodeVersionForm(request.POST or None, request.FILES or None)
+    form = CodeVersionForm(request.POST or None, request.FILES or None, **_bundles(k))
     error_lines = []
     if request.method == "POST" and form.is_valid():
         try:
             version = k.version_create(
-                **{k.version_arg: asset}, content=form.cleaned_data["code"], note=form.cleaned_data["note"]
+                **{k.version_arg: asset}, note=form.cleaned_data["note"], **form.cleaned_data["code_args"]
             )
         except ApplicationError as exc:
             error_lines = _code_errors(form, exc)

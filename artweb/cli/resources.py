@@ -12,6 +12,7 @@ from rich.table import Table
 
 from artweb.cli.base import cli, client_from, console, err_console, print_json
 from artweb.client import Client
+from artweb.client.bundle import zip_directory
 
 # --- tokens ------------------------------------------------------------------------------------------
 
@@ -107,14 +108,25 @@ def _read(path: str) -> bytes:
 
 
 @upload.command("script")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(exists=True))
 @click.option("--name", required=True, help="Script name; uploading to an existing name adds a version.")
 @click.option("--note", default="", help="Note for a new version.")
 @click.pass_context
 def upload_script(ctx, file, name, note):
-    """Upload a rollout script (a new version if the name exists)."""
+    """Upload a rollout script (a new version if the name exists).
+
+    FILE is a .py file, or a bundle: a folder with rollout.py at its top beside helper modules, data files
+    and pure-Python wheels (zipped here, without __pycache__ and .git), or a .zip of one."""
+    path = Path(file)
     with client_from(ctx) as api:
-        v = api.script_upload(name, _read(file), note=note)
+        if path.is_dir() or path.suffix.lower() == ".zip":
+            try:
+                bundle = path.read_bytes() if path.is_file() else zip_directory(path)
+            except ValueError as exc:
+                raise click.ClickException(str(exc)) from exc
+            v = api.script_bundle_upload(name, bundle, note=note)
+        else:
+            v = api.script_upload(name, _read(file), note=note)
         click.echo(f"rollout script {v['asset_id']} {v['name']!r} version {v['number']} ({v['sha256'][:12]})")
 
 

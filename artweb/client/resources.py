@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 
+from artweb.client.bundle import zip_directory
 from artweb.client.session import DEFAULT_TIMEOUT, Session, raise_for
 
 
@@ -55,18 +56,24 @@ class ResourcesApi(Session):
         description: str = "",
         note: str = "",
         new_version: bool = True,
+        bundle: bool = False,
     ) -> dict:
-        """Create the asset, or (new_version) add a version when one of that name exists."""
+        """Create the asset, or (new_version) add a version when one of that name exists. bundle: content is
+        a zip (a rollout bundle), not source."""
         existing = self._by_name(f"/{kind}/", name) if new_version else None
-        files = {
-            "file": (f"{name}.py", content if isinstance(content, bytes) else content.encode("utf-8"), "text/x-python")
-        }
+        raw = content if isinstance(content, bytes) else content.encode("utf-8")
+        files = {"file": (f"{name}.zip", raw, "application/zip") if bundle else (f"{name}.py", raw, "text/x-python")}
         if existing:
             return self._post(f"/{kind}/{existing['id']}/versions/create/", data={"note": note}, files=files)
         return self._post(f"/{kind}/create/", data={"name": name, "description": description}, files=files)
 
     def script_upload(self, name: str, content: str | bytes, **kwargs) -> dict:
         return self._code_upload("scripts", name, content, **kwargs)
+
+    def script_bundle_upload(self, name: str, folder_or_zip: str | Path | bytes, **kwargs) -> dict:
+        """Upload a rollout bundle: a folder (zipped here) with rollout.py at its top, or a zip's bytes."""
+        raw = folder_or_zip if isinstance(folder_or_zip, bytes) else zip_directory(folder_or_zip)
+        return self._code_upload("scripts", name, raw, bundle=True, **kwargs)
 
     def reward_upload(self, name: str, content: str | bytes, **kwargs) -> dict:
         return self._code_upload("rewards", name, content, **kwargs)

@@ -25,13 +25,16 @@ from artweb.api import (
     query_params,
     upload_bytes,
 )
-from artweb.api_errors import ErrorSerializer
+from artweb.api_errors import ErrorSerializer, PayloadTooLarge
 from rollouts import selectors, services
+from rollouts.bundles import BundleError, bundle_read
 from rollouts.models import RewardFunction
 from rollouts.sandbox.validation import MAX_SOURCE_BYTES, validate_reward, validate_script
+from rollouts.selectors import bundle_upload_bytes
 
 # One limit for code, the sandbox's: larger uploads get a 413 here instead of a validation issue.
 MAX_CODE_BYTES = MAX_SOURCE_BYTES
+ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first local file header
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer, 413: ErrorSerializer}
 
 
@@ -47,6 +50,13 @@ class CodeFileInput(serializers.Serializer):
     file = serializers.FileField(help_text=f"A UTF-8 .py file, at most {MAX_CODE_BYTES // 1024} KiB.")
 
 
+class ScriptFileInput(serializers.Serializer):
+    file = serializers.FileField(
+        help_text=f"A UTF-8 .py file (at most {MAX_CODE_BYTES // 1024} KiB), or a bundle: a .zip with rollout.py "
+        "at its root beside helper modules, data files and pure-Python wheels."
+    )
+
+
 def _code_bytes(request, what: str) -> bytes:
     """The uploaded source from either a multipart 'file' or a JSON 'content'."""
     data = request.data
@@ -55,6 +65,21 @@ def _code_bytes(request, what: str) -> bytes:
     if content is not None and not isinstance(content, str):
         raise serializers.ValidationError({"content": ["must be a string"]})
     return upload_bytes(file=file, content=content, max_bytes=MAX_CODE_BYTES, what=what)
+
+
+def _script_upload(request) -> dict:
+    """services.script_create's code arguments: `bundle` for a zip file (by its name or its first bytes),
+    else `content`, the source."""
+    file = request.FILES.get("file") if hasattr(request, "FILES") else None
+    if file is not None and (file.name.lower().endswith(".zip") or file.read(4) == ZIP_MAGIC):
+        limit = bundle_upload_bytes()
+        if file.size > limit:
+            raise PayloadTooLarge(f"The bundle is {file.size} bytes; the limit is {limit} bytes.")
+        file.seek(0)
+        return {"bundle": file.read()}
+    if file is not None:
+        file.seek(0)
+    return {"content": _code_bytes(request, "rollout script")}
 
 
 # --- shared outputs --------------------------------------------------------------------------------
@@ -93,7 +118,8 @@ class RewardVersionOutput(VersionOutput):
 
 
 class ScriptVersionDetailOutput(VersionOutput):
-    content = serializers.CharField()
+    content = serializers.CharField(help_text="The script's source; for a bundle, its rollout.py.")
+    bundle_sha256 = serializers.CharField(help_text="The bundle's hash when the version is a bundle; else empty.")
 
 
 class RewardVersionDetailOutput(RewardVersionOutput):
@@ -168,7 +194,9 @@ class ScriptListApi(_AssetListApi):
 
 
 class ScriptCreateApi(UploadApi):
-    max_upload_bytes = MAX_CODE_BYTES
+    @property
+    def max_upload_bytes(self) -> int:
+        return bundle_upload_bytes()
 
     class InputSerializer(serializers.Serializer):
         name = serializers.CharField(max_length=200)
@@ -183,7 +211,7 @@ class ScriptCreateApi(UploadApi):
     class JsonInputSerializer(InputSerializer, CodeJsonInput):
         pass
 
-    class FileInputSerializer(InputSerializer, CodeFileInput):
+    class FileInputSerializer(InputSerializer, ScriptFileInput):
         pass
 
     @extend_schema(
@@ -193,7 +221,7 @@ class ScriptCreateApi(UploadApi):
     )
     def post(self, request):
         data = body(self.InputSerializer, request)
-        raw = _code_bytes(request, "rollout script")
+        code = _script_upload(request)
         companion = (
             selectors.reward_get(user=request.user, reward_id=data["companion_reward"])
             if data["companion_reward"] is not None
@@ -202,30 +230,48 @@ class ScriptCreateApi(UploadApi):
         version = services.script_create(
             owner=request.user,
             name=data["name"],
-            content=raw,
             description=data["description"],
             companion_reward=companion,
+            **code,
         )
         return Response(VersionOutput(version).data, status=201)
 
 
 class ScriptValidateApi(UploadApi):
-    max_upload_bytes = MAX_CODE_BYTES
     throttle_scope = "writes"
 
     class OutputSerializer(serializers.Serializer):
         valid = serializers.BooleanField()
         issues = ValidationIssue(many=True)
 
+    @property
+    def max_upload_bytes(self) -> int:
+        return bundle_upload_bytes()
+
     @extend_schema(
         operation_id="scripts_validate",
-        request={"application/json": CodeJsonInput, "multipart/form-data": CodeFileInput},
+        request={"application/json": CodeJsonInput, "multipart/form-data": ScriptFileInput},
         responses={200: OutputSerializer, **ERRORS},
     )
     def post(self, request):
-        text = decode_utf8(_code_bytes(request, "rollout script"), what="rollout script")
-        issues = validate_script(text)
+        code = _script_upload(request)
+        if "bundle" in code:
+            issues = _bundle_issues(code["bundle"])
+        else:
+            issues = validate_script(decode_utf8(code["content"], what="rollout script"))
         return Response(self.OutputSerializer({"valid": not issues, "issues": _issues(issues)}).data)
+
+
+def _bundle_issues(data: bytes) -> list[dict]:
+    """A bundle's refusal, or its rollout.py's issues as a script's, each message saying where."""
+    try:
+        bundle = bundle_read(data, selectors.bundle_limits())
+        text = bundle.rollout_bytes.decode("utf-8")
+    except BundleError as exc:
+        return [{"line": None, "message": str(exc)}]
+    except UnicodeDecodeError as exc:
+        return [{"line": None, "message": f"rollout.py is not UTF-8 text (byte {exc.start}); save it as UTF-8."}]
+    return [{**issue, "message": f"rollout.py: {issue['message']}"} for issue in validate_script(text)]
 
 
 class ScriptDetailApi(_AssetDetailApi):
@@ -289,16 +335,22 @@ class _VersionCreateApi(UploadApi):
 
 
 class ScriptVersionCreateApi(_VersionCreateApi):
+    class FileInputSerializer(_VersionCreateApi.InputSerializer, ScriptFileInput):
+        pass
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return bundle_upload_bytes()
+
     @extend_schema(
         operation_id="scripts_versions_create",
-        request=_VersionCreateApi.REQUEST,
+        request={"application/json": _VersionCreateApi.JsonInputSerializer, "multipart/form-data": FileInputSerializer},
         responses={201: VersionOutput, **ERRORS},
     )
     def post(self, request, script_id: int):
         script = selectors.script_get(user=request.user, script_id=script_id)
         data = body(self.InputSerializer, request)
-        raw = _code_bytes(request, "rollout script")
-        version = services.script_version_create(script=script, content=raw, note=data["note"])
+        version = services.script_version_create(script=script, note=data["note"], **_script_upload(request))
         return Response(VersionOutput(version).data, status=201)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rollouts.bundles import ROLLOUT, Bundle, BundleLimits, bundle_read, bundle_write
 from rollouts.sandbox.jail import JailConfig, JailLimits
 from rollouts.sandbox.mounts import GUEST_DIR
 from rollouts.sandbox.proxy import InferenceProxy
@@ -132,6 +133,7 @@ class BatchFiles:
         for d in (self.shared, self.logs, workroot / "sock"):
             d.mkdir(mode=0o700)
         self.n = n
+        self._bundle: tuple[Path, Bundle] | None = None  # the batch's bundle, read and checked once
         for k in range(n):  # empty until the batch is handed over; bound into the jail before that
             self.box(k).mkdir(mode=0o700)
 
@@ -142,6 +144,8 @@ class BatchFiles:
         self, k: int, request: RolloutRequest, groups: list[int], reward_kind: str | None, *, concurrency: int
     ) -> None:
         d = self.box(k)
+        if request.bundle is not None:
+            self._write_bundle(d, request.bundle, request.bundle_limits)
         (d / "rollout.py").write_text(request.script, encoding="utf-8")
         spec = {
             "groups": [{"index": g, "scenario": request.scenarios[g]} for g in groups],
@@ -149,6 +153,13 @@ class BatchFiles:
             "model_name": request.model_name,
         }
         self._write_spec(d, request, spec, reward_kind, concurrency)
+
+    def _write_bundle(self, d: Path, path: Path, limits: BundleLimits) -> None:
+        """The bundle's files beside rollout.py (the request's script, which is the bundle's own). The stored
+        zip was checked on upload; it is checked again here, once per batch, before a file is written."""
+        if self._bundle is None or self._bundle[0] != path:
+            self._bundle = (path, bundle_read(path.read_bytes(), limits))
+        bundle_write(self._bundle[1], d, skip=frozenset({ROLLOUT}))
 
     def write_scores(
         self, k: int, request: ScoreRequest, groups: list[int], reward_kind: str | None, *, concurrency: int

@@ -29,7 +29,9 @@ import selectors
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from rollouts.bundles import BundleLimits
 from rollouts.sandbox import TooManyErrors
 from rollouts.sandbox.batch import (
     BatchFiles,
@@ -80,6 +82,9 @@ class RolloutRequest:
     prestart_next: bool = False
     # How errors name each scenario: its number in its set (the inspector's Scenario #); None: its position here.
     scenario_numbers: list[int] | None = None
+    # The script's stored bundle (rollouts.bundles): its other files go beside rollout.py; None: a plain script.
+    bundle: Path | None = None
+    bundle_limits: BundleLimits = field(default_factory=BundleLimits)  # checked again before it is unpacked
 
 
 @dataclass
@@ -387,6 +392,8 @@ def dry_run(
     python: str | None = None,
     jail: JailConfig | None = None,
     vocab_size: int | None = None,
+    bundle: Path | None = None,
+    bundle_limits: BundleLimits | None = None,
 ) -> dict:
     """Try a script on a few scenarios; returns within about timeout_s, with output or errors.
 
@@ -414,6 +421,8 @@ def dry_run(
         vocab_size=vocab_size,
         # A dry run serves the base model, so a script's art.rewards calls can be tried with it as judge.
         judge_model=model_name,
+        bundle=bundle,
+        bundle_limits=bundle_limits or BundleLimits(),
     )
     results = run_rollouts(request)
     trajectories = [{**t, "scenario_index": i} for i, group in enumerate(results) for t in group.trajectories]

@@ -22,6 +22,7 @@ from artweb.visibility import require_visible
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
 from rollouts.sandbox.records import deadline_stopped, deadline_summary, reward_failed
 from rollouts.sandbox.rollouts import dry_run
+from rollouts.selectors import bundle_limits, script_version_bundle
 from training import task_names
 from training.engine.advantages import group_advantages
 from training.jobs.kinds import FAIL, JobKind
@@ -284,6 +285,8 @@ def _dry_run_result(obj: DryRun) -> dict:
         api_key=server.api_key,
         jail=inference.jail_config(),
         vocab_size=inference.vocab_size(obj.base_model),
+        bundle=script_version_bundle(obj.script_version),
+        bundle_limits=bundle_limits(),
     )
     result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
     return result

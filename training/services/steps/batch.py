@@ -15,6 +15,7 @@ from rollouts.models import Scenario
 from rollouts.sandbox.batch import SandboxLimits
 from rollouts.sandbox.proxy import Upstream
 from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
+from rollouts.selectors import bundle_limits, script_version_bundle
 from training.config import RunConfig
 from training.exports.weave import export_rollout_env, rollout_egress_hosts
 from training.models import PretrainedModel, Run
@@ -177,4 +178,6 @@ def rollouts_request(
         ruler=cfg.use_ruler,
         warm_key=f"run-{run.id}" if warm else None,
         prestart_next=warm and batch_step < run.num_steps,
+        bundle=script_version_bundle(run.script_version),
+        bundle_limits=bundle_limits(),
     )

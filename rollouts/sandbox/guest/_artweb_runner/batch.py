@@ -36,7 +36,14 @@ from _artweb_runner.results import (
     settle_others,
     stage_error,
 )
-from _artweb_runner.user_code import RolloutLog, call_maybe_async, current_log, describe_error, load_module
+from _artweb_runner.user_code import (
+    RolloutLog,
+    bundle_import_path,
+    call_maybe_async,
+    current_log,
+    describe_error,
+    load_module,
+)
 
 
 class RolloutTimeout(BaseException):
@@ -113,6 +120,7 @@ class Batch:
 
     def load(self, workdir: Path) -> None:
         try:
+            self.user_files |= bundle_import_path(workdir)
             script = load_module(workdir / "rollout.py", "rollout_script")
             self.rollout = getattr(script, "rollout", None)
             if not callable(self.rollout):

@@ -115,6 +115,15 @@ def limit_processes(budget: int) -> None:
 # --- loading the person's code -----------------------------------------------------------------------
 
 
+def bundle_import_path(workdir: Path) -> set[str]:
+    """Make a bundle's modules importable as they are beside `python rollout.py`: the batch's folder first on
+    sys.path, then each pure-Python wheel in it (a wheel is a zip, which zipimport reads). A plain script's
+    folder holds only the batch's own files. Returns the names of its Python files, for error tracebacks."""
+    wheels = sorted(str(p) for p in workdir.rglob("*.whl") if p.is_file())
+    sys.path[:0] = [str(workdir), *wheels]
+    return {p.name for p in workdir.rglob("*.py")}
+
+
 def load_module(path: Path, name: str) -> types.ModuleType:
     source = path.read_text(encoding="utf-8")
     linecache.cache[path.name] = (len(source), None, source.splitlines(True), path.name)
