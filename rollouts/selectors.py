@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
 from artweb.visibility import visible
-from rollouts.bundles import BundleLimits
+from rollouts.bundles import ROLLOUT, BundleError, BundleLimits, bundle_read
 from rollouts.models import (
     RewardFunction,
     RewardFunctionVersion,
@@ -39,6 +39,25 @@ def bundle_dir() -> Path:
 def script_version_bundle(version: RolloutScriptVersion) -> Path | None:
     """The stored bundle a script version runs with (its files go beside rollout.py); None: a plain script."""
     return bundle_dir() / f"{version.bundle_sha256}.zip" if version.bundle_sha256 else None
+
+
+def script_version_sources(version: RolloutScriptVersion) -> list[str]:
+    """The Python sources a script version runs: its rollout.py and, for a bundle, every other .py file in
+    it (what a text test for art.rewards must read). A stored bundle that cannot be read adds nothing here:
+    the batch that unpacks it fails with the reason."""
+    sources = [version.content]
+    path = script_version_bundle(version)
+    if path is not None:
+        try:
+            bundle = bundle_read(path.read_bytes(), bundle_limits())
+        except (OSError, BundleError):
+            return sources
+        sources += [
+            data.decode("utf-8", "replace")
+            for name, data in bundle.files.items()
+            if name.endswith(".py") and name != ROLLOUT
+        ]
+    return sources
 
 
 def _visible(model, user) -> QuerySet:

@@ -15,7 +15,7 @@ from artweb.errors import ApplicationError
 from rollouts import services
 from rollouts.bundles import BundleError, BundleLimits, bundle_read, bundle_store, bundle_write
 from rollouts.models import RolloutScriptVersion
-from rollouts.selectors import script_version_bundle
+from rollouts.selectors import script_version_bundle, script_version_sources
 from tests.api.conftest import token_client
 from tests.rollouts.bundle_zips import ROLLOUT, good_files, lying_sizes, make_zip, symlink_entry, wheel
 
@@ -223,3 +223,16 @@ def test_the_api_validates_a_bundle_without_saving_it(alice, data_dir):
     broken = validate([("rollout.py", b"import art\n"), *good_files()[1:]])
     assert not broken["valid"] and broken["issues"][0]["message"].startswith("rollout.py: ")
     assert not RolloutScriptVersion.objects.exists() and not (data_dir / "bundles").exists()
+
+
+@pytest.mark.django_db
+def test_a_bundles_helper_modules_count_when_looking_for_art_rewards(alice, data_dir):
+    """Whether a batch admits the RULER judge is a text test of the run's code: a bundle's helper module
+    that calls art.rewards.ruler_score_group must be read too, not only its rollout.py."""
+    files = [*good_files(), ("judging.py", b"import art\nscore = art.rewards.ruler_score_group\n")]
+    version = services.script_create(owner=alice, name="agent", bundle=make_zip(files))
+    sources = script_version_sources(version)
+    assert sources[0] == version.content and "ruler" not in version.content
+    assert any("ruler_score_group" in s for s in sources[1:])
+    plain = services.script_create(owner=alice, name="plain", content="async def rollout(model, scenario): ...\n")
+    assert script_version_sources(plain) == [plain.content]

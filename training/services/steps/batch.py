@@ -15,7 +15,7 @@ from rollouts.models import Scenario
 from rollouts.sandbox.batch import SandboxLimits
 from rollouts.sandbox.proxy import Upstream
 from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
-from rollouts.selectors import bundle_limits, script_version_bundle
+from rollouts.selectors import bundle_limits, script_version_bundle, script_version_sources
 from training.config import RunConfig
 from training.exports.weave import export_rollout_env, rollout_egress_hosts
 from training.models import PretrainedModel, Run
@@ -62,7 +62,8 @@ def _wants_judge(run: Run, cfg: RunConfig) -> bool:
     """RULER scores the run, or its code may call art.rewards itself. The text test only decides
     whether the judge is admitted to the batch (in merged mode, a second inference server): code that
     reaches RULER some other way gets an error naming the models it may call."""
-    sources = (run.script_version.content, run.reward_version.content if run.reward_version else "")
+    # A bundle's helper modules count: art.rewards may be called from any of them.
+    sources = [*script_version_sources(run.script_version), run.reward_version.content if run.reward_version else ""]
     return cfg.use_ruler or any("ruler" in source for source in sources)
 
 
