@@ -32,9 +32,11 @@ def panels_render(page: str, request, **kwargs) -> SafeString:
 
 
 def apply_service_errors(form: forms.Form, exc: ApplicationError, aliases: dict[str, str] | None = None) -> None:
-    """Show an ApplicationError on the form: field errors under their fields, the rest on top."""
+    """Show an ApplicationError on the form: field errors under their fields, and the error's message on top
+    unless a field error already says it (a short field label, e.g. "not in this server's model cache",
+    leaves the message that says what to do on top)."""
     aliases = aliases or {}
-    placed = False
+    placed: list[str] = []
     for key, messages in exc.field_errors.items():
         name = aliases.get(key, key)
         if "." in name and name not in form.fields:
@@ -43,6 +45,6 @@ def apply_service_errors(form: forms.Form, exc: ApplicationError, aliases: dict[
             detail = key.split(".", 1)[1] + ": " if "." in key and name != key else ""
             for message in messages:
                 form.add_error(name, f"{detail}{message}")
-            placed = True
-    if not placed or not exc.field_errors:
+                placed.append(str(message))
+    if not any(exc.message in message for message in placed):
         form.add_error(None, exc.message)

@@ -487,9 +487,16 @@ def _shared_prefix(prompts: list[list[int]]) -> int:
 
 
 def _top(logits, k: int) -> list[tuple[int, float]]:
-    """The k most likely tokens at a step and their log-probs, from the step's logits (1, vocab)."""
+    """The k most likely tokens at a step and their log-probs, from the step's logits (1, vocab): a
+    CTranslate2 StorageView, in the model's compute type (bfloat16 logits have no array interface, so they
+    are converted to float32 first; numpy would fail on them with "float() argument must be ...")."""
     import numpy as np
 
+    to = getattr(logits, "to", None)
+    if to is not None and str(getattr(logits, "dtype", "")) != "DataType.float32":
+        import ctranslate2
+
+        logits = to(ctranslate2.DataType.float32)
     values = np.asarray(logits, dtype=np.float32).reshape(-1)
     shifted = values - values.max()
     logprobs = shifted - np.log(np.exp(shifted).sum())

@@ -132,6 +132,12 @@ def test_it_registers_a_model_and_shows_errors_inline(as_user, alice, hub_model)
     assert _errors(response, "name") == ["already registered"]
     response = client.post(reverse("model-list"), {"name": "x", "source": "not an id!", "max_length": 512})
     assert _errors(response, "source") == ["not a Hugging Face model id"]
+    # The field says what is wrong in short; the message on top says what to do about it.
+    response = client.post(reverse("model-list"), {"name": "y", "source": "org/absent", "max_length": 512})
+    assert _errors(response, "source") == ["not in this server's model cache"]
+    top = [str(e) for e in response.context["form"].non_field_errors()]
+    assert len(top) == 1 and "hf download org/absent" in top[0] and "register it again" in top[0]
+    assert "hf download org/absent" in response.content.decode()
 
 
 def test_it_refuses_a_server_directory_from_a_non_staff_user(as_user, alice, tmp_path):

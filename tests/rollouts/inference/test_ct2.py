@@ -413,3 +413,20 @@ def test_weights_that_do_not_fit_are_refused_before_the_served_policy_changes(ct
     refused = load(adapter_dir=str(tmp_path / "other"))
     assert refused.status_code == 400 and "layers.99.mlp.up_proj" in refused.json()["error"]["message"]
     assert greedy() == before
+
+
+def test_top_logprobs_read_logits_in_any_compute_type():
+    """Seen through the playground (which always asks for top log-probs): with a bfloat16 compute type the
+    step's logits are a bfloat16 StorageView, which numpy cannot read, and every answer failed with
+    "generation failed: float() argument must be ... not 'ctranslate2._ext.StorageView'"."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import numpy as np
+
+    from rollouts.inference.ct2_engine import _top
+
+    logits = ctranslate2.StorageView.from_array(np.array([[0.0, 1.0, 2.0, 3.0]], dtype=np.float32))
+    want = _top(logits, 2)
+    assert [i for i, _ in want] == [3, 2] and want[0][1] == pytest.approx(-0.4402, abs=1e-3)
+    for dtype in (ctranslate2.DataType.bfloat16, ctranslate2.DataType.float16):
+        got = _top(logits.to(dtype), 2)
+        assert [i for i, _ in got] == [3, 2] and got[0][1] == pytest.approx(want[0][1], abs=1e-2)
