@@ -176,7 +176,7 @@ class LimitOffset(LimitOffsetPagination):
 def paginated_response(*, request, view, queryset, serializer_class):
     paginator = LimitOffset()
     page = paginator.paginate_queryset(queryset, request, view=view)
-    return paginator.get_paginated_response(serializer_class(page, many=True).data)
+    return paginator.get_paginated_response(serializer_class(page, many=True, context={"request": request}).data)
 
 
 def paginated_schema(serializer_class, name: str):

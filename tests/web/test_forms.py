@@ -223,3 +223,14 @@ def test_it_queues_a_dry_run_and_shows_its_result(as_user, alice, django_capture
     dry_run.save()
     body = client.get(response["Location"]).content.decode()
     assert "w0!" in body and 'id="dry-run-waiting"' not in body
+
+
+def test_a_server_directory_source_is_shown_to_staff_only(as_user, alice, staff):
+    """The default model's source is its directory in the data dir: a host path, for staff eyes only, on the
+    models page and in the API."""
+    model = BaseModelFactory(name="default-ish", source="/srv/artweb/data/models/SmolLM2", local_path="")
+    for user, shown in ((alice, "a directory on the server"), (staff, model.source)):
+        page = as_user(user).get(reverse("model-list")).content.decode()
+        assert shown in page and (user.is_staff or "/srv/artweb" not in page)
+        api = as_user(user).get("/api/v1/base-models/").json()["results"]
+        assert [m["source"] for m in api if m["name"] == "default-ish"] == [shown]

@@ -9,12 +9,15 @@ from rest_framework.response import Response
 from artweb.api import PAGE_PARAMETERS, Api, WriteApi, body, paginated_response, paginated_schema
 from artweb.api_errors import ErrorSerializer
 from training import selectors, services
+from training.services.model_files import source_shown
 
 
 class BaseModelOutput(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
-    source = serializers.CharField()
+    source = serializers.SerializerMethodField(
+        help_text="Hugging Face id, or for a directory on the server its path (staff) or 'a directory on the server'."
+    )
     revision = serializers.CharField()
     max_length = serializers.IntegerField()
     supports_tools = serializers.BooleanField()
@@ -23,6 +26,10 @@ class BaseModelOutput(serializers.Serializer):
     )
     shared = serializers.SerializerMethodField(help_text="True for models everyone may use.")
     created_at = serializers.DateTimeField()
+
+    def get_source(self, obj) -> str:
+        request = self.context.get("request")
+        return source_shown(obj.source, getattr(request, "user", None))
 
     def get_shared(self, obj) -> bool:
         return obj.owner_id is None
@@ -64,4 +71,4 @@ class BaseModelRegisterApi(WriteApi):
     def post(self, request):
         data = body(self.InputSerializer, request)
         model = services.base_model_register(owner=request.user, **data)
-        return Response(BaseModelOutput(model).data, status=201)
+        return Response(BaseModelOutput(model, context={"request": request}).data, status=201)

@@ -46,6 +46,12 @@ def is_server_path(source: str) -> bool:
     return source.startswith(("/", ".", "~"))
 
 
+def source_shown(source: str, user) -> str:
+    """A base model's source as `user` may see it: a directory on the server (the default model's, a staff
+    member's registration) is the server's own path, shown to staff only."""
+    return "a directory on the server" if is_server_path(source) and not getattr(user, "is_staff", False) else source
+
+
 def model_files_check(path: str) -> ModelFiles:
     """Check the model at `path` (inference.base_model_path: a server directory or a Hugging Face id)
     as a worker would load it; return what was found, or raise ApplicationError saying what to fix."""

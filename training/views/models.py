@@ -12,6 +12,7 @@ from training.forms import BaseModelForm, JudgeEndpointForm
 from training.selectors import base_model_visible, judge_endpoint_get, judge_endpoint_list
 from training.services import base_model_register
 from training.services.judges import judge_endpoint_create, judge_endpoint_delete
+from training.services.model_files import source_shown
 
 
 @login_required
@@ -28,6 +29,11 @@ def model_list_view(request):
     return _page(request, form=form)
 
 
+def _shown(model, user):
+    model.source_shown = source_shown(model.source, user)  # a server directory's path: staff only
+    return model
+
+
 def _page(request, *, form=None, judge_form=None):
     judges = list(judge_endpoint_list(owner=request.user))
     for judge in judges:
@@ -37,7 +43,7 @@ def _page(request, *, form=None, judge_form=None):
         "training/model_list.html",
         {
             "nav": "models",
-            "models": base_model_visible(request.user).select_related("owner"),
+            "models": [_shown(m, request.user) for m in base_model_visible(request.user).select_related("owner")],
             "form": form or BaseModelForm(),
             "judges": judges,
             "judge_form": judge_form or JudgeEndpointForm(prefix=JUDGE_PREFIX),
