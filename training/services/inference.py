@@ -266,8 +266,11 @@ def kv_cache_for(base_model, run=None) -> float:
         free, _total = torch.cuda.mem_get_info(index)
     except (ImportError, RuntimeError, ValueError, AssertionError):
         return fit.KV_CACHE_MIN_GIB
-    plan = fit.plan_for(_train_config(run), shape, free, conf["DEVICE"])
-    trainer = 0 if own_card else plan.need(fit.TRAINER_RESERVE_TOKENS)
+    trainer = (
+        0
+        if own_card
+        else fit.plan_for(_train_config(run), shape, free, conf["DEVICE"]).need(fit.TRAINER_RESERVE_TOKENS)
+    )
     size = fit.kv_cache_gib(shape, sequences=sequences, tokens=tokens, free=free, trainer=trainer)
     logger.info(
         "run %s: inference server KV cache %.1f GiB for %d rollouts in flight of up to %d tokens (%.1f GiB free)",
