@@ -163,7 +163,7 @@ ARTWEB_MAX_JSON_DEPTH = env.int("ARTWEB_MAX_JSON_DEPTH", default=64)
 # Bodies over this are refused by artweb.asgi before Django reads them (413). Above the largest upload
 # (a 20 MiB scenario file, 30 MiB as a JSON body); DATA_UPLOAD_MAX_MEMORY_SIZE still limits form fields.
 ARTWEB_MAX_REQUEST_MB = env.int("ARTWEB_MAX_REQUEST_MB", default=32)
-# Rollout bundles (rollouts.bundles): a zip's files together, uncompressed, and how many files it may hold.
+# Rollout bundles (rollouts.sandbox.bundles): a zip's files together, uncompressed, and how many files it may hold.
 # The zip itself also has to fit in a request (ARTWEB_MAX_REQUEST_MB).
 ARTWEB_BUNDLE_MAX_MB = env.int("ARTWEB_BUNDLE_MAX_MB", default=50)
 ARTWEB_BUNDLE_MAX_FILES = env.int("ARTWEB_BUNDLE_MAX_FILES", default=500)

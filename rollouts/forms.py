@@ -13,7 +13,7 @@ MAX_CODE_BYTES = 1024 * 1024
 
 class _CodeInput(forms.Form):
     """Code given as a file or pasted; a file wins when both are given. With bundles=True (rollout scripts)
-    the file may also be a .zip bundle (rollouts.bundles), checked by the service."""
+    the file may also be a .zip bundle (rollouts.sandbox.bundles), checked by the service."""
 
     file = forms.FileField(required=False, help_text="A .py file (UTF-8).")
     content = forms.CharField(

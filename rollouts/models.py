@@ -59,7 +59,7 @@ class RolloutScript(CodeAsset):
 
 class RolloutScriptVersion(CodeVersion):
     asset = models.ForeignKey(RolloutScript, on_delete=models.CASCADE, related_name="versions")
-    # A bundle upload (rollouts.bundles): the stored zip's hash, its file DATA_DIR/bundles/<hash>.zip.
+    # A bundle upload (rollouts.sandbox.bundles): the stored zip's hash, its file DATA_DIR/bundles/<hash>.zip.
     # `content` is then the bundle's rollout.py and `sha256` the bundle's hash; blank for a plain script.
     bundle_sha256 = models.CharField(max_length=64, blank=True, default="")
 

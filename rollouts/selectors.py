@@ -9,7 +9,6 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
 from artweb.visibility import visible
-from rollouts.bundles import ROLLOUT, BundleError, BundleLimits, bundle_read
 from rollouts.models import (
     RewardFunction,
     RewardFunctionVersion,
@@ -18,6 +17,7 @@ from rollouts.models import (
     Scenario,
     ScenarioSet,
 )
+from rollouts.sandbox.bundles import ROLLOUT, BundleError, BundleLimits, bundle_read
 
 
 def bundle_limits() -> BundleLimits:

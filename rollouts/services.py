@@ -14,7 +14,6 @@ from django.db import IntegrityError, transaction
 
 from artweb.errors import ApplicationError
 from artweb.jsonlimits import json_loads_limited
-from rollouts.bundles import Bundle, BundleError, bundle_read, bundle_store
 from rollouts.models import (
     RewardFunction,
     RewardFunctionVersion,
@@ -23,6 +22,7 @@ from rollouts.models import (
     Scenario,
     ScenarioSet,
 )
+from rollouts.sandbox.bundles import Bundle, BundleError, bundle_read, bundle_store
 from rollouts.sandbox.validation import validate_reward, validate_script
 from rollouts.selectors import bundle_dir, bundle_limits
 

@@ -1,6 +1,6 @@
 """A rollout bundle from a folder: its files zipped in memory, for a script upload.
 
-The server checks every bundle (rollouts.bundles); this side only leaves out what never belongs in one
+The server checks every bundle (rollouts.sandbox.bundles); this side only leaves out what never belongs in one
 (byte code, version control and editor folders) and refuses links, which the server refuses too, with a
 message naming the file here rather than an entry in an archive.
 """

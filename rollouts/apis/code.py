@@ -27,8 +27,8 @@ from artweb.api import (
 )
 from artweb.api_errors import ErrorSerializer, PayloadTooLarge
 from rollouts import selectors, services
-from rollouts.bundles import BundleError, bundle_read
 from rollouts.models import RewardFunction
+from rollouts.sandbox.bundles import BundleError, bundle_read
 from rollouts.sandbox.validation import MAX_SOURCE_BYTES, validate_reward, validate_script
 from rollouts.selectors import bundle_upload_bytes
 

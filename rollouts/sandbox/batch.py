@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rollouts.bundles import ROLLOUT, Bundle, BundleLimits, bundle_read, bundle_write
+from rollouts.sandbox.bundles import ROLLOUT, Bundle, BundleLimits, bundle_read, bundle_write
 from rollouts.sandbox.jail import JailConfig, JailLimits
 from rollouts.sandbox.mounts import GUEST_DIR
 from rollouts.sandbox.proxy import InferenceProxy

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollouts.bundles import BundleLimits
 from rollouts.sandbox import TooManyErrors
 from rollouts.sandbox.batch import (
     BatchFiles,
@@ -42,6 +41,7 @@ from rollouts.sandbox.batch import (
     inference_proxy,
     reward_kind,
 )
+from rollouts.sandbox.bundles import BundleLimits
 from rollouts.sandbox.egress import EgressPolicy
 from rollouts.sandbox.jail import JailConfig
 from rollouts.sandbox.prestart import StartedBatch, prestarted
@@ -82,7 +82,7 @@ class RolloutRequest:
     prestart_next: bool = False
     # How errors name each scenario: its number in its set (the inspector's Scenario #); None: its position here.
     scenario_numbers: list[int] | None = None
-    # The script's stored bundle (rollouts.bundles): its other files go beside rollout.py; None: a plain script.
+    # The script's stored bundle (rollouts.sandbox.bundles): its other files go beside rollout.py; None: a plain script.
     bundle: Path | None = None
     bundle_limits: BundleLimits = field(default_factory=BundleLimits)  # checked again before it is unpacked
 

@@ -13,8 +13,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from artweb.errors import ApplicationError
 from rollouts import services
-from rollouts.bundles import BundleError, BundleLimits, bundle_read, bundle_store, bundle_write
 from rollouts.models import RolloutScriptVersion
+from rollouts.sandbox.bundles import BundleError, BundleLimits, bundle_read, bundle_store, bundle_write
 from rollouts.selectors import script_version_bundle, script_version_sources
 from tests.api.conftest import token_client
 from tests.rollouts.bundle_zips import ROLLOUT, good_files, lying_sizes, make_zip, symlink_entry, wheel

@@ -340,7 +340,7 @@ def test_a_policy_is_written_as_ctranslate2_writes_it_into_the_same_file(ct2_ser
     import transformers
 
     from artweb.testing.weights import make_adapter
-    from rollouts.inference.ct2_engine import convert, write_model_bin
+    from rollouts.inference.ct2_convert import convert, write_model_bin
 
     model = transformers.AutoModelForCausalLM.from_pretrained(ct2_server.model_path, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(ct2_server.model_path)

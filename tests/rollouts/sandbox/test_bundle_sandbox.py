@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollouts.bundles import BundleError, bundle_read, bundle_store
+from rollouts.sandbox.bundles import BundleError, bundle_read, bundle_store
 from rollouts.sandbox.prestart import prestarted
 from rollouts.sandbox.rollouts import dry_run, run_rollouts
 from tests.rollouts.bundle_zips import ROLLOUT, good_files, make_zip, wheel
