@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -58,6 +59,45 @@ def script_version_sources(version: RolloutScriptVersion) -> list[str]:
             if name.endswith(".py") and name != ROLLOUT
         ]
     return sources
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    """One file of a stored bundle as the script page lists it: its text when it is UTF-8 text of a size a
+    page can show, else None (a wheel, a database, a large data file)."""
+
+    name: str
+    size: int
+    text: str | None
+
+
+BUNDLE_FILE_SHOWN_BYTES = 256 * 1024
+
+
+def script_version_files(version: RolloutScriptVersion) -> tuple[list[BundleFile], str | None]:
+    """The files a bundle version holds besides rollout.py, and the reason they cannot be listed (a stored
+    bundle missing or changed on disk: the batch would refuse it too); ([], None) for a plain script."""
+    path = script_version_bundle(version)
+    if path is None:
+        return [], None
+    try:
+        bundle = bundle_read(path.read_bytes(), bundle_limits())
+    except OSError:
+        return [], f"The stored bundle {path.name} cannot be read; upload the bundle again as a new version."
+    except BundleError as exc:
+        return [], f"The stored bundle is refused: {exc}"
+    files = []
+    for name, data in bundle.files.items():
+        if name == ROLLOUT:
+            continue
+        text = None
+        if len(data) <= BUNDLE_FILE_SHOWN_BYTES and not name.endswith(".whl"):
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+        files.append(BundleFile(name=name, size=len(data), text=text))
+    return files, None
 
 
 def _visible(model, user) -> QuerySet:

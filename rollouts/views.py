@@ -133,6 +133,8 @@ def asset_detail_view(request, kind: str, asset_id: int):
             "new": new,
             "table": code_diff_table(old.content, new.content, f"version {old.number}", f"version {new.number}"),
         }
+    files, files_error = selectors.script_version_files(shown) if shown and k.slug == "script" else ([], None)
+    file_shown = next((f for f in files if f.name == request.GET.get("file")), None)
     # Panels other apps add under the asset (training's dry-run form), prefilled with its newest version.
     panels = panels_render("asset-detail", request, initial={f"{k.slug}_version": versions[0].id} if versions else None)
     rewards = (
@@ -154,6 +156,9 @@ def asset_detail_view(request, kind: str, asset_id: int):
             "form": form,
             "error_lines": error_lines,
             "panels": panels,
+            "files": files,
+            "files_error": files_error,
+            "file_shown": file_shown,
         },
     )
 

@@ -164,13 +164,25 @@ def upload_scenarios(ctx, file, name, validation_fraction):
 
 @cli.command("validate")
 @click.argument("kind", type=click.Choice(["script", "reward"]))
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(exists=True))
 @click.pass_context
 def validate(ctx, kind, file):
-    """Check a script or reward function without saving it."""
+    """Check a script or reward function without saving it.
+
+    A script may be a bundle, as `upload script` takes it: a folder with rollout.py at its top, or a .zip."""
+    path = Path(file)
+    bundle = kind == "script" and (path.is_dir() or path.suffix.lower() == ".zip")
+    if path.is_dir() and not bundle:
+        raise click.BadParameter(f"{file} is a folder; a reward function is one .py file.", param_hint="FILE")
     with client_from(ctx) as api:
-        text = Path(file).read_text(encoding="utf-8")
-        result = api.script_validate(text) if kind == "script" else api.reward_validate(text)
+        if bundle:
+            try:
+                result = api.script_bundle_validate(path.read_bytes() if path.is_file() else path)
+            except ValueError as exc:
+                raise click.ClickException(str(exc)) from exc
+        else:
+            text = path.read_text(encoding="utf-8")
+            result = api.script_validate(text) if kind == "script" else api.reward_validate(text)
         if result["valid"]:
             click.echo("valid" + (f" ({result['kind']})" if result.get("kind") else ""))
             return

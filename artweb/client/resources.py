@@ -81,6 +81,11 @@ class ResourcesApi(Session):
     def script_validate(self, content: str) -> dict:
         return self._post("/scripts/validate/", {"content": content})
 
+    def script_bundle_validate(self, folder_or_zip: str | Path | bytes) -> dict:
+        """Check a rollout bundle (a folder, zipped here, or a zip's bytes) without saving it."""
+        raw = folder_or_zip if isinstance(folder_or_zip, bytes) else zip_directory(folder_or_zip)
+        return self._post("/scripts/validate/", files={"file": ("bundle.zip", raw, "application/zip")})
+
     def reward_validate(self, content: str) -> dict:
         return self._post("/rewards/validate/", {"content": content})
 

@@ -208,6 +208,27 @@ def test_the_web_form_takes_a_zip_bundle(client, alice, data_dir):
 
 
 @pytest.mark.django_db
+def test_the_script_page_lists_a_bundles_files_and_shows_its_text_ones(client, alice, data_dir):
+    client.force_login(alice)
+    files = [*good_files(), ("blob.bin", b"\xff\xfe\x00binary")]
+    upload = SimpleUploadedFile("agent.zip", make_zip(files), "application/zip")
+    assert client.post("/scripts/new/", {"name": "agent", "file": upload}).status_code == 302
+    version = RolloutScriptVersion.objects.get(asset__name="agent")
+    page = client.get(f"/scripts/{version.asset_id}/").content.decode()
+    assert "Files beside rollout.py in v1" in page
+    assert "utils.py" in page and "data/words.json" in page and "blob.bin" in page
+    assert "return &#x27;hello &#x27; + word" not in page  # a file's text only when asked for
+    shown = client.get(f"/scripts/{version.asset_id}/?v=1&file=utils.py").content.decode()
+    assert "return &#x27;hello &#x27; + word" in shown
+    assert 'href="?v=1&amp;file=blob.bin' not in shown  # binary: listed, never shown as text
+    # A stored bundle that changed on disk is named as refused, as the batch would refuse it.
+    stored = data_dir / "bundles" / f"{version.bundle_sha256}.zip"
+    stored.write_bytes(make_zip([("rollout.py", ROLLOUT.encode()), ("../x.py", b"")]))
+    broken = client.get(f"/scripts/{version.asset_id}/").content.decode()
+    assert "The stored bundle is refused" in broken and "climbs out" in broken
+
+
+@pytest.mark.django_db
 def test_the_api_validates_a_bundle_without_saving_it(alice, data_dir):
     api = token_client(alice)
 
