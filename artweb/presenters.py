@@ -77,6 +77,14 @@ def transcript(messages: list[dict] | None) -> list[dict]:
     return turns
 
 
+def history_transcripts(histories) -> list[dict]:
+    """A trajectory's additional histories (ART's: conversations beside its main one), each as display
+    turns and the tools it offered, in order; anything that is not such a list shows nothing."""
+    if not isinstance(histories, list):
+        return []
+    return [{"turns": transcript(h.get("messages")), "tools": h.get("tools")} for h in histories if isinstance(h, dict)]
+
+
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(value, dict):
         out = {}

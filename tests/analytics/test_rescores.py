@@ -386,3 +386,24 @@ def test_nul_characters_from_the_reward_are_dropped_not_the_score(alice, small_r
         sorted(r.error.splitlines()[0] for r in rows if r.error)
         == ["The reward function failed: ValueError: badanswer"] * 2
     )
+
+
+def test_a_reward_reads_the_stored_additional_histories_as_in_the_step(alice):
+    """A re-score rebuilds each trajectory as the reward function saw it in the step: its additional
+    histories (ART's) come back too, their sampled turns as Choice objects."""
+    run = seed_run(alice, steps_done=1)
+    group = seed_group(run, 1, [(0.0, "main"), (0.0, "other")])
+    first = group.trajectories.order_by("index").first()
+    first.additional_histories = [{"messages": answer("from a second agent"), "tools": None}]
+    first.save(update_fields=["additional_histories"])
+    reads_histories = new_reward(
+        alice,
+        """def reward(trajectory, scenario):
+    texts = [h.messages_and_choices[-1].message.content for h in trajectory.additional_histories]
+    return float(sum(len(t) for t in texts))
+""",
+    )
+    rescore = rescore_create(user=alice, run=run, reward_version=reads_histories)
+    rescore_execute(rescore_id=rescore.id)
+    rows = dict(RescoreScore.objects.filter(rescore=rescore).values_list("trajectory__index", "new_reward"))
+    assert rows == {0: float(len("from a second agent")), 1: 0.0}

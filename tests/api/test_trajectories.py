@@ -104,6 +104,19 @@ def test_it_shows_a_trajectory_in_full(alice_api, filled_run, bob_api):
     assert_error(bob_api.get(f"/api/v1/runs/{filled_run.id}/trajectories/{traj.id}/"), 404)
 
 
+def test_a_trajectorys_additional_histories_come_with_its_detail_and_its_export(alice_api, filled_run):
+    traj = filled_run.trajectories.get(step=1, index=2, group__scenario__index=0)
+    critic = [{"messages": [{"role": "user", "content": "Was it right?"}], "tools": None}]
+    traj.additional_histories = critic
+    traj.save(update_fields=["additional_histories"])
+    body = alice_api.get(f"/api/v1/runs/{filled_run.id}/trajectories/{traj.id}/").json()
+    assert body["additional_histories"] == critic
+    response = alice_api.get(f"/api/v1/runs/{filled_run.id}/trajectories/export/?step=1")
+    rows = [json.loads(line) for line in b"".join(response.streaming_content).decode().splitlines()]
+    assert [r["additional_histories"] for r in rows if r["id"] == traj.id] == [critic]
+    assert all(r["additional_histories"] == [] for r in rows if r["id"] != traj.id)
+
+
 def test_a_trajectory_is_found_only_under_its_own_run(alice_api, alice, filled_run):
     other = RunFactory(owner=alice)
     traj = filled_run.trajectories.first()

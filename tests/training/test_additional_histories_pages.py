@@ -3,7 +3,14 @@ transcript; a trajectory without them shows none."""
 
 from django.urls import reverse
 
-from artweb.testing.factories import RunFactory, TrajectoryFactory, TrajectoryGroupFactory
+from artweb.testing.factories import (
+    BaseModelFactory,
+    RolloutScriptVersionFactory,
+    RunFactory,
+    TrajectoryFactory,
+    TrajectoryGroupFactory,
+)
+from training.models import DryRun
 
 PLANNER = {
     "messages": [
@@ -55,3 +62,27 @@ def test_another_users_trajectory_and_its_histories_stay_hidden(client, alice, b
     client.force_login(bob)
     response = client.get(reverse("run-trajectories", args=[traj.run_id]) + f"?step=1&traj={traj.id}")
     assert response.status_code == 404 and b"Was it right?" not in response.content
+
+
+def test_a_dry_runs_page_shows_each_rollouts_additional_histories(client, alice):
+    dry = DryRun.objects.create(
+        owner=alice,
+        script_version=RolloutScriptVersionFactory(asset__owner=alice),
+        base_model=BaseModelFactory(name="tiny"),
+        scenarios=[{"prompt": "hi"}],
+        samples=1,
+        status="done",
+        result={
+            "trajectories": [
+                {
+                    "messages": [{"role": "assistant", "content": "It is 4."}],
+                    "additional_histories": [PLANNER],
+                    "reward": 1.0,
+                    "scenario_index": 0,
+                }
+            ]
+        },
+    )
+    client.force_login(alice)
+    body = client.get(reverse("dry-run-detail", args=[dry.id])).content.decode()
+    assert body.index("It is 4.") < body.index("Additional history 1 of 1") < body.index("First, add.")

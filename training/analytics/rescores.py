@@ -264,7 +264,7 @@ def _score_batch(rescore: Rescore, steps: list[int]) -> None:
         _pending(rescore, rescore.summary["scope"])
         .filter(step__in=steps)
         .order_by("step", "group_id", "index")
-        .only("id", "group_id", "step", "reward", "messages", "tools", "metrics", "metadata")
+        .only("id", "group_id", "step", "reward", "messages", "tools", "additional_histories", "metrics", "metadata")
     )
     by_group: dict[int, list[Trajectory]] = defaultdict(list)
     for t in trajs:
@@ -284,7 +284,13 @@ def _score_batch(rescore: Rescore, steps: list[int]) -> None:
             ScoreGroup(
                 scenario=groups[gid].scenario.data,
                 trajectories=[
-                    {"messages": t.messages, "tools": t.tools, "metrics": t.metrics, "metadata": t.metadata}
+                    {
+                        "messages": t.messages,
+                        "tools": t.tools,
+                        "additional_histories": t.additional_histories,
+                        "metrics": t.metrics,
+                        "metadata": t.metadata,
+                    }
                     for t in by_group[gid]
                 ],
             )

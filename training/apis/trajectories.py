@@ -52,6 +52,10 @@ class TrajectoryOutput(serializers.Serializer):
 
 class TrajectoryDetailOutput(TrajectoryOutput):
     tools = serializers.JSONField(allow_null=True)
+    additional_histories = serializers.JSONField(
+        help_text="ART's additional histories: conversations beside the main one ({messages, tools} each), "
+        "trained with the trajectory's advantage."
+    )
     metadata = serializers.JSONField()
     logs = serializers.JSONField()
 
@@ -165,6 +169,7 @@ EXPORT_FIELDS = (
     "advantage",
     "messages",
     "tools",
+    "additional_histories",
     "metrics",
     "metadata",
     "logs",

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from artweb.errors import ApplicationError
 from artweb.pages import apply_service_errors, panel_register
-from artweb.presenters import transcript
+from artweb.presenters import history_transcripts, transcript
 from rollouts import selectors as rollout_selectors
 from training.forms import DryRunForm
 from training.selectors import base_model_visible, dry_run_get
@@ -74,6 +74,7 @@ def _dry_run_trajectories(result) -> list[dict]:
                 "metrics": t.get("metrics") or {},
                 "scenario": t.get("scenario"),
                 "turns": transcript(t.get("messages")),
+                "histories": history_transcripts(t.get("additional_histories")),
             }
         )
     return out

@@ -6,7 +6,7 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, render
 
-from artweb.presenters import scenario_question, transcript
+from artweb.presenters import history_transcripts, scenario_question, transcript
 from training.forms import TrajectoryFilterForm
 from training.selectors import group_list, run_get, run_trajectory_steps, trajectory_list
 
@@ -100,7 +100,7 @@ def trajectory_inspector_view(request, run_id: int):
             "all_steps": f["all_steps"],
             "selected": selected,
             "turns": transcript(selected.messages) if selected else [],
-            "histories": _histories(selected) if selected else [],
+            "histories": history_transcripts(selected.additional_histories) if selected else [],
             "question": scenario_question(selected.messages, getattr(selected.group.scenario, "data", None))
             if selected
             else "",
@@ -108,9 +108,3 @@ def trajectory_inspector_view(request, run_id: int):
             "step_query": step_query.urlencode(),
         },
     )
-
-
-def _histories(trajectory) -> list[dict]:
-    """Its additional histories (ART's), each as display turns and the tools it offered, in order."""
-    histories = trajectory.additional_histories if isinstance(trajectory.additional_histories, list) else []
-    return [{"turns": transcript(h.get("messages")), "tools": h.get("tools")} for h in histories if isinstance(h, dict)]
