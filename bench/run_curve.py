@@ -140,8 +140,12 @@ def run_artweb(
     timeout: float = 1800,
     seed: int = 0,
     overlap_rollouts: bool = False,
+    script: Path = EXAMPLES / "rollout.py",
+    reward: Path | None = EXAMPLES / "reward.py",
+    scenarios: Path = EXAMPLES / "scenarios.jsonl",
 ) -> dict:
-    """One run of the example task on a fresh worker; its steps, phase timings and peak memory."""
+    """One run of a task (the example's by default; reward None: the script sets its own) on a fresh
+    worker; its steps, phase timings and peak memory."""
     model_dir = ensure_default_model(Path(settings.DATA_DIR)).path.resolve()
     user, _ = get_user_model().objects.get_or_create(username="bench")
     tag = time.strftime("%Y%m%d-%H%M%S")
@@ -161,11 +165,9 @@ def run_artweb(
         owner=user,
         name=f"curve-{tag}",
         base_model=model,
-        script_version=script_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "rollout.py").read_text()),
-        reward_version=reward_create(owner=user, name=f"example-{tag}", content=(EXAMPLES / "reward.py").read_text()),
-        scenario_set=scenario_set_create(
-            owner=user, name=f"example-{tag}", jsonl=(EXAMPLES / "scenarios.jsonl").read_text()
-        ),
+        script_version=script_create(owner=user, name=f"example-{tag}", content=script.read_text()),
+        reward_version=reward_create(owner=user, name=f"example-{tag}", content=reward.read_text()) if reward else None,
+        scenario_set=scenario_set_create(owner=user, name=f"example-{tag}", jsonl=scenarios.read_text()),
         config=config,
     )
     db_name = settings.DATABASES["default"]["NAME"]

@@ -10,19 +10,6 @@ import json
 
 import art
 
-CAPITALS = {
-    "france": "Paris",
-    "italy": "Rome",
-    "japan": "Tokyo",
-    "kenya": "Nairobi",
-    "peru": "Lima",
-    "canada": "Ottawa",
-    "egypt": "Cairo",
-    "norway": "Oslo",
-    "spain": "Madrid",
-    "chile": "Santiago",
-}
-
 TOOLS = [
     {
         "type": "function",
@@ -39,8 +26,12 @@ TOOLS = [
 ]
 
 
-def lookup_capital(country: str) -> str:
-    return CAPITALS.get(country.strip().lower(), f"No capital known for {country!r}.")
+def lookup_capital(country: str, scenario) -> str:
+    """The tool: it knows the capital of the scenario's country (tool_scenarios.jsonl beside this script
+    holds 60 of them), and of no other."""
+    if country.strip().lower() == scenario.country.lower():
+        return scenario.capital
+    return f"No capital known for {country!r}."
 
 
 async def rollout(model: art.Model, scenario) -> art.Trajectory:
@@ -65,7 +56,7 @@ async def rollout(model: art.Model, scenario) -> art.Trajectory:
         for call in choice.message.tool_calls or []:
             tool_calls += 1
             try:
-                result = lookup_capital(str(json.loads(call.function.arguments).get("country", "")))
+                result = lookup_capital(str(json.loads(call.function.arguments).get("country", "")), scenario)
             except (ValueError, AttributeError):
                 result = "The arguments were not a JSON object with a country."
             trajectory.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": result})
