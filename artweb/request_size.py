@@ -1,4 +1,5 @@
-"""An ASGI middleware that refuses request bodies over settings.ARTWEB_MAX_REQUEST_MB with a 413.
+"""An ASGI middleware that refuses request bodies over settings.ARTWEB_MAX_REQUEST_MB with a 413 (the data
+attachment uploads: over ARTWEB_ATTACHMENT_MAX_MB).
 
 Django's ASGI handler reads the whole body (spooling it to a temporary file) before any view or
 Django middleware runs, so a limit there comes too late to spare the disk and the bandwidth. This one
@@ -13,11 +14,21 @@ import json
 from django.conf import settings
 
 MIB = 1024 * 1024
+# The data attachment uploads (rollouts.apis.attachments, rollouts.views): bodies up to ARTWEB_ATTACHMENT_MAX_MB
+# and 1 MiB for the form's other fields, on these paths alone. Django spools such a body to a temporary file.
+ATTACHMENT_UPLOAD_PATHS = ("/api/v1/attachments/create/", "/attachments/new/")
 
 
-def _too_large(limit_mb: int) -> str:
+def _limit_mb(path: str) -> tuple[int, str]:
+    """The body limit of a path, in MiB, and the setting that sets it."""
+    if path in ATTACHMENT_UPLOAD_PATHS:
+        return settings.ARTWEB_ATTACHMENT_MAX_MB + 1, "ARTWEB_ATTACHMENT_MAX_MB"
+    return settings.ARTWEB_MAX_REQUEST_MB, "ARTWEB_MAX_REQUEST_MB"
+
+
+def _too_large(limit_mb: int, setting: str = "ARTWEB_MAX_REQUEST_MB") -> str:
     return (
-        f"The request body is larger than {limit_mb} MiB, the limit set by ARTWEB_MAX_REQUEST_MB. "
+        f"The request body is larger than {limit_mb} MiB, the limit set by {setting}. "
         "Send less, or ask the operator to raise the limit."
     )
 
@@ -29,11 +40,11 @@ class RequestSizeLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit_mb = settings.ARTWEB_MAX_REQUEST_MB  # read per request, so tests can override it
+        limit_mb, setting = _limit_mb(scope.get("path", ""))  # read per request, so tests can override it
         limit = limit_mb * MIB
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-            return await self._refuse(scope, send, limit_mb)
+            return await self._refuse(scope, send, limit_mb, setting)
 
         received = 0
         over = False
@@ -60,11 +71,11 @@ class RequestSizeLimit:
 
         await self.app(scope, limited_receive, tracked_send)
         if over and not started:
-            await self._refuse(scope, send, limit_mb)
+            await self._refuse(scope, send, limit_mb, setting)
 
     @staticmethod
-    async def _refuse(scope, send, limit_mb: int) -> None:
-        message = _too_large(limit_mb)
+    async def _refuse(scope, send, limit_mb: int, setting: str) -> None:
+        message = _too_large(limit_mb, setting)
         if scope.get("path", "").startswith("/api/"):
             body = json.dumps({"message": message, "field_errors": {}}).encode()
             content_type = b"application/json"

@@ -167,6 +167,9 @@ ARTWEB_MAX_REQUEST_MB = env.int("ARTWEB_MAX_REQUEST_MB", default=32)
 # The zip itself also has to fit in a request (ARTWEB_MAX_REQUEST_MB).
 ARTWEB_BUNDLE_MAX_MB = env.int("ARTWEB_BUNDLE_MAX_MB", default=50)
 ARTWEB_BUNDLE_MAX_FILES = env.int("ARTWEB_BUNDLE_MAX_FILES", default=500)
+# Data attachments (rollouts.sandbox.attachments): the largest file, in MiB. Their upload routes take request bodies
+# up to this (artweb.request_size), every other route keeps ARTWEB_MAX_REQUEST_MB.
+ARTWEB_ATTACHMENT_MAX_MB = env.int("ARTWEB_ATTACHMENT_MAX_MB", default=2048)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     # Production serves the collectstatic output (the launcher and the Docker image run it), compressed
@@ -350,6 +353,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 ARTWEB_QUOTA_TRAJECTORY_MB = env.int("ARTWEB_QUOTA_TRAJECTORY_MB", default=10240)  # stored trajectories, MB
 ARTWEB_QUOTA_CONCURRENT_RUNS = env.int("ARTWEB_QUOTA_CONCURRENT_RUNS", default=8)  # runs queued or running
 ARTWEB_QUOTA_STEPS_PER_DAY = env.int("ARTWEB_QUOTA_STEPS_PER_DAY", default=5000)  # training steps in 24 hours
+ARTWEB_QUOTA_ATTACHMENT_MB = env.int("ARTWEB_QUOTA_ATTACHMENT_MB", default=10240)  # data attachments, MB
 
 # The egress guard (rollouts.sandbox.egress) for every connection made on a user's behalf: export targets
 # and their test events, judge endpoints, the jail's HTTPS tunnels. Loopback, private, link-local and other
@@ -363,3 +367,10 @@ try:
     )
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from exc
+
+# Who may give runs named hosts (training.services.tools): a run's agent reaching HTTPS hosts of its own
+# choice through the jail's tunnel. off: nobody; staff; permitted: staff and the users and groups granted
+# "Can let runs reach named hosts" (training.use_named_hosts) in the admin; all: every user.
+ARTWEB_NAMED_HOSTS = env.str("ARTWEB_NAMED_HOSTS", default="off").strip().lower()
+if ARTWEB_NAMED_HOSTS not in ("off", "staff", "permitted", "all"):
+    raise ImproperlyConfigured(f"ARTWEB_NAMED_HOSTS={ARTWEB_NAMED_HOSTS!r}: use off, staff, permitted or all.")

@@ -2,6 +2,7 @@ from django.contrib import admin
 
 from artweb.visibility import VisibleAdminMixin
 from rollouts.models import (
+    DataAttachment,
     RewardFunction,
     RewardFunctionVersion,
     RolloutScript,
@@ -44,3 +45,19 @@ class RewardFunctionAdmin(VisibleAdminMixin, admin.ModelAdmin):
 class ScenarioSetAdmin(VisibleAdminMixin, admin.ModelAdmin):
     list_display = ("name", "owner", "train_count", "validation_count", "created_at")
     search_fields = ("name",)
+
+
+@admin.register(DataAttachment)
+class DataAttachmentAdmin(VisibleAdminMixin, admin.ModelAdmin):
+    """Read-only here: an upload goes through its service (stored by hash, counted against the quota), and a
+    delete through the Attachments page or the API, which refuse while a run needs it."""
+
+    list_display = ("name", "owner", "size", "sha256", "created_at")
+    search_fields = ("name", "owner__username", "sha256")
+    readonly_fields = ("owner", "name", "description", "sha256", "size", "created_at")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from rollouts.apis import code, scenarios
+from rollouts.apis import attachments, code, scenarios
 
 urlpatterns = [
     path("scripts/", code.ScriptListApi.as_view(), name="api-scripts"),
@@ -35,6 +35,14 @@ urlpatterns = [
         "rewards/<int:reward_id>/versions/<int:number>/",
         code.RewardVersionDetailApi.as_view(),
         name="api-reward-version",
+    ),
+    path("attachments/", attachments.AttachmentListApi.as_view(), name="api-attachments"),
+    path("attachments/create/", attachments.AttachmentCreateApi.as_view(), name="api-attachment-create"),
+    path("attachments/<int:attachment_id>/", attachments.AttachmentDetailApi.as_view(), name="api-attachment"),
+    path(
+        "attachments/<int:attachment_id>/delete/",
+        attachments.AttachmentDeleteApi.as_view(),
+        name="api-attachment-delete",
     ),
     path("scenario-sets/", scenarios.ScenarioSetListApi.as_view(), name="api-scenario-sets"),
     path("scenario-sets/create/", scenarios.ScenarioSetCreateApi.as_view(), name="api-scenario-set-create"),

@@ -1,4 +1,4 @@
-"""Upload forms for scripts, reward functions and scenario sets.
+"""Upload forms for scripts, reward functions, scenario sets and data attachments.
 
 They only gather the upload (a file or pasted text); the services validate it and their errors are
 shown inline under the field they name.
@@ -7,6 +7,8 @@ shown inline under the field they name.
 from __future__ import annotations
 
 from django import forms
+
+from rollouts.sandbox.attachments import NAME_HELP
 
 MAX_CODE_BYTES = 1024 * 1024
 
@@ -105,3 +107,13 @@ class ScenarioSetForm(forms.Form):
         else:
             self.add_error("file", "Choose a JSONL file or paste the scenarios.")
         return data
+
+
+class AttachmentForm(forms.Form):
+    file = forms.FileField(help_text="Any file your rollouts read: a SQLite database, JSON, parquet …")
+    name = forms.CharField(
+        max_length=100,
+        required=False,
+        help_text=f"Its name in the sandbox, /data/<name>; left empty, the file's own. {NAME_HELP}.",
+    )
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))

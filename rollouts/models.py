@@ -1,4 +1,4 @@
-"""Rollout scripts, reward functions and scenario sets: what a run executes and trains on.
+"""Rollout scripts, reward functions, scenario sets and data attachments: what a run executes and trains on.
 
 Scripts and reward functions are named assets with immutable, content-addressed versions: a run pins
 a version, so editing an asset never changes what a finished run executed.
@@ -126,3 +126,25 @@ class Scenario(models.Model):
 
     def __str__(self):
         return f"{self.scenario_set} #{self.index} ({self.split})"
+
+
+class DataAttachment(models.Model):
+    """A file a run's rollouts read at /data/<name> in the jail (a SQLite database, JSON, parquet). Immutable:
+    a run names it, so the name keeps its content until it is deleted; another content needs another name.
+
+    The bytes are stored once per content hash (rollouts.selectors.attachment_dir), however many people
+    upload them; each row counts its size against its owner's quota."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100, help_text="The file's name in the jail: /data/<name>.")
+    description = models.TextField(blank=True)
+    sha256 = models.CharField(max_length=64, db_index=True)
+    size = models.PositiveBigIntegerField(help_text="Bytes.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="uniq_attachment_owner_name")]
+
+    def __str__(self):
+        return self.name

@@ -9,8 +9,10 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
-from artweb.visibility import visible
+from artweb.errors import ApplicationError
+from artweb.visibility import own, visible
 from rollouts.models import (
+    DataAttachment,
     RewardFunction,
     RewardFunctionVersion,
     RolloutScript,
@@ -18,6 +20,7 @@ from rollouts.models import (
     Scenario,
     ScenarioSet,
 )
+from rollouts.sandbox.attachments import attachment_path
 from rollouts.sandbox.bundles import ROLLOUT, BundleError, BundleLimits, bundle_read
 
 
@@ -142,3 +145,48 @@ def script_version_list(*, user) -> QuerySet[RolloutScriptVersion]:
 def reward_version_list(*, user) -> QuerySet[RewardFunctionVersion]:
     qs = RewardFunctionVersion.objects.select_related("asset").order_by("asset__name", "-number")
     return visible(qs, user, owner_field="asset__owner")
+
+
+# --- data attachments --------------------------------------------------------------------------
+
+
+def attachment_dir() -> Path:
+    """Where stored attachments live: one file per content hash, written once, never changed."""
+    return settings.DATA_DIR / "attachments"
+
+
+def attachment_max_bytes() -> int:
+    """The largest attachment accepted (ARTWEB_ATTACHMENT_MAX_MB)."""
+    return settings.ARTWEB_ATTACHMENT_MAX_MB << 20
+
+
+def attachment_list(*, user) -> QuerySet[DataAttachment]:
+    return _visible(DataAttachment, user)
+
+
+def attachment_get(*, user, attachment_id: int) -> DataAttachment:
+    return get_object_or_404(_visible(DataAttachment, user), id=attachment_id)
+
+
+def attachment_own_list(*, user) -> QuerySet[DataAttachment]:
+    """The attachments the user's runs may name: their own, staff included (see attachments_resolve)."""
+    return own(DataAttachment.objects.all(), user)
+
+
+def attachment_file(attachment: DataAttachment) -> Path:
+    return attachment_path(attachment_dir(), attachment.sha256)
+
+
+def attachments_resolve(*, owner, names: list[str]) -> dict[str, Path]:
+    """name -> stored file of each of `owner`'s attachments a run names. A run names its owner's own
+    attachments only (staff included: a name means one of yours, artweb.visibility's `own`); a name with
+    no such attachment is refused, naming it."""
+    found = {a.name: a for a in own(DataAttachment.objects.filter(name__in=names), owner)}
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise ApplicationError(
+            f"You have no data attachment named {missing[0]!r}. Upload it (Attachments page, the API or "
+            "`artweb upload attachment`) or remove it from the run's attachments.",
+            field_errors={"attachments": [f"{name}: no such attachment of yours" for name in missing]},
+        )
+    return {name: attachment_file(found[name]) for name in names}

@@ -1,4 +1,4 @@
-"""Pages for rollout scripts, reward functions and scenario sets.
+"""Pages for rollout scripts, reward functions, scenario sets and data attachments.
 
 Scripts and reward functions are the same kind of thing to a person (named code with versions), so
 one set of views serves both, told apart by the ASSETS entry the URL names.
@@ -18,8 +18,9 @@ from django.views.decorators.http import require_POST
 from artweb.errors import ApplicationError
 from artweb.pages import apply_service_errors, panels_render
 from artweb.presenters import code_diff_table, code_with_errors
-from rollouts import selectors, services
-from rollouts.forms import CodeAssetForm, CodeVersionForm, ScenarioSetForm
+from rollouts import attachments, selectors, services
+from rollouts.forms import AttachmentForm, CodeAssetForm, CodeVersionForm, ScenarioSetForm
+from rollouts.sandbox.attachments import DATA_INSIDE
 
 
 @dataclass(frozen=True)
@@ -235,3 +236,61 @@ def scenario_set_detail_view(request, scenario_set_id: int):
             "panels": panels_render("scenario-set-detail", request, initial={"scenario_set": scenario_set.id}),
         },
     )
+
+
+# --- data attachments -------------------------------------------------------------------------------
+
+
+def _attachment_page(request, form: AttachmentForm):
+    return render(
+        request,
+        "rollouts/attachment_list.html",
+        {
+            "nav": "attachments",
+            "form": form,
+            "attachments": selectors.attachment_list(user=request.user).select_related("owner"),
+            "data_inside": DATA_INSIDE,
+            "max_bytes": selectors.attachment_max_bytes(),
+        },
+    )
+
+
+@login_required
+def attachment_list_view(request):
+    return _attachment_page(request, AttachmentForm())
+
+
+@login_required
+@require_POST
+def attachment_create_view(request):
+    form = AttachmentForm(request.POST, request.FILES)
+    if form.is_valid():
+        d = form.cleaned_data
+        try:
+            attachment, created = attachments.attachment_create(
+                owner=request.user,
+                source=d["file"],
+                name=d["name"] or d["file"].name,
+                size=d["file"].size,
+                description=d["description"],
+            )
+        except ApplicationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            said = "uploaded" if created else "was already uploaded with this content"
+            messages.success(request, f"{attachment.name} {said}: runs read it at {DATA_INSIDE}/{attachment.name}.")
+            return redirect("attachment-list")
+    return _attachment_page(request, form)
+
+
+@login_required
+@require_POST
+def attachment_delete_view(request, attachment_id: int):
+    attachment = selectors.attachment_get(user=request.user, attachment_id=attachment_id)
+    try:
+        attachments.attachment_delete(attachment=attachment, actor=request.user)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"{attachment.name} deleted.")
+    return redirect("attachment-list")

@@ -422,11 +422,30 @@ class QuotaAdmin(admin.ModelAdmin):
     row's, else the most generous of their groups' rows', else the deployment's default (ARTWEB_QUOTA_*);
     an empty field is not set by the row, 0 is no limit. A user's row shows what they use now."""
 
-    list_display = ("holder", "trajectory_mb", "concurrent_runs", "steps_per_day", "usage", "note", "updated_at")
+    list_display = (
+        "holder",
+        "trajectory_mb",
+        "concurrent_runs",
+        "steps_per_day",
+        "attachment_mb",
+        "usage",
+        "note",
+        "updated_at",
+    )
     list_select_related = ("user", "group")
     search_fields = ("user__username", "group__name", "note")
     autocomplete_fields = ("user", "group")
-    fields = ("user", "group", "trajectory_mb", "concurrent_runs", "steps_per_day", "note", "effective", "updated_at")
+    fields = (
+        "user",
+        "group",
+        "trajectory_mb",
+        "concurrent_runs",
+        "steps_per_day",
+        "attachment_mb",
+        "note",
+        "effective",
+        "updated_at",
+    )
     readonly_fields = ("effective", "updated_at")
 
     @admin.display(description="user or group")

@@ -13,6 +13,7 @@ from training.apis import (
     judges,
     quotas,
     runs,
+    secrets,
     tokens,
     trajectories,
 )
@@ -71,6 +72,9 @@ urlpatterns = [
     path("judges/<int:endpoint_id>/", judges.JudgeEndpointDetailApi.as_view(), name="api-judge"),
     path("judges/<int:endpoint_id>/update/", judges.JudgeEndpointUpdateApi.as_view(), name="api-judge-update"),
     path("judges/<int:endpoint_id>/delete/", judges.JudgeEndpointDeleteApi.as_view(), name="api-judge-delete"),
+    path("secrets/", secrets.SecretListApi.as_view(), name="api-secrets"),
+    path("secrets/set/", secrets.SecretSetApi.as_view(), name="api-secret-set"),
+    path("secrets/<int:secret_id>/delete/", secrets.SecretDeleteApi.as_view(), name="api-secret-delete"),
     path("export-targets/", exports.ExportTargetListApi.as_view(), name="api-export-targets"),
     path("export-targets/kinds/", exports.ExportTargetKindListApi.as_view(), name="api-export-target-kinds"),
     path("export-targets/create/", exports.ExportTargetCreateApi.as_view(), name="api-export-target-create"),

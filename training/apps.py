@@ -19,3 +19,7 @@ class TrainingConfig(AppConfig):
 
         for kind in (RUN_JOBS, DRY_RUN_JOBS, RESCORE_JOBS):
             job_kind_register(kind)
+        # The attachment quota and the runs that still need an attachment, for rollouts' attachment services.
+        from training.services.attachments import attachment_rules_install
+
+        attachment_rules_install()

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from artweb.api import MAX_INT
 from artweb.errors import ApplicationError
+from rollouts.sandbox.attachments import attachment_name_problem
+from rollouts.sandbox.tools import MAX_HOSTS, host_entry_check, secret_name_problem
 from training.engine.config import ConfigError, TrainConfig
 
 
@@ -82,6 +84,9 @@ class AlertRules(BaseModel):
     pause_on_alert: bool = Field(False, description="Pause the run when an alert fires (resume from its page).")
 
 
+MAX_ATTACHMENTS = 20  # data attachments one run may name
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -125,15 +130,42 @@ class RunConfig(BaseModel):
         "serves several adapters at once (vLLM's runtime LoRA adapters, the GPU default); elsewhere steps "
         "run in order and the run's log says so.",
     )
+    attachments: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_ATTACHMENTS,
+        description="Names of your data attachments the rollouts read, each at /data/<name> in the sandbox, read-only.",
+    )
     seed: int = Field(0, ge=0, le=MAX_INT, description="Seed for scenario sampling and training.")
     keep_last_checkpoints: int = Field(2, ge=1, le=1000, description="Retention: newest checkpoints kept.")
     keep_best_checkpoints: int = Field(1, ge=0, le=1000, description="Retention: best by validation reward kept.")
     alerts: AlertRules = Field(default_factory=AlertRules, description="When the run warns (see AlertRules).")
+    hosts: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_HOSTS,
+        description="Named hosts: HTTPS hosts the agent may reach (host or host:port, port 443 by default), e.g. a "
+        "search API or an MCP server, through the worker's proxy (public addresses only). Only where the operator "
+        "lets you (ARTWEB_NAMED_HOSTS).",
+    )
+    secrets: list[str] = Field(
+        default_factory=list,
+        max_length=50,
+        description="Names of your secrets (the Secrets page) given to the run's code as environment variables.",
+    )
     train: dict[str, Any] = Field(
         default_factory=dict,
         validate_default=True,
         description="Engine TrainConfig (learning rate, LoRA, loss…); defaults filled in.",
     )
+
+    @field_validator("attachments")
+    @classmethod
+    def _check_attachments(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if problem := attachment_name_problem(name):
+                raise ValueError(problem)
+        if len(set(value)) != len(value):
+            raise ValueError("an attachment is named twice; list each once")
+        return value
 
     @field_validator("ruler_judge")
     @classmethod
@@ -145,6 +177,33 @@ class RunConfig(BaseModel):
                 "model:<registered model name> or endpoint:<your judge endpoint's name>"
             )
         return value
+
+    @field_validator("hosts", "secrets", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        """A comma-separated string (the launch form's) as a list."""
+        return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+
+    @field_validator("hosts")
+    @classmethod
+    def _check_hosts(cls, value: list[str]) -> list[str]:
+        checked, problems = [], []
+        for entry in value:
+            try:
+                checked.append(host_entry_check(entry, settings.ARTWEB_EGRESS))
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return list(dict.fromkeys(checked))
+
+    @field_validator("secrets")
+    @classmethod
+    def _check_secrets(cls, value: list[str]) -> list[str]:
+        problems = [p for name in value if (p := secret_name_problem(name)) is not None]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return list(dict.fromkeys(value))
 
     @field_validator("train")
     @classmethod

@@ -12,6 +12,7 @@ from dataclasses import fields as dataclass_fields
 from typing import ClassVar, get_origin
 
 from django import forms
+from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 from pydantic import BaseModel as PydanticModel
 
@@ -249,7 +250,7 @@ class RunLaunchForm(forms.Form):
     # Service error keys → form field names.
     ERROR_ALIASES: ClassVar[dict[str, str]] = {"config": "train"}
 
-    def __init__(self, *args, base_models, script_versions, reward_versions, scenario_sets, **kwargs):
+    def __init__(self, *args, base_models, script_versions, reward_versions, scenario_sets, attachments=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["base_model"].queryset = base_models
         self.fields["script_version"].queryset = script_versions
@@ -262,6 +263,14 @@ class RunLaunchForm(forms.Form):
         )
         for name, info in RunConfig.model_fields.items():
             self.fields[name] = config_form_field(name, info)
+        # The person's own data attachments, ticked by name (attachments: their rows).
+        self.fields["attachments"] = forms.MultipleChoiceField(
+            required=False,
+            choices=[(a.name, f"{a.name} ({filesizeformat(a.size)})") for a in attachments],
+            widget=forms.CheckboxSelectMultiple,
+            label="Data attachments",
+            help_text=RunConfig.model_fields["attachments"].description + " Upload them on the Attachments page.",
+        )
 
     def clean_tags(self) -> list[str]:
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
@@ -300,7 +309,7 @@ class RunLaunchForm(forms.Form):
         return self._json_object("alerts", '{"no_signal_steps": 5}')
 
     def config_fields(self):
-        return [self[name] for name in CONFIG_FIELDS if name != "train"]
+        return [self[name] for name in CONFIG_FIELDS if name not in ("train", "attachments")]  # shown apart
 
     def config(self) -> dict:
         """The run config as entered; blank fields are left out so the schema's defaults apply."""

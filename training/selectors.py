@@ -20,6 +20,7 @@ from rest_framework.authtoken.models import Token
 from tsdownsample import MinMaxDownsampler
 
 from artweb.visibility import own, visible
+from rollouts.models import DataAttachment
 from training.charts import DEFAULT_SERIES, POINT_DIGITS
 from training.models import (
     Checkpoint,
@@ -397,7 +398,7 @@ QUOTA_WINDOW = timedelta(hours=24)  # "a day" of the steps-a-day quota: any 24 h
 class QuotaLine:
     """One quota of a user: what they use against what they may (limit None: no limit)."""
 
-    key: str  # "trajectory_bytes", "concurrent_runs" or "steps_per_day"
+    key: str  # "trajectory_bytes", "concurrent_runs", "steps_per_day" or "attachment_bytes"
     label: str  # what people read
     used: int
     limit: int | None
@@ -410,7 +411,7 @@ class QuotaLine:
     def show(self, n: int | None) -> str:
         if n is None:
             return "no limit"
-        return filesizeformat(n) if self.key == "trajectory_bytes" else f"{n:,}"
+        return filesizeformat(n) if self.key.endswith("_bytes") else f"{n:,}"
 
     @property
     def used_text(self) -> str:
@@ -426,6 +427,7 @@ QUOTA_FIELDS = {
     "trajectory_mb": ("trajectory_bytes", "Stored trajectories", "ARTWEB_QUOTA_TRAJECTORY_MB", 1 << 20),
     "concurrent_runs": ("concurrent_runs", "Runs queued or running", "ARTWEB_QUOTA_CONCURRENT_RUNS", 1),
     "steps_per_day": ("steps_per_day", "Training steps in the last 24 hours", "ARTWEB_QUOTA_STEPS_PER_DAY", 1),
+    "attachment_mb": ("attachment_bytes", "Data attachments", "ARTWEB_QUOTA_ATTACHMENT_MB", 1 << 20),
 }
 
 
@@ -458,7 +460,7 @@ def _total(qs: QuerySet, function: str, field: str) -> Coalesce:
 
 def quota_usage(*, user) -> dict[str, int]:
     """What the user's own runs use now: stored trajectory bytes, runs queued or running, and training
-    steps committed in the last QUOTA_WINDOW. One query."""
+    steps committed in the last QUOTA_WINDOW; and the bytes of their data attachments. One query."""
     since = timezone.now() - QUOTA_WINDOW
     runs = Run.objects.filter(owner=user)
     # A run that finished before the window has no step in it: only the others' steps are looked at.
@@ -470,6 +472,8 @@ def quota_usage(*, user) -> dict[str, int]:
             trajectory_bytes=_total(runs, "SUM", "trajectory_bytes"),
             concurrent_runs=_total(runs.filter(status__in=Run.ACTIVE_STATUSES), "COUNT", "id"),
             steps_per_day=_total(Step.objects.filter(run__in=recent, created_at__gte=since), "COUNT", "id"),
+            # Each of the user's attachments in full, even where another row holds the same stored bytes.
+            attachment_bytes=_total(DataAttachment.objects.filter(owner=user), "SUM", "size"),
         )
         .get()
     )

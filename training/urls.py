@@ -2,7 +2,7 @@
 
 from django.urls import include, path
 
-from training.views import compare, dry_runs, exports, models, plotly, runs, trajectories
+from training.views import compare, dry_runs, exports, models, plotly, runs, secrets, trajectories
 
 urlpatterns = [
     path("", runs.run_list_view, name="run-list"),
@@ -22,6 +22,8 @@ urlpatterns = [
     path("models/", models.model_list_view, name="model-list"),
     path("models/judges/", models.judge_create_view, name="judge-create"),
     path("models/judges/<int:endpoint_id>/delete/", models.judge_delete_view, name="judge-delete"),
+    path("secrets/", secrets.secret_list_view, name="secret-list"),
+    path("secrets/<int:secret_id>/delete/", secrets.secret_delete_view, name="secret-delete"),
     path("exports/", exports.export_list_view, name="export-list"),
     path("exports/new/<slug:kind>/", exports.export_create_view, name="export-new"),
     path("exports/<int:target_id>/", exports.export_detail_view, name="export-detail"),

@@ -56,7 +56,7 @@ def quota(ctx, as_json):
     def amount(key: str, n: int | None) -> str:
         if n is None:
             return "no limit"
-        return f"{n / (1 << 20):,.1f} MB" if key == "trajectory_bytes" else f"{n:,}"
+        return f"{n / (1 << 20):,.1f} MB" if key.endswith("_bytes") else f"{n:,}"
 
     table = Table("quota", "used", "limit", "set by")
     for line in lines:
@@ -100,7 +100,7 @@ def models_register(ctx, name, source):
 
 @cli.group()
 def upload():
-    """Upload a rollout script, a reward function or a scenario file."""
+    """Upload a rollout script, a reward function, a scenario file or a data attachment."""
 
 
 def _read(path: str) -> bytes:
@@ -160,6 +160,53 @@ def upload_scenarios(ctx, file, name, validation_fraction):
         click.echo(
             f"scenario set {s['id']} {s['name']!r}: {s['train_count']} train, {s['validation_count']} validation"
         )
+
+
+@upload.command("attachment")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--name", default=None, help="Its name in the sandbox, /data/<name> (default: the file's name).")
+@click.option("--description", default="")
+@click.pass_context
+def upload_attachment(ctx, file, name, description):
+    """Upload a data attachment (a SQLite database, JSON, parquet …), streamed from disk; runs that list it
+    read it at /data/<name>. Uploading the same file under the same name again changes nothing."""
+    with client_from(ctx) as api:
+        a = api.attachment_upload(file, name=name, description=description)
+        click.echo(f"attachment {a['id']} {a['name']!r}: {a['size']:,} bytes at {a['path']} ({a['sha256'][:12]})")
+
+
+@cli.group()
+def attachments():
+    """List and delete data attachments."""
+
+
+@attachments.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def attachments_list(ctx, as_json):
+    """Your data attachments: name, size and where runs read them."""
+    with client_from(ctx) as api:
+        rows = api.attachments()
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "name", "size", "path", "sha256")
+    for a in rows:
+        table.add_row(str(a["id"]), a["name"], f"{a['size']:,}", a["path"], a["sha256"][:12])
+    console.print(table)
+
+
+@attachments.command("delete")
+@click.argument("name")
+@click.pass_context
+def attachments_delete(ctx, name):
+    """Delete your attachment NAME (refused while a run that is not finished uses it)."""
+    with client_from(ctx) as api:
+        found = [a for a in api.attachments() if a["name"] == name]
+        if not found:
+            raise click.ClickException(f"You have no attachment named {name!r} (see `artweb attachments list`).")
+        api.attachment_delete(found[0]["id"])
+    click.echo(f"attachment {name!r} deleted")
 
 
 @cli.command("validate")

@@ -1,4 +1,4 @@
-"""Tokens, base models, uploaded code, scenario sets, dry runs and checkpoints."""
+"""Tokens, base models, uploaded code, scenario sets, data attachments, dry runs and checkpoints."""
 
 from __future__ import annotations
 
@@ -124,6 +124,28 @@ class ResourcesApi(Session):
 
     def scenarios(self, scenario_set_id: int, *, split: str | None = None) -> list[dict]:
         return list(self._pages(f"/scenario-sets/{scenario_set_id}/scenarios/", split=split))
+
+    # --- data attachments -------------------------------------------------------------------------
+
+    def attachment_upload(self, path: str | Path, *, name: str | None = None, description: str = "") -> dict:
+        """Upload a file as a data attachment (runs read it at /data/<name>), streamed from disk; name: the
+        file's own when None. The same file under the same name again returns the attachment already there."""
+        path = Path(path)
+        with open(path, "rb") as f:
+            # No timeout: a file of gigabytes takes its time to send, and the server hashes it before answering.
+            return self._post(
+                "/attachments/create/",
+                data={"name": name or path.name, "description": description},
+                files={"file": (path.name, f, "application/octet-stream")},
+                timeout=None,
+            )
+
+    def attachments(self) -> list[dict]:
+        return list(self._pages("/attachments/"))
+
+    def attachment_delete(self, attachment_id: int) -> None:
+        """Delete an attachment (refused while a run that is not finished uses it)."""
+        self._post(f"/attachments/{attachment_id}/delete/")
 
     # --- dry runs ---------------------------------------------------------------------------------
 

@@ -18,7 +18,11 @@ TOOLS = [
             "description": "Look up the capital city of a country.",
             "parameters": {
                 "type": "object",
-                "properties": {"country": {"type": "string", "description": "The country's name in English."}},
+                # maxLength: the server constrains a forced call's arguments to this schema, and a name left
+                # open-ended could run on to max_tokens (a call cut off is no call at all).
+                "properties": {
+                    "country": {"type": "string", "description": "The country's name in English.", "maxLength": 40}
+                },
                 "required": ["country"],
             },
         },
@@ -38,7 +42,10 @@ async def rollout(model: art.Model, scenario) -> art.Trajectory:
     client = model.openai_client()
     trajectory = art.Trajectory(
         messages_and_choices=[
-            {"role": "system", "content": "Use the lookup_capital tool, then answer with the city's name."},
+            {
+                "role": "system",
+                "content": "Call lookup_capital with the country's name, then reply with only the capital's name.",
+            },
             {"role": "user", "content": f"What is the capital of {scenario.country}?"},
         ],
         tools=TOOLS,

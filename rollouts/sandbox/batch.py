@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rollouts.sandbox.attachments import DATA_INSIDE, attachment_name_problem
 from rollouts.sandbox.bundles import ROLLOUT, Bundle, BundleLimits, bundle_read, bundle_write
 from rollouts.sandbox.jail import JailConfig, JailLimits
 from rollouts.sandbox.mounts import GUEST_DIR
@@ -105,10 +106,21 @@ class BatchShape:
     python: str  # the sandbox interpreter
     limits: SandboxLimits
     cpu_seconds: int  # CPU time per process (RLIMIT_CPU, set when it starts)
+    # (name, host file) of each data attachment, bound when the jail is built at DATA_INSIDE/<name>: a run's
+    # own files, the same for each of its batches (rollouts.sandbox.attachments).
+    attachments: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, request: RolloutRequest | ScoreRequest, sandboxes: int, cpu_seconds: int) -> BatchShape:
-        return cls(sandboxes, request.jail, request.python or sys.executable, request.limits, cpu_seconds)
+        attachments = tuple(sorted((name, str(path)) for name, path in getattr(request, "attachments", {}).items()))
+        for name, _ in attachments:
+            if problem := attachment_name_problem(name):
+                raise ValueError(problem)
+        return cls(sandboxes, request.jail, request.python or sys.executable, request.limits, cpu_seconds, attachments)
+
+    def attachment_files(self) -> dict[str, str]:
+        """Host file -> its path in the jail."""
+        return {host: f"{DATA_INSIDE}/{name}" for name, host in self.attachments}
 
     def jail_limits(self) -> JailLimits:
         return JailLimits(
@@ -139,6 +151,17 @@ class BatchFiles:
 
     def box(self, k: int) -> Path:
         return self.shared / f"sandbox-{k}"
+
+    @property
+    def attachments_dir(self) -> Path:
+        """Without the jail (the development opt-out): where the batch's attachments are linked by name."""
+        return self.root / "data"
+
+    def link_attachments(self, attachments: tuple[tuple[str, str], ...]) -> None:
+        """The development opt-out's DATA_INSIDE: links to the files, as the worker's own user may read them."""
+        self.attachments_dir.mkdir(mode=0o700)
+        for name, host in attachments:
+            (self.attachments_dir / name).symlink_to(host)
 
     def write(
         self, k: int, request: RolloutRequest, groups: list[int], reward_kind: str | None, *, concurrency: int

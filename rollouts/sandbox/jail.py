@@ -26,7 +26,8 @@ cgroup is then swept and removed, and the uid given back.
 
 What the jail's /proc/self/mountinfo shows of the host: /usr and the base interpreter's directory
 (bound where they are: a virtualenv's pyvenv.cfg and symlinks name it) and the batch's work directory
-(a random name under the worker's TMPDIR). Everything bound at a path of the jail's own (the
+(a random name under the worker's TMPDIR), and each of the run's data attachments (its stored file, bound
+on its own: rollouts.sandbox.attachments). Everything bound at a path of the jail's own (the
 virtualenv, the SDK) is mounted through a read-only overlay of a staging name, so neither its host path
 nor its filesystem's layout shows; the data dir and the project checkout are never mounted.
 """
@@ -60,6 +61,7 @@ from rollouts.sandbox.mounts import (
     interpreter,
     jail_sources,
     stage,
+    stage_files,
     system_mounts,
 )
 from rollouts.sandbox.uid_lease import DEFAULT_LOCK_DIR, DEFAULT_UIDS, uid_lease, uid_range
@@ -231,8 +233,10 @@ class Jail:
         fallbacks_dir: Path,
         python: str,
         limits: JailLimits,
+        files: dict[str, str] | None = None,
     ) -> None:
-        """root: the batch's directory (mode 0711); each sandbox's files are in root/shared/<name>.
+        """root: the batch's directory (mode 0711); each sandbox's files are in root/shared/<name>. files:
+        host file -> its path in the jail, each bound on its own, read-only (a run's data attachments).
 
         Raises JailUnavailable when the jail cannot be built here or no sandbox uid is free."""
         jail_check(config, python)
@@ -241,6 +245,7 @@ class Jail:
         self.socket_dir = socket_dir
         self.python = interpreter(python).python  # the interpreter's path inside the jail
         self.staged = stage(root / "stage", jail_sources(python, guest_dir, fallbacks_dir))
+        self.files = stage_files(root / "stage-files", files or {})
         self.etc = etc_files(root / "shared")
         self._lease = uid_lease(config.uids, config.uid_locks)
         self.uid = self._lease.uid  # the batch's own, outside its user namespace
@@ -264,6 +269,7 @@ class Jail:
             str(self.socket_dir),
             SOCKET_DIR,
             *self.etc,
+            *[arg for _, staging, inside in self.files for arg in ("--ro-bind", staging, inside)],
             "--proc",
             "/proc",
             "--dev",
@@ -297,6 +303,7 @@ class Jail:
             file_mb=file_mb,
             address_space_mb=self.limits.memory_mb,
             nice=nice,
+            files=self.files,
         )
 
     def renice(self, nice: int = 0) -> None:

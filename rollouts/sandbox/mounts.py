@@ -111,7 +111,7 @@ def etc_files(batch_dir: Path) -> list[str]:
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may be loaded between fork and exec
 _CLONE_NEWNS = 0x00020000
-_MS_RDONLY, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x1000, 0x4000, 0x40000
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x1, 0x20, 0x1000, 0x4000, 0x40000
 
 
 def jail_sources(python: str, guest_dir: Path, fallbacks_dir: Path) -> dict[str, str]:
@@ -148,6 +148,23 @@ def stage(stage_dir: Path, sources: dict[str, str]) -> list[tuple[str, str, str]
     return staged
 
 
+def stage_files(stage_dir: Path, files: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(host file, staging file, jail path) for each file the jail sees on its own (a run's attachments).
+
+    As for stage(): the child binds each host file, as root, on an empty staging file the sandbox uid can
+    reach, and bwrap binds that read-only at its jail path. A file cannot be overlaid, so the jail's
+    mountinfo names the host file's path inside its filesystem."""
+    staged = []
+    if files:
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        stage_dir.chmod(0o755)
+    for i, (host, inside) in enumerate(files.items()):
+        f = stage_dir / f"file-{i}"
+        f.touch(mode=0o444)
+        staged.append((host, str(f), inside))
+    return staged
+
+
 def child_setup(
     *,
     staged: list[tuple[str, str, str]],
@@ -157,10 +174,11 @@ def child_setup(
     file_mb: int,
     address_space_mb: int | None = None,
     nice: int = 0,
+    files: list[tuple[str, str, str]] = (),
 ) -> Callable[[], None]:
     """What the child does between fork and exec, as root: join the batch's cgroups, set rlimits and the
     CPU priority (`nice` > 0: that nice value under the idle scheduling class, see Jail.preexec), stage
-    the sources (see stage), then become the sandbox uid for good.
+    the sources (see stage) and the files (see stage_files), then become the sandbox uid for good.
 
     Only raw system calls here (open/write, setrlimit, unshare/mount through libc, set*id): no imports
     or locks that another thread of the worker could hold at fork time.
@@ -172,6 +190,7 @@ def child_setup(
         else:
             empty = str(Path(staging).parent / "empty")
             mounts.append((host.encode(), f"{staging}.src".encode(), f"lowerdir={staging}.src:{empty}".encode()))
+    file_mounts = [(host.encode(), staging.encode()) for host, staging, _ in files]
 
     def fail(what: str) -> None:
         err = ctypes.get_errno()
@@ -208,6 +227,13 @@ def child_setup(
                 if _LIBC.mount(b"overlay", target, b"overlay", _MS_RDONLY, overlay) != 0:
                     if _LIBC.mount(where, target, None, _MS_BIND | _MS_REC, None) != 0:
                         fail("staging a bind mount")
+        for host, where in file_mounts:
+            # Read-only already here, before bwrap's user namespace copies it: the flag is then locked there
+            # (MNT_LOCK_READONLY), so not even a process with every capability of the jail could lift it.
+            if _LIBC.mount(host, where, None, _MS_BIND, None) != 0:
+                fail("staging a file")
+            if _LIBC.mount(None, where, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY, None) != 0:
+                fail("making a staged file read-only")
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)

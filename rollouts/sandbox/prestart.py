@@ -15,8 +15,9 @@ and imports running beside an update on 2 cores made it 15-25 % slower.
 
 Isolation is that of a cold batch: a pre-started batch is a jail of its own (work root, uid, cgroup, pid,
 mount and network namespaces, scratch) built after the previous batch's jail was torn down, holds no user
-code or data until its hand-over, is handed to exactly one batch of the key (the run) it was started for,
-and is closed with that batch like any other. One that no batch takes (another shape, another worker
+code or data until its hand-over (but its run's read-only data attachments, part of the batch's shape), is
+handed to exactly one batch of the key (the run) it was started for, and is closed with that batch like any
+other. One that no batch takes (another shape, another worker
 took the run, the run ended) is killed and removed, at the latest after PRESTART_MAX_AGE_S.
 """
 
@@ -77,8 +78,11 @@ class StartedBatch:
                     fallbacks_dir=FALLBACKS_DIR,
                     python=shape.python,
                     limits=shape.jail_limits(),
+                    files=shape.attachment_files(),
                 )
                 batch.layout.hand_over(batch.jail.uid)
+            else:
+                batch.layout.link_attachments(shape.attachments)
             for k in range(shape.sandboxes):
                 batch.boxes.append((box_type or Sandbox).start(shape, batch.layout, k, batch.jail, ahead=ahead))
         except BaseException:

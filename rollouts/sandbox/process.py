@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollouts.sandbox import Cancelled
+from rollouts.sandbox.attachments import DATA_INSIDE
 from rollouts.sandbox.batch import GUEST, PASSED_ENV, BatchFiles, BatchShape, SandboxLimits
 from rollouts.sandbox.jail import Jail, guest_python_args
 from rollouts.sandbox.reader import ResultReader
 from rollouts.sandbox.seccomp import filter_fd
+from rollouts.sandbox.tools import secret_name_problem
 
 if TYPE_CHECKING:
     from rollouts.sandbox.rollouts import RolloutRequest
@@ -136,6 +138,8 @@ class Sandbox(ResultReader):
             "ARTWEB_RESULT_FD": str(write_fd),
             "ARTWEB_CONTROL_FD": str(control_read),
             "ARTWEB_WARM_UP": "1" if ahead else "0",
+            # Where the run's data attachments are (rollouts.sandbox.attachments): DATA_INSIDE in the jail.
+            "ARTWEB_ATTACHMENTS": DATA_INSIDE if jail else str(layout.attachments_dir),
             # W&B and Weave would otherwise send crash reports to an outside service.
             "WANDB_ERROR_REPORTING": "false",
         }
@@ -191,6 +195,8 @@ class Sandbox(ResultReader):
             "ARTWEB_JUDGE_MODEL": request.judge_model or "",
         }
         env.update({k: str(v) for k, v in request.env.items() if k in PASSED_ENV})
+        # The run's own secrets, by names that are never the sandbox's (checked when they were stored, and here).
+        env.update({k: v for k, v in getattr(request, "secrets", {}).items() if secret_name_problem(k) is None})
         if request.egress_hosts:
             # The guest relays a local port to this socket and names it as the HTTPS proxy (see open_egress).
             env["ARTWEB_EGRESS_SOCKET"] = (

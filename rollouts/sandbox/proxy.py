@@ -28,7 +28,7 @@ import collections
 import json
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -118,14 +118,20 @@ class InferenceProxy:
         self._call(self._open(_key(socket_path), dict(models)))
 
     def open_egress(
-        self, socket_path: str | os.PathLike, hosts: Iterable[str], policy: EgressPolicy | None = None
+        self,
+        socket_path: str | os.PathLike,
+        hosts: Iterable[str],
+        policy: EgressPolicy | None = None,
+        record: Callable[[dict], None] | None = None,
     ) -> None:
         """Serve HTTPS tunnels (HTTP CONNECT) on a new unix socket, to the given "host:port" only and only
         where the egress guard accepts them under `policy` (None: public addresses on ports 443 and 80),
-        until close(socket_path). For the tracing service a run configured itself (Weave): TLS stays end
-        to end between the user's code and that service; nothing else is reachable through it."""
+        until close(socket_path). For the tracing service a run configured itself (Weave) and the named
+        hosts its config lists: TLS stays end to end between the user's code and that service; nothing
+        else is reachable through it. `record` is called, on the proxy's thread, with each connection made
+        or refused (rollouts.sandbox.tunnel.connect_serve says what it holds)."""
         allowed = frozenset(target_key(*split_target(h)) for h in hosts)
-        self._call(self._open_egress(_key(socket_path), allowed, policy or EgressPolicy()))
+        self._call(self._open_egress(_key(socket_path), allowed, policy or EgressPolicy(), record))
 
     def close(self, socket_path: str | os.PathLike) -> None:
         """Stop listening, abort that socket's in-flight requests, remove the file; idempotent."""
@@ -244,7 +250,9 @@ class InferenceProxy:
             )
         return session
 
-    async def _open_egress(self, key: str, allowed: frozenset[str], policy: EgressPolicy) -> None:
+    async def _open_egress(
+        self, key: str, allowed: frozenset[str], policy: EgressPolicy, record: Callable[[dict], None] | None
+    ) -> None:
         if key in self._egress or key in self._sockets:
             raise RuntimeError(f"The proxy already serves {key}; close it first.")
         tasks: set[asyncio.Task] = set()
@@ -253,7 +261,7 @@ class InferenceProxy:
             task = asyncio.current_task()
             tasks.add(task)
             try:
-                await connect_serve(reader, writer, policy=policy, allowed=allowed)
+                await connect_serve(reader, writer, policy=policy, allowed=allowed, record=record)
             finally:
                 tasks.discard(task)
 

@@ -48,6 +48,7 @@ from rollouts.sandbox.prestart import StartedBatch, prestarted
 from rollouts.sandbox.process import Sandbox, pump
 from rollouts.sandbox.proxy import Upstream
 from rollouts.sandbox.records import DEADLINE_PREFIX
+from rollouts.sandbox.tools import connection_lines, scrubbed
 
 
 @dataclass
@@ -73,6 +74,11 @@ class RolloutRequest:
     egress_hosts: tuple[str, ...] = ()  # "host:port" the batch may tunnel to over HTTPS (its Weave project)
     # What the egress guard allows those tunnels beyond public addresses on ports 443 and 80 (the operator's).
     egress_policy: EgressPolicy = field(default_factory=EgressPolicy)
+    # The run's secrets, name -> value (rollouts.sandbox.tools): environment variables of this batch's processes
+    # only, scrubbed from every result. Never in repr: a request in an error or a log shows none of them.
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    # Called once the batch's tunnel is closed with its connections (rollouts.sandbox.tunnel.connect_serve).
+    on_egress: Callable[[list[dict]], None] | None = None
     # The judge for RULER: model_name or a key of extra_models. Scripts get it as art.rewards' default judge.
     judge_model: str | None = None
     ruler: bool = False  # the judge scores every group after its rollouts; its scores become the rewards
@@ -85,6 +91,9 @@ class RolloutRequest:
     # The script's stored bundle (rollouts.sandbox.bundles): its other files go beside rollout.py; None: a plain script.
     bundle: Path | None = None
     bundle_limits: BundleLimits = field(default_factory=BundleLimits)  # checked again before it is unpacked
+    # The run's data attachments, name -> stored file: each bound read-only at /data/<name> when the jail is
+    # built (rollouts.sandbox.attachments), so they are part of the batch's shape.
+    attachments: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass
@@ -144,13 +153,20 @@ def run_rollouts(
         return []
     shape, batch_timeout = _rollout_shape(request)
     started = prestarted.take(request.warm_key, shape) if request.warm_key else None
-    results = _rollouts_in(
-        started or StartedBatch.start(shape, prefix="artweb-batch-"),
-        request,
-        batch_timeout,
-        should_stop,
-        on_trajectory,
-    )
+    try:
+        results = _rollouts_in(
+            started or StartedBatch.start(shape, prefix="artweb-batch-"),
+            request,
+            batch_timeout,
+            should_stop,
+            on_trajectory,
+        )
+    except TooManyErrors as exc:
+        if not request.secrets:
+            raise
+        secrets = request.secrets.values()
+        raise TooManyErrors(scrubbed(str(exc), secrets), scrubbed_groups(exc.groups, secrets)) from None
+    results = scrubbed_groups(results, request.secrets.values())
     if request.warm_key and request.prestart_next:
         prestarted.add_soon(request.warm_key, shape)
     return results
@@ -193,6 +209,7 @@ def _rollouts_in(
 
     def collect(box: Sandbox) -> None:
         for group, index, record in box.take():
+            record = scrubbed(record, request.secrets.values())
             records[group][index] = record
             if record["error"] is not None:
                 failures.append(record["error"])
@@ -200,6 +217,8 @@ def _rollouts_in(
                 on_trajectory(group, index, record)
 
     socket_path = layout.root / "sock" / "inference.sock"
+    egress_path = socket_path.with_name("egress.sock")
+    connections: list[dict] = []  # the tunnel's, appended on the proxy's thread
     proxy = inference_proxy()
     selector = selectors.DefaultSelector()
     try:
@@ -208,7 +227,7 @@ def _rollouts_in(
             socket_path, {request.model_name: Upstream(request.base_url, request.api_key), **request.extra_models}
         )
         if request.egress_hosts:
-            proxy.open_egress(socket_path.with_name("egress.sock"), request.egress_hosts, request.egress_policy)
+            proxy.open_egress(egress_path, request.egress_hosts, request.egress_policy, connections.append)
         started.hand_over(request)
         for box in sandboxes:
             selector.register(box.read_fd, selectors.EVENT_READ, box)
@@ -251,7 +270,28 @@ def _rollouts_in(
         started.close()
         proxy.close(socket_path)
         if request.egress_hosts:
-            proxy.close(socket_path.with_name("egress.sock"))
+            proxy.close(egress_path)  # its processes are gone: every connection is recorded once this returns
+            # Also for a batch that stopped early: the records are the ones the results (or the error) hold.
+            _note_connections(records, connections, request.on_egress)
+
+
+def _note_connections(records, connections: list[dict], on_egress) -> None:
+    """Each finished rollout's logs list the batch's tunnel connections (see connection_lines for why all of
+    them); on_egress gets them for the run's timeline."""
+    lines = connection_lines(list(connections))
+    for group in records:
+        for record in group:
+            if record is not None:
+                record["logs"] = [*record.get("logs", []), *lines]
+    if on_egress is not None:
+        on_egress(list(connections))
+
+
+def scrubbed_groups(groups: list[GroupResult], secrets) -> list[GroupResult]:
+    """The groups with every secret's value scrubbed from their trajectories (rollouts.sandbox.tools.scrubbed)."""
+    if not any(secrets):
+        return groups
+    return [GroupResult(g.scenario, scrubbed(g.trajectories, secrets)) for g in groups]
 
 
 def _write_files(layout: BatchFiles, request: RolloutRequest, n_sandboxes: int) -> None:

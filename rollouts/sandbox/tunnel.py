@@ -2,7 +2,9 @@
 own connections.
 
 - connect_serve: one HTTPS tunnel (HTTP CONNECT) of the jail's egress socket (InferenceProxy.open_egress):
-  the target must be one of the run's own tracing hosts, and the guard must accept it.
+  the target must be one of the run's own hosts (its tracing service's, and the named hosts its config
+  lists), and the guard must accept it. Each connection, made or refused, is reported to a `record`
+  callback: host, port, bytes each way, seconds, and why it was refused.
 - LocalEgressProxy: a forward proxy on 127.0.0.1 behind a random credential, handed as their HTTP(S) proxy
   to clients artweb cannot give a connection of its own (wandb's service process, weave in a test
   process). CONNECT for https, absolute-form requests for http; every connection checked, no redirect
@@ -17,6 +19,8 @@ import base64
 import hmac
 import secrets
 import threading
+import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import h11
@@ -55,6 +59,10 @@ HOP_BY_HOP = frozenset(
 )
 
 
+# A connection as `record` first sees it: nothing moved yet, nothing allowed.
+NO_CONNECTION = {"host": "", "port": 0, "allowed": False, "sent": 0, "received": 0, "seconds": 0.0}
+
+
 def split_target(target: str) -> tuple[str, int]:
     """("host", port) of a CONNECT target "host:port" or "[v6]:port"; ValueError otherwise."""
     host, sep, port = target.strip().rpartition(":")
@@ -78,11 +86,14 @@ async def _answer(writer: asyncio.StreamWriter, status: int, reason: str, messag
     writer.close()
 
 
-async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, moved: list[int] | None = None) -> None:
+    """Copy src to dst until either side closes; moved[0] counts the bytes copied."""
     try:
         while data := await src.read(1 << 16):
             dst.write(data)
             await dst.drain()
+            if moved is not None:
+                moved[0] += len(data)
     except OSError:
         pass
     finally:
@@ -97,39 +108,62 @@ async def _tunnel(
     allowed: frozenset[str] | None,
     problems: list[str] | None = None,
     early: bytes = b"",
+    record: Callable[[dict], None] | None = None,
 ) -> None:
-    """Check target, connect through the guard, answer 200 and pipe both ways; 4xx/5xx otherwise."""
+    """Check target, connect through the guard, answer 200 and pipe both ways; 4xx/5xx otherwise. With
+    `record`, the connection is reported once it ends, whichever way it ends (see connect_serve)."""
+    started = time.monotonic()
+    entry = {**NO_CONNECTION, "host": target[:300]}
+    sent, received = [0], [0]
     try:
-        host, port = split_target(target)
-    except ValueError as exc:
-        await _answer(writer, 400, "Bad Request", f"CONNECT needs host:port: {exc}.")
-        return
-    if allowed is not None and target_key(host, port) not in allowed:
-        await _answer(writer, 403, "Forbidden", f"{target_key(host, port)} is not this run's tracing service.")
-        return
-    try:
-        up_reader, up_writer = await egress_open_connection(host, port, policy, timeout=CONNECT_TIMEOUT_S)
-    except EgressRefused as exc:
-        await _answer(writer, 403, "Forbidden", _noted(problems, str(exc)))
-        return
-    except (OSError, TimeoutError) as exc:
-        why = "no answer in time" if isinstance(exc, TimeoutError) else failure_reason(exc)
-        await _answer(
-            writer, 502, "Bad Gateway", _noted(problems, f"{target_key(host, port)} cannot be reached ({why}).")
-        )
-        return
-    writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-    if early:
-        up_writer.write(early)
-    await writer.drain()
-    await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+        try:
+            host, port = split_target(target)
+        except ValueError as exc:
+            entry["reason"] = f"CONNECT needs host:port: {exc}."
+            await _answer(writer, 400, "Bad Request", entry["reason"])
+            return
+        entry.update(host=host, port=port)
+        if allowed is not None and target_key(host, port) not in allowed:
+            entry["reason"] = f"{target_key(host, port)} is not one of this run's hosts."
+            await _answer(writer, 403, "Forbidden", entry["reason"])
+            return
+        try:
+            up_reader, up_writer = await egress_open_connection(host, port, policy, timeout=CONNECT_TIMEOUT_S)
+        except EgressRefused as exc:
+            entry["reason"] = str(exc)
+            await _answer(writer, 403, "Forbidden", _noted(problems, str(exc)))
+            return
+        except (OSError, TimeoutError) as exc:
+            why = "no answer in time" if isinstance(exc, TimeoutError) else failure_reason(exc)
+            entry["reason"] = f"{target_key(host, port)} cannot be reached ({why})."
+            await _answer(writer, 502, "Bad Gateway", _noted(problems, entry["reason"]))
+            return
+        entry["allowed"] = True
+        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        if early:
+            up_writer.write(early)
+            sent[0] += len(early)
+        await writer.drain()
+        await asyncio.gather(_pump(reader, up_writer, sent), _pump(up_reader, writer, received))
+    finally:
+        # Also when the batch ends with the tunnel still open (its task cancelled): every connection is told.
+        if record is not None:
+            entry.update(sent=sent[0], received=received[0], seconds=round(time.monotonic() - started, 3))
+            record(entry)
 
 
 async def connect_serve(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, policy: EgressPolicy, allowed: frozenset[str]
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    policy: EgressPolicy,
+    allowed: frozenset[str],
+    record: Callable[[dict], None] | None = None,
 ) -> None:
     """One CONNECT request of the jail's egress socket: to one of `allowed` ("host:port" as target_key
-    writes them), through the guard; anything else gets a 4xx saying why."""
+    writes them), through the guard; anything else gets a 4xx saying why. `record` gets the connection as
+    a dict: host, port, allowed, sent and received (bytes, from the jail's side), seconds, and reason
+    (why it was refused or could not be made; absent for one that was made)."""
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=HEAD_TIMEOUT_S)
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
@@ -138,8 +172,10 @@ async def connect_serve(
     parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
     if len(parts) != 3 or parts[0] != "CONNECT":
         await _answer(writer, 405, "Method Not Allowed", "Only CONNECT is served here.")
+        if record is not None:
+            record({**NO_CONNECTION, "reason": "not a CONNECT request (the tunnel serves https:// URLs only)"})
         return
-    await _tunnel(reader, writer, parts[1], policy, allowed)
+    await _tunnel(reader, writer, parts[1], policy, allowed, record=record)
 
 
 class LocalEgressProxy:

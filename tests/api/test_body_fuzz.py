@@ -24,8 +24,9 @@ from artweb.testing.factories import (
     StepFactory,
     TrajectoryFactory,
 )
+from rollouts.models import DataAttachment
 from tests.api.conftest import token_client
-from training.models import DryRun, ExportTarget, JudgeEndpoint, Rescore
+from training.models import DryRun, ExportTarget, JudgeEndpoint, Rescore, UserSecret
 from training.serving.models import ServeJob
 
 DEPTH = 50_000
@@ -95,6 +96,9 @@ def world(db, alice, api_settings):
             owner=alice, name="judge", base_url="https://judge.example.com/v1", model="m"
         ).id,
         "target_id": ExportTarget.objects.create(owner=alice, kind="wandb", settings={"project": "p"}).id,
+        "secret_id": UserSecret.objects.create(owner=alice, name="FUZZ_KEY", value_encrypted="x").id,
+        # A row only: the routes that read its file answer for a missing one (its own tests store files).
+        "attachment_id": DataAttachment.objects.create(owner=alice, name="fuzz.db", sha256="0" * 64, size=1).id,
     }
     session = APIClient()
     session.force_login(alice)

@@ -49,6 +49,14 @@ def test_it_shows_your_usage_against_each_limit(alice_api, alice, bob, settings)
                 "reached": False,
                 "source": "the default",
             },
+            {
+                "key": "attachment_bytes",
+                "label": "Data attachments",
+                "used": 0,
+                "limit": 10240 << 20,
+                "reached": False,
+                "source": "the default",
+            },
         ]
     }
 

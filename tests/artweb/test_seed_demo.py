@@ -17,15 +17,19 @@ def seed(**kwargs) -> str:
     return out.getvalue()
 
 
-def test_it_loads_the_example_task_once(staff):
+def test_it_loads_the_example_task_and_the_tool_example_once(staff):
     seed()
-    scenarios = ScenarioSet.objects.get(owner=staff)
-    assert RolloutScript.objects.get(owner=staff).versions.count() == 1
+    scenarios = ScenarioSet.objects.get(owner=staff, name="Example scenarios")
+    assert RolloutScript.objects.get(owner=staff, name="Example rollout").versions.count() == 1
     assert RewardFunction.objects.get(owner=staff).versions.count() == 1
     assert scenarios.train_count > 0 and scenarios.validation_count > 0
+    tools = ScenarioSet.objects.get(owner=staff, name="Example tool scenarios")
+    assert (tools.train_count, tools.validation_count) == (48, 12)  # the file's own split
+    agent = RolloutScript.objects.get(owner=staff, name="Example tool agent")
+    assert "lookup_capital" in agent.latest_version.content and agent.companion_reward is None  # its own reward
 
     assert "exists already" in seed()
-    assert (RolloutScript.objects.count(), RewardFunction.objects.count(), ScenarioSet.objects.count()) == (1, 1, 1)
+    assert (RolloutScript.objects.count(), RewardFunction.objects.count(), ScenarioSet.objects.count()) == (2, 1, 2)
 
 
 def test_it_needs_an_admin(alice):

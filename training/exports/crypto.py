@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 
-from training.models import ExportTarget, JudgeEndpoint
+from training.models import ExportTarget, JudgeEndpoint, UserSecret
 
 # Distinct from every other use of SECRET_KEY, so this derived key is good for nothing else.
 _INFO = b"artweb export-target secrets v1"
@@ -24,7 +24,11 @@ _INFO = b"artweb export-target secrets v1"
 # the current key, so an existing installation keeps them.
 LEGACY_DEFAULT_KEY = "artweb-insecure-development-key-never-use-in-production"
 # Every column that holds a secret_encrypt token.
-ENCRYPTED_FIELDS = ((ExportTarget, "secret_encrypted"), (JudgeEndpoint, "key_encrypted"))
+ENCRYPTED_FIELDS = (
+    (ExportTarget, "secret_encrypted"),
+    (JudgeEndpoint, "key_encrypted"),
+    (UserSecret, "value_encrypted"),
+)
 
 
 class SecretUnreadable(Exception):

@@ -130,7 +130,8 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
     A scenario has signal by the trainer's own rule (training.engine.advantages): at least two scored
     rollouts whose rewards are not all equal. Returns {"scenarios": [{"index", "rewards", "scored",
     "errors", "std", "min", "max", "signal"}], "with_spread", "scenario_count", "samples", "failed",
-    "reward_failed", "message"}: failed counts the rollouts with an error, reward_failed those whose
+    "reward_failed", "level", "message"}: level is how the page shows the message ("error", "warning",
+    "success", or "" for neither); failed counts the rollouts with an error, reward_failed those whose
     error is the reward function's (it raised, gave no finite number, or timed out).
     """
     rows = []
@@ -158,6 +159,12 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
     )
     samples = max((len(r["rewards"]) for r in rows), default=0)
     with_spread = sum(r["signal"] for r in rows)
+    if not any(r["scored"] for r in rows):
+        level = "error"  # nothing scored (every rollout or reward failed, or gave None): fix before launching
+    elif samples < 2:
+        level = ""  # one answer per scenario says nothing about spread either way
+    else:
+        level = "success" if with_spread == scenario_count else "warning"
     return {
         "scenarios": rows,
         "with_spread": with_spread,
@@ -165,6 +172,7 @@ def dry_run_spread(trajectories: list[dict], *, scenario_count: int) -> dict:
         "samples": samples,
         "failed": failures.failed,
         "reward_failed": failures.reward_failed,
+        "level": level,
         "message": _deadline_note(mine) + _spread_message(rows, with_spread, samples, failures),
     }
 

@@ -10,6 +10,7 @@ from artweb.errors import ApplicationError
 from artweb.visibility import may_change, require_visible
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
 from rollouts.sandbox.validation import script_sets_reward
+from rollouts.selectors import attachments_resolve, script_version_sources
 from training import task_names
 from training.config import run_config_parse
 from training.exports.hooks import run_finished
@@ -25,6 +26,7 @@ from training.services.broadcast import (
 )
 from training.services.judges import judge_resolve
 from training.services.quotas import quota_check_run_start
+from training.services.tools import run_tools_check
 
 # The statuses in which each action on a run is allowed: the rule the services below enforce, that the
 # run page's buttons show (run_actions, and run_status_message on the socket) and the API reports.
@@ -161,8 +163,9 @@ def run_create(
     require_visible(owner, base_model, what="base model", field="base_model")
     if reward_version is not None:
         require_visible(owner, reward_version.asset, what="reward function", field="reward_version")
-    elif not cfg.use_ruler and not script_sets_reward(script_version.content):
-        # Every rollout would fail for want of a reward: say so now, not after the first step.
+    elif not cfg.use_ruler and not any(script_sets_reward(s) for s in script_version_sources(script_version)):
+        # Every rollout would fail for want of a reward: say so now, not after the first step. A bundle's
+        # other modules count (ART's examples set the reward in theirs, called from rollout.py).
         raise ApplicationError(
             "This run has no reward source: no reward function is attached, RULER is off, and the rollout "
             "script never sets a reward. Choose a reward function (for the example script, the example "
@@ -171,6 +174,8 @@ def run_create(
         )
     if cfg.ruler_judge:
         judge_resolve(owner=owner, value=cfg.ruler_judge)
+    run_tools_check(owner=owner, cfg=cfg)  # named hosts allowed to the owner, secrets theirs
+    attachments_resolve(owner=owner, names=cfg.attachments)  # each one the owner's own
     if scenario_set.train_count == 0:
         raise ApplicationError("The scenario set has no training scenarios.", field_errors={"scenario_set": ["empty"]})
     quota_check_run_start(user=owner)  # the run is queued at once, started or not

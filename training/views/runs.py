@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from artweb.errors import ApplicationError
 from artweb.pages import apply_service_errors
-from rollouts.selectors import reward_version_list, scenario_set_list, script_version_list
+from rollouts.selectors import attachment_own_list, reward_version_list, scenario_set_list, script_version_list
 from training import services
 from training.analytics.alerts import run_alert_rules_update
 from training.charts import RUN_CHARTS
@@ -194,6 +194,7 @@ def _launch_form(request, data=None, initial=None) -> RunLaunchForm:
         script_versions=script_version_list(user=user),
         reward_versions=reward_version_list(user=user),
         scenario_sets=scenario_set_list(user=user).order_by("name"),
+        attachments=attachment_own_list(user=user),
     )
 
 
@@ -243,7 +244,10 @@ def _initial_from(run) -> dict:
         "scenario_set": run.scenario_set_id,
     }
     for key, value in (run.config or {}).items():
-        initial[key] = json.dumps(value) if isinstance(value, dict) else value
+        # A list (hosts, secrets) as the comma-separated text its field takes.
+        initial[key] = (
+            json.dumps(value) if isinstance(value, dict) else ", ".join(value) if isinstance(value, list) else value
+        )
     return initial
 
 

@@ -232,16 +232,22 @@ def test_the_summary_follows_the_trainers_rule_for_signal():
 
 
 @pytest.mark.parametrize(
-    "rows, start",
+    "rows, start, level",
     [
-        ([[1.0, 0.0], [0.2, 0.4]], "This reward gives spread on all 2 scenarios"),
-        ([[1.0, 1.0], [0.0, 0.0]], "No scenario got different rewards: GRPO would have nothing to learn from"),
-        ([[None, None], [None, None]], "No rollout was scored: all 4 failed; each one's error is below"),
-        ([[1.0], [0.0]], "One rollout per scenario shows no spread"),
+        ([[1.0, 0.0], [0.2, 0.4]], "This reward gives spread on all 2 scenarios", "success"),
+        (
+            [[1.0, 1.0], [0.0, 0.0]],
+            "No scenario got different rewards: GRPO would have nothing to learn from",
+            "warning",
+        ),
+        ([[None, None], [None, None]], "No rollout was scored: all 4 failed; each one's error is below", "error"),
+        ([[None], [None]], "No rollout was scored: all 2 failed", "error"),  # one sample each, all failed
+        ([[1.0], [0.0]], "One rollout per scenario shows no spread", ""),
     ],
 )
-def test_the_verdict_says_what_the_sample_means(rows, start):
-    assert dry_run_spread(_records(rows), scenario_count=len(rows))["message"].startswith(start)
+def test_the_verdict_says_what_the_sample_means(rows, start, level):
+    summary = dry_run_spread(_records(rows), scenario_count=len(rows))
+    assert summary["message"].startswith(start) and summary["level"] == level
 
 
 @pytest.mark.parametrize("error", [REWARD_RAISED, REWARD_TIMED_OUT])

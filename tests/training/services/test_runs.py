@@ -200,6 +200,34 @@ def test_it_refuses_a_run_without_any_reward_source(alice, enqueued, script, rew
         assert not Run.objects.filter(name="r").exists()
 
 
+def test_it_finds_the_reward_a_bundles_helper_module_sets(alice, enqueued, settings, tmp_path):
+    """ART's examples set the reward in their own module, which the bundle's rollout.py calls."""
+    from rollouts import services
+    from tests.rollouts.bundle_zips import make_zip
+
+    settings.DATA_DIR = tmp_path
+    template = RunFactory(owner=alice)
+    entry = b"from game import play\n\n\nasync def rollout(model, scenario):\n    return await play(model)\n"
+    sets = b"import art\n\n\nasync def play(model):\n    return art.Trajectory(messages_and_choices=[], reward=1.0)\n"
+    for name, game, accepted in (("sets", sets, True), ("unset", sets.replace(b", reward=1.0", b""), False)):
+        version = services.script_create(
+            owner=alice, name=name, bundle=make_zip([("rollout.py", entry), ("game.py", game)])
+        )
+        kwargs = {
+            "owner": alice,
+            "name": name,
+            "base_model": template.base_model,
+            "script_version": version,
+            "reward_version": None,
+            "scenario_set": template.scenario_set,
+        }
+        if accepted:
+            assert run_create(**kwargs).status == Run.Status.QUEUED
+        else:
+            with pytest.raises(ApplicationError, match="no reward source"):
+                run_create(**kwargs)
+
+
 def test_it_reads_a_reward_from_the_script_statically():
     from rollouts.sandbox.validation import script_sets_reward
 

@@ -1,5 +1,6 @@
 """Load the example task (rollout script, reward function, scenario set) for the admin, so a first run
-needs nothing but a click. Idempotent: assets that already exist by name are left alone."""
+needs nothing but a click, and the tool-calling example (a script that sets its own reward, and its
+scenarios). Idempotent: assets that already exist by name are left alone."""
 
 from pathlib import Path
 
@@ -15,6 +16,9 @@ EXAMPLES_DIR = Path(rollouts.__file__).resolve().parent / "examples"
 SCRIPT_NAME = "Example rollout"
 REWARD_NAME = "Example reward"
 SCENARIOS_NAME = "Example scenarios"
+# Named to sort after the example task's: the launch form preselects the first script and scenario set.
+TOOL_SCRIPT_NAME = "Example tool agent"
+TOOL_SCENARIOS_NAME = "Example tool scenarios"
 
 
 class Command(BaseCommand):
@@ -25,7 +29,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, owner=None, **options):
         owner = self._owner(owner)
-        files = {name: EXAMPLES_DIR / name for name in ("rollout.py", "reward.py", "scenarios.jsonl")}
+        names = ("rollout.py", "reward.py", "scenarios.jsonl", "tool_rollout.py", "tool_scenarios.jsonl")
+        files = {name: EXAMPLES_DIR / name for name in names}
         missing = [str(path) for path in files.values() if not path.exists()]
         if missing:
             raise CommandError(f"The example files are missing: {', '.join(missing)}.")
@@ -48,6 +53,18 @@ class Command(BaseCommand):
                     name=SCENARIOS_NAME,
                     jsonl=files["scenarios.jsonl"].read_text(),
                     validation_fraction=0.2,
+                ),
+            ),
+            (
+                RolloutScript,
+                TOOL_SCRIPT_NAME,
+                lambda: script_create(owner=owner, name=TOOL_SCRIPT_NAME, content=files["tool_rollout.py"].read_text()),
+            ),
+            (
+                ScenarioSet,
+                TOOL_SCENARIOS_NAME,
+                lambda: scenario_set_create(
+                    owner=owner, name=TOOL_SCENARIOS_NAME, jsonl=files["tool_scenarios.jsonl"].read_text()
                 ),
             ),
         ]

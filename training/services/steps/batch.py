@@ -15,7 +15,7 @@ from rollouts.models import Scenario
 from rollouts.sandbox.batch import SandboxLimits
 from rollouts.sandbox.proxy import Upstream
 from rollouts.sandbox.rollouts import RolloutRequest, run_rollouts
-from rollouts.selectors import bundle_limits, script_version_bundle, script_version_sources
+from rollouts.selectors import attachments_resolve, bundle_limits, script_version_bundle, script_version_sources
 from training.config import RunConfig
 from training.exports.weave import export_rollout_env, rollout_egress_hosts
 from training.models import PretrainedModel, Run
@@ -23,6 +23,7 @@ from training.services import inference
 from training.services.judges import judge_resolve, judge_upstream
 from training.services.runs import run_event
 from training.services.steps.leases import Heartbeat
+from training.services.tools import egress_recorder, run_secrets_env, run_tool_hosts
 
 
 def scenarios_sample(run: Run, cfg: RunConfig, step: int, split: str, count: int) -> list[Scenario]:
@@ -172,7 +173,10 @@ def rollouts_request(
         limits=SandboxLimits(rollout_timeout_s=cfg.rollout_timeout_s),
         step=run.steps_done,
         env=(trace_env := export_rollout_env(run=run)),
-        egress_hosts=rollout_egress_hosts(trace_env),
+        # The run's Weave hosts and its named hosts (training.services.tools): the tunnel opens to these only.
+        egress_hosts=tuple(dict.fromkeys(rollout_egress_hosts(trace_env) + run_tool_hosts(run=run, cfg=cfg))),
+        secrets=run_secrets_env(run=run, cfg=cfg),
+        on_egress=egress_recorder(run=run, step=batch_step),
         egress_policy=settings.ARTWEB_EGRESS,
         judge_model=judge,
         extra_models=extra_models,
@@ -181,4 +185,5 @@ def rollouts_request(
         prestart_next=warm and batch_step < run.num_steps,
         bundle=script_version_bundle(run.script_version),
         bundle_limits=bundle_limits(),
+        attachments=attachments_resolve(owner=run.owner, names=cfg.attachments),
     )

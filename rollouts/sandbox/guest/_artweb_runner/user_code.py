@@ -73,6 +73,12 @@ class RoutedStream(io.TextIOBase):
     def flush(self) -> None:
         self._fallback.flush()
 
+    def fileno(self) -> int:
+        """The sandbox process's own output, for a subprocess handed sys.stdout or sys.stderr (an MCP stdio
+        client's `errlog`, for one): what a child writes there cannot be told apart by rollout, so it goes
+        to the sandbox's log, shown when that process dies, not to a rollout's."""
+        return self._fallback.fileno()
+
 
 def describe_error(exc: BaseException, user_files: set[str]) -> str:
     """'Type: message' and the traceback through the person's own code (not artweb's or libraries')."""
