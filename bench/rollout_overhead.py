@@ -4,6 +4,11 @@ answers at once.
 
     python -m bench.rollout_overhead                 # 5 cold and 5 pre-started batches, alternating
     python -m bench.rollout_overhead --repeat 10 --sandboxes 4
+    python -m bench.rollout_overhead --bundle        # also the same script as a bundle, alternating
+
+With --bundle the script also runs as a bundle (rollouts.sandbox.bundles): its rollout.py imports a helper
+module beside it and reads a data file, as multi-file scripts do, and the bundle's files are written into
+every sandbox's box; the last lines compare each kind's median `returned` with the plain script's.
 
 Why a stand-in server: on a GPU a step's rollouts took 3.4-10 s where generating the same completions
 takes about 1 s, so most of that time is artweb's own (the jail, the sandbox processes and their imports,
@@ -51,6 +56,7 @@ from aiohttp import web
 from bench.task import EXAMPLES, load_scenarios
 from rollouts.sandbox import prestart, process
 from rollouts.sandbox.batch import SandboxLimits, default_sandboxes
+from rollouts.sandbox.bundles import Bundle, bundle_store
 from rollouts.sandbox.jail import JailConfig
 from rollouts.sandbox.prestart import prestarted
 from rollouts.sandbox.proxy import InferenceProxy
@@ -231,8 +237,8 @@ class Probes:
             original_proxy_close(self, socket_path)
             probes.note("proxy_close_s", time.time() - t)
 
-        def accept(self, message):
-            original_accept(self, message)
+        def accept(self, message, size):
+            original_accept(self, message, size)
             if message.get("kind") == "done":
                 probes.note("said_done")
 
@@ -295,6 +301,23 @@ def one_batch(request: RolloutRequest, server: InstantServer, probes: Probes) ->
     }
 
 
+BUNDLE_HELPER = "WORDS = ('blue', 'green', 'cold')\n\n\ndef known(word):\n    return word in WORDS\n"
+BUNDLE_IMPORTS = "import json\nfrom pathlib import Path\n\nfrom helpers import known\n\n"
+BUNDLE_READS = "\n_WORDS = json.loads((Path(__file__).parent / 'data' / 'words.json').read_text())\n"
+
+
+def as_bundle(request: RolloutRequest, into: Path) -> RolloutRequest:
+    """The request's script as a bundle: its rollout.py imports helpers.py and reads data/words.json."""
+    rollout_py = BUNDLE_IMPORTS + request.script + BUNDLE_READS
+    files = {
+        "data/words.json": b'["blue", "green", "cold"]',
+        "helpers.py": BUNDLE_HELPER.encode(),
+        "rollout.py": rollout_py.encode(),
+    }
+    path = bundle_store(Bundle(files=dict(sorted(files.items()))), into)
+    return dataclasses.replace(request, script=rollout_py, bundle=path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5, help="batches of each kind (cold, pre-started)")
@@ -303,6 +326,7 @@ def main() -> None:
     parser.add_argument(
         "--settle", type=float, default=3.0, help="seconds between batches (a pre-started batch imports meanwhile)"
     )
+    parser.add_argument("--bundle", action="store_true", help="also run the script as a bundle, alternating")
     args = parser.parse_args()
 
     print(f"{cpu_name()}, {os.cpu_count()} cores; sandbox processes: {args.sandboxes or default_sandboxes()}")
@@ -329,13 +353,19 @@ def main() -> None:
     )
     warm = dataclasses.replace(request, warm_key="bench-overhead", prestart_next=True)
     run_rollouts(warm)  # the first pre-started batch, and the process's one-time costs (jail check, proxy)
-    rows: dict[str, list[dict[str, float]]] = {"cold": [], "prestarted": []}
+    kinds = [("prestarted", warm), ("cold", request)]
+    if args.bundle:
+        bundle = as_bundle(request, Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-bundles-{os.getpid()}")
+        warm_bundle = dataclasses.replace(bundle, warm_key="bench-overhead-bundle", prestart_next=True)
+        run_rollouts(warm_bundle)
+        kinds += [("pre+bundle", warm_bundle), ("cold+bundle", bundle)]
+    rows: dict[str, list[dict[str, float]]] = {kind: [] for kind, _ in kinds}
     header = f"{'batch':12}" + "".join(f"{c:>{WIDTH}}" for c in (*COLUMNS, *EXTRA))
     print(f"\ntimeline of each batch, ms from the call (24 rollouts, {args.settle:g} s between batches)")
     print(header)
     try:
         for _ in range(args.repeat):
-            for kind, req in (("prestarted", warm), ("cold", request)):
+            for kind, req in kinds:
                 time.sleep(args.settle)
                 row = one_batch(req, server, probes)
                 rows[kind].append(row)
@@ -347,6 +377,11 @@ def main() -> None:
     for kind, found in rows.items():
         medians = [statistics.median(r[c] for r in found) for c in (*COLUMNS, *EXTRA)]
         print(f"{kind:12}" + "".join(f"{m:{WIDTH}.0f}" for m in medians), flush=True)
+    if args.bundle:
+        returned = {kind: statistics.median(r["returned"] for r in found) for kind, found in rows.items()}
+        for script_kind, bundle_kind in (("prestarted", "pre+bundle"), ("cold", "cold+bundle")):
+            ratio = returned[bundle_kind] / returned[script_kind]
+            print(f"bundle / script, {script_kind} batches (median returned): {ratio:.3f} ({ratio - 1:+.1%})")
 
 
 if __name__ == "__main__":
