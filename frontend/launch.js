@@ -44,7 +44,12 @@ function updateScoreLink() {
                             ["scenario_set", scenarioSet]]) {
     if (el && el.value) query.set(name, el.value);
   }
+  // The ticked data attachments too: a script that reads /data/<name> needs them in its dry run as well.
+  for (const box of attachmentBoxes()) if (box.checked) query.append("attachments", box.value);
   scoreLink.href = `${scoreLink.dataset.baseUrl}?${query}`;
 }
-for (const el of [script, reward, model, scenarioSet]) el?.addEventListener("change", updateScoreLink);
+function attachmentBoxes() {
+  return document.querySelectorAll('input[name="attachments"]');
+}
+for (const el of [script, reward, model, scenarioSet, ...attachmentBoxes()]) el?.addEventListener("change", updateScoreLink);
 updateScoreLink();

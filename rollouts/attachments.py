@@ -7,8 +7,8 @@ delete the old one first. The bytes are stored once per content hash (rollouts.s
 removed once no attachment of anyone names them.
 
 Two rules belong to the training app, which rollouts never imports: how much a user may keep (the
-attachment quota, training.services.quotas) and which runs still need an attachment (a run that is not
-finished). Training registers both when it loads (attachment_rules_register).
+attachment quota, training.services.quotas) and what still needs an attachment (a run that is not
+finished, a dry run or re-score under way). Training registers both when it loads (attachment_rules_register).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from rollouts.sandbox.attachments import (
 from rollouts.selectors import attachment_dir, attachment_max_bytes
 
 # quota_check(user=, adding=): raise ApplicationError when `adding` more bytes would pass the user's quota.
-# used_by(attachment=): the names of the unfinished runs that use the attachment.
+# used_by(attachment=): what still needs the attachment, in words ("the run 'x'", "the dry run #4").
 _rules: dict[str, Callable] = {}
 
 
@@ -124,15 +124,15 @@ def _attachment_save(owner, name: str, description: str, incoming: Path, sha256:
 
 
 def attachment_delete(*, attachment: DataAttachment, actor) -> None:
-    """Delete an attachment unless a run that is not finished names it; its stored file goes once no other
-    attachment (anyone's) has the same content."""
+    """Delete an attachment unless something not finished needs it (a run that names it, a dry run or
+    re-score under way); its stored file goes once no other attachment (anyone's) has the same content."""
     if not may_change(actor, attachment):
         raise ApplicationError("That attachment is not yours.", field_errors={"attachment": ["not yours"]})
-    runs = _rules["used_by"](attachment=attachment) if "used_by" in _rules else []
-    if runs:
-        more = f" and {len(runs) - 1} more" if len(runs) > 1 else ""
+    uses = _rules["used_by"](attachment=attachment) if "used_by" in _rules else []
+    if uses:
+        more = f" and {len(uses) - 1} more" if len(uses) > 1 else ""
         raise ApplicationError(
-            f"The attachment {attachment.name!r} is used by the run {runs[0]!r}{more}, which is not finished. "
+            f"The attachment {attachment.name!r} is used by {uses[0]}{more}, which is not finished. "
             "Wait for it to finish, or cancel it, then delete the attachment.",
             field_errors={"attachment": ["in use"]},
         )

@@ -218,6 +218,17 @@ def learning_rate_used(base_model) -> float:
     return recommended.get("learning_rate", DEFAULT_LEARNING_RATE)
 
 
+def attachments_field(attachments) -> forms.MultipleChoiceField:
+    """The person's own data attachments (their rows), ticked by name: for a run and for a dry run."""
+    return forms.MultipleChoiceField(
+        required=False,
+        choices=[(a.name, f"{a.name} ({filesizeformat(a.size)})") for a in attachments],
+        widget=forms.CheckboxSelectMultiple,
+        label="Data attachments",
+        help_text=RunConfig.model_fields["attachments"].description + " Upload them on the Attachments page.",
+    )
+
+
 def default_run_name(script_version, base_model) -> str:
     """A run's name when the launch form's is left empty: what it trains, on what, and when."""
     when = timezone.localtime().strftime("%Y-%m-%d %H:%M")
@@ -263,14 +274,7 @@ class RunLaunchForm(forms.Form):
         )
         for name, info in RunConfig.model_fields.items():
             self.fields[name] = config_form_field(name, info)
-        # The person's own data attachments, ticked by name (attachments: their rows).
-        self.fields["attachments"] = forms.MultipleChoiceField(
-            required=False,
-            choices=[(a.name, f"{a.name} ({filesizeformat(a.size)})") for a in attachments],
-            widget=forms.CheckboxSelectMultiple,
-            label="Data attachments",
-            help_text=RunConfig.model_fields["attachments"].description + " Upload them on the Attachments page.",
-        )
+        self.fields["attachments"] = attachments_field(attachments)
 
     def clean_tags(self) -> list[str]:
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
@@ -432,7 +436,7 @@ class DryRunForm(forms.Form):
     # Fields a link may prefill (the launch page's "Score the base model's answers").
     PREFILL = ("script_version", "reward_version", "base_model", "scenario_set", "scenario_count", "samples")
 
-    def __init__(self, *args, script_versions, reward_versions, base_models, scenario_sets, **kwargs):
+    def __init__(self, *args, script_versions, reward_versions, base_models, scenario_sets, attachments=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["script_version"].queryset = script_versions
         self.fields["script_version"].label_from_instance = lambda v: f"{v.asset.name} v{v.number}"
@@ -440,11 +444,16 @@ class DryRunForm(forms.Form):
         self.fields["reward_version"].label_from_instance = lambda v: f"{v.asset.name} v{v.number}"
         self.fields["base_model"].queryset = base_models
         self.fields["scenario_set"].queryset = scenario_sets
+        self.fields["attachments"] = attachments_field(attachments)
 
     def clean_samples(self):
         return self.cleaned_data.get("samples") or 1  # left empty: one rollout per scenario
 
     @classmethod
     def prefill(cls, query) -> dict:
-        """Initial values from a link's query string: the fields it names, as whole numbers."""
-        return {name: int(query[name]) for name in cls.PREFILL if query.get(name, "").isdigit()}
+        """Initial values from a link's query string: the fields it names, as whole numbers, and the
+        attachments it ticks (the launch form's, by name)."""
+        initial = {name: int(query[name]) for name in cls.PREFILL if query.get(name, "").isdigit()}
+        if attachments := query.getlist("attachments"):
+            initial["attachments"] = attachments
+        return initial

@@ -194,6 +194,11 @@ class DryRun(BackgroundJob):
         help_text="Rollouts per scenario: with more than one, the result shows the reward's spread "
         "within each scenario, the signal GRPO trains on.",
     )
+    attachments = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Names of the owner's data attachments the sandbox binds read-only at /data/<name>, as a run's.",
+    )
     status = job_status_field(Status)
     result = models.JSONField(null=True, blank=True, help_text="Trajectories with rewards, logs and errors.")
 

@@ -112,7 +112,7 @@ class BatchShape:
 
     @classmethod
     def of(cls, request: RolloutRequest | ScoreRequest, sandboxes: int, cpu_seconds: int) -> BatchShape:
-        attachments = tuple(sorted((name, str(path)) for name, path in getattr(request, "attachments", {}).items()))
+        attachments = tuple(sorted((name, str(path)) for name, path in request.attachments.items()))
         for name, _ in attachments:
             if problem := attachment_name_problem(name):
                 raise ValueError(problem)

@@ -434,8 +434,11 @@ def dry_run(
     vocab_size: int | None = None,
     bundle: Path | None = None,
     bundle_limits: BundleLimits | None = None,
+    attachments: dict[str, Path] | None = None,
 ) -> dict:
     """Try a script on a few scenarios; returns within about timeout_s, with output or errors.
+
+    attachments: name -> stored file, each bound read-only at /data/<name> as in a run's batches.
 
     The result is JSON: {"trajectories": [record + "scenario_index"], "rewards", "errors", "logs",
     "duration_ms"}. Nothing here raises for a broken script: its errors are in the result.
@@ -463,6 +466,7 @@ def dry_run(
         judge_model=model_name,
         bundle=bundle,
         bundle_limits=bundle_limits or BundleLimits(),
+        attachments=attachments or {},
     )
     results = run_rollouts(request)
     trajectories = [{**t, "scenario_index": i} for i, group in enumerate(results) for t in group.trajectories]

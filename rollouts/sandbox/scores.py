@@ -9,6 +9,7 @@ import math
 import selectors
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rollouts.sandbox.batch import BatchShape, SandboxLimits, default_sandboxes, inference_proxy, reward_kind
 from rollouts.sandbox.jail import Jail, JailConfig
@@ -48,6 +49,9 @@ class ScoreRequest:
     env: dict[str, str] = field(default_factory=dict)
     egress_hosts: tuple[str, ...] = ()
     vocab_size: int | None = None
+    # The run's data attachments, name -> stored file: bound read-only at /data/<name> as in its steps, so a
+    # reward that reads them scores the same way (rollouts.sandbox.attachments).
+    attachments: dict[str, Path] = field(default_factory=dict)
 
     @property
     def scenarios(self) -> list[dict]:

@@ -40,12 +40,14 @@ from artweb.visibility import may_see, require_visible, visible
 from rollouts.models import RewardFunctionVersion
 from rollouts.sandbox.batch import SandboxLimits
 from rollouts.sandbox.scores import ScoreGroup, ScoreRequest, run_scores
+from rollouts.selectors import attachments_resolve
 from training import task_names
 from training.jobs.kinds import JobKind
 from training.jobs.leases import JobHeartbeat, worker_name
 from training.jobs.services import job_claim, job_enqueue, job_event, job_fail, job_finish
 from training.models import PretrainedModel, Rescore, RescoreScore, Run, Trajectory, TrajectoryGroup
 from training.services import inference
+from training.services.attachments import attachments_missing
 from training.services.judges import judge_resolve, judge_upstream
 from training.services.runs import run_event
 from training.services.steps import sandbox_unjailed_warn
@@ -154,6 +156,7 @@ def rescore_create(
     ruler_judge = (ruler_judge or "").strip()
     if use_ruler:
         _judge(owner=run.owner, value=ruler_judge)
+    _attachments(run)
     if not rescorable(run=run, split=split).exists():
         raise ApplicationError(
             f"Nothing to re-score yet: run {run.name!r} has no stored {split} trajectories from a completed step "
@@ -179,6 +182,20 @@ def rescore_create(
     )
     _enqueue(rescore)
     return rescore
+
+
+def _attachments(run: Run) -> dict:
+    """name -> stored file of each data attachment the run names, bound at /data/<name> as in its steps, so a
+    reward that reads one scores as it did there; one deleted since the run is refused, naming it."""
+    names = run.config.get("attachments") or []
+    if missing := attachments_missing(owner=run.owner, names=names):
+        raise ApplicationError(
+            f"The run {run.name!r} reads the data attachment {missing[0]!r} at /data/{missing[0]}, which has been "
+            "deleted since: a reward that reads it could not score. Upload it again under the same name, then "
+            "re-score.",
+            field_errors={"run": [f"{name}: data attachment deleted" for name in missing]},
+        )
+    return attachments_resolve(owner=run.owner, names=names)
 
 
 def rescore_label(rescore: Rescore) -> str:
@@ -276,6 +293,7 @@ def _score_batch(rescore: Rescore, steps: list[int]) -> None:
         endpoint = _judge(owner=run.owner, value=rescore.ruler_judge)
         judge_model = endpoint.model
         judge = judge_upstream(endpoint)
+    attachments = _attachments(run)
     jail = inference.jail_config()
     if not jail.jailed:
         sandbox_unjailed_warn(run=run)  # the run's timeline says so, once, as for its steps
@@ -303,6 +321,7 @@ def _score_batch(rescore: Rescore, steps: list[int]) -> None:
         concurrency=int(run.config.get("concurrency") or 16),
         limits=SandboxLimits(rollout_timeout_s=float(run.config.get("rollout_timeout_s") or 120.0)),
         jail=jail,
+        attachments=attachments,
     )
     results = run_scores(request)
     rows = [

@@ -18,6 +18,7 @@ from training.apis.common import (
     resolve_scenario_set,
     resolve_script_version,
 )
+from training.config import MAX_ATTACHMENTS
 from training.models import DryRun
 from training.services import dry_runs as dry_runs_service
 
@@ -30,6 +31,9 @@ class DryRunOutput(serializers.Serializer):
     base_model = RefOutput()
     scenarios = serializers.JSONField()
     samples = serializers.IntegerField(help_text="Rollouts per scenario.")
+    attachments = serializers.ListField(
+        child=serializers.CharField(), help_text="Names of your data attachments bound at /data/<name>."
+    )
     result = serializers.JSONField(
         allow_null=True,
         help_text=(
@@ -78,6 +82,14 @@ class DryRunCreateApi(WriteApi):
             help_text="Rollouts per scenario, scored as one group: with 2 or more the result says whether the "
             "reward gives spread (different rewards within a scenario), the signal GRPO learns from.",
         )
+        attachments = serializers.ListField(
+            child=serializers.CharField(max_length=100),
+            required=False,
+            default=list,
+            max_length=MAX_ATTACHMENTS,
+            help_text="Names of your data attachments the script and reward read, each at /data/<name> in the "
+            "sandbox, read-only, as a run's attachments are.",
+        )
 
     @extend_schema(
         operation_id="dry_runs_create", request=InputSerializer, responses={201: DryRunOutput, 400: ErrorSerializer}
@@ -94,6 +106,7 @@ class DryRunCreateApi(WriteApi):
             scenarios=data["scenarios"],
             scenario_count=data["scenario_count"],
             samples=data["samples"],
+            attachments=data["attachments"],
         )
         return Response(DryRunOutput(dry_run).data, status=201)
 

@@ -1,13 +1,15 @@
 """What training rules about rollouts' data attachments: how much a user may keep (their attachment quota)
-and which runs still need one. rollouts.attachments asks through the rules registered here, as rollouts
-never imports training; a run's own check of the names it lists is rollouts.selectors.attachments_resolve.
+and what still needs one (an unfinished run, a dry run or re-score under way). rollouts.attachments asks
+through the rules registered here, as rollouts never imports training; a run's own check of the names it
+lists is rollouts.selectors.attachments_resolve.
 """
 
 from __future__ import annotations
 
 from artweb.errors import ApplicationError
 from rollouts.attachments import attachment_rules_register
-from training.models import Run
+from rollouts.selectors import attachment_own_list
+from training.models import DryRun, Rescore, Run
 from training.selectors import quota_status
 
 
@@ -23,13 +25,29 @@ def quota_check_attachment(*, user, adding: int) -> None:
         )
 
 
-def attachment_runs(*, attachment) -> list[str]:
-    """The names of its owner's runs, not finished, whose config names the attachment (newest first): each
-    of their batches binds it, so it may not be deleted under them."""
-    runs = Run.objects.filter(owner_id=attachment.owner_id, config__attachments__contains=[attachment.name])
-    return list(runs.exclude(status__in=Run.FINAL_STATUSES).order_by("-id").values_list("name", flat=True))
+def attachments_missing(*, owner, names: list[str]) -> list[str]:
+    """The names among `names` that are none of the owner's attachments now (deleted since a job named them)."""
+    have = set(attachment_own_list(user=owner).filter(name__in=names).values_list("name", flat=True))
+    return [name for name in names if name not in have]
+
+
+def attachment_uses(*, attachment) -> list[str]:
+    """What still needs the attachment, in words ("the run 'x'", "the dry run #4", "the re-score #2 of the run
+    'x'"): its owner's runs that are not finished and whose config names it (newest first), then their
+    queued or running dry runs and re-scores that bind it (a re-score binds its run's). It may not be
+    deleted under any of them."""
+    owner, names = attachment.owner_id, [attachment.name]
+    runs = Run.objects.filter(owner_id=owner, config__attachments__contains=names)
+    unfinished = runs.exclude(status__in=Run.FINAL_STATUSES).order_by("-id").values_list("name", flat=True)
+    uses = [f"the run {name!r}" for name in unfinished]
+    active = (DryRun.Status.QUEUED, DryRun.Status.RUNNING)
+    dry_runs = DryRun.objects.filter(owner_id=owner, attachments__contains=names, status__in=active)
+    uses += [f"the dry run #{id}" for id in dry_runs.order_by("-id").values_list("id", flat=True)]
+    rescores = Rescore.objects.filter(run__in=runs, status__in=active).order_by("-id")
+    uses += [f"the re-score #{id} of the run {name!r}" for id, name in rescores.values_list("id", "run__name")]
+    return uses
 
 
 def attachment_rules_install() -> None:
     """Give rollouts' attachment services training's rules (called when the app loads)."""
-    attachment_rules_register(quota_check=quota_check_attachment, used_by=attachment_runs)
+    attachment_rules_register(quota_check=quota_check_attachment, used_by=attachment_uses)

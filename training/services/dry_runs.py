@@ -12,6 +12,7 @@ import logging
 import math
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -22,14 +23,16 @@ from artweb.visibility import require_visible
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
 from rollouts.sandbox.records import deadline_stopped, deadline_summary, reward_failed
 from rollouts.sandbox.rollouts import dry_run
-from rollouts.selectors import bundle_limits, script_version_bundle
+from rollouts.selectors import attachments_resolve, bundle_limits, script_version_bundle
 from training import task_names
+from training.config import run_config_parse
 from training.engine.advantages import group_advantages
 from training.jobs.kinds import FAIL, JobKind
 from training.jobs.leases import JobHeartbeat, worker_name
 from training.jobs.services import job_claim, job_enqueue, job_event, job_fail, job_finish
 from training.models import DryRun, Run
 from training.services import inference
+from training.services.attachments import attachments_missing
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +64,13 @@ def dry_run_create(
     scenarios: list[dict] | None = None,
     scenario_count: int | None = None,
     samples: int = 1,
+    attachments: list[str] | None = None,
 ) -> DryRun:
     """Queue a dry run of a script on a few scenarios: those given, or the first scenario_count of a set.
 
     With samples > 1 each scenario is rolled out that many times as one group, and the result says
     whether the reward spreads within each group: GRPO learns only from groups whose rewards differ.
+    attachments: names of the owner's data attachments, bound at /data/<name> as a run's are.
     """
     # A dry run may use what its owner may see, as a run may.
     require_visible(owner, script_version, what="script", field="script_version", owner_field="asset__owner")
@@ -77,6 +82,7 @@ def dry_run_create(
     if scenario_set is not None:
         require_visible(owner, scenario_set, what="scenario set", field="scenario_set")
     samples = _bounded_int(samples, name="samples", low=1, high=MAX_DRY_RUN_SAMPLES, what="rollouts per scenario")
+    attachments = _attachments_check(owner, attachments or [])
     if scenarios is None:
         if scenario_set is None:
             raise ApplicationError(
@@ -112,10 +118,37 @@ def dry_run_create(
         base_model=base_model,
         scenarios=scenarios,
         samples=samples,
+        attachments=attachments,
     )
     job_event(jobs=DRY_RUN_JOBS, job=dry_run, kind="created", message="Dry run queued.", actor=owner)
     dry_run_enqueue(dry_run)
     return dry_run
+
+
+def _attachments_check(owner, names) -> list[str]:
+    """The attachment names checked as a run's are: the run config's rules for the list (names, count, each
+    once), then each one the owner's own (rollouts.selectors.attachments_resolve), else an error naming it."""
+    try:
+        names = run_config_parse({"attachments": names}).attachments
+    except ApplicationError as exc:
+        problems = [
+            m for field, messages in exc.field_errors.items() if field.startswith("attachments") for m in messages
+        ]
+        message = f"attachments: {problems[0] if problems else exc.message}"
+        raise ApplicationError(message, field_errors={"attachments": problems or [message]}) from exc
+    attachments_resolve(owner=owner, names=names)
+    return names
+
+
+def _attachments_bound(obj: DryRun) -> dict[str, Path]:
+    """name -> stored file of each attachment the dry run names, looked up again as it runs: one deleted
+    since it was queued fails the dry run, naming the attachment."""
+    if missing := attachments_missing(owner=obj.owner, names=obj.attachments):
+        raise ApplicationError(
+            f"The data attachment {missing[0]!r} that this dry run names was deleted after it was queued, so it "
+            f"cannot be at /data/{missing[0]}. Upload it again under the same name, then start the dry run again."
+        )
+    return attachments_resolve(owner=obj.owner, names=obj.attachments)
 
 
 def dry_run_timeout_s(*, rollouts: int) -> float:
@@ -272,6 +305,7 @@ def dry_run_execute(*, dry_run_id: int) -> None:
 
 
 def _dry_run_result(obj: DryRun) -> dict:
+    attachments = _attachments_bound(obj)  # before the server starts: a missing file fails at once
     name = obj.base_model.name
     _stage(
         obj,
@@ -295,6 +329,7 @@ def _dry_run_result(obj: DryRun) -> dict:
         vocab_size=inference.vocab_size(obj.base_model),
         bundle=script_version_bundle(obj.script_version),
         bundle_limits=bundle_limits(),
+        attachments=attachments,
     )
     result["spread"] = dry_run_spread(result["trajectories"], scenario_count=len(obj.scenarios))
     return result

@@ -27,6 +27,7 @@ def _dry_run_form(request, data=None, initial=None) -> DryRunForm:
         reward_versions=rollout_selectors.reward_version_list(user=user),
         base_models=base_model_visible(user),
         scenario_sets=rollout_selectors.scenario_set_list(user=user).order_by("name"),
+        attachments=rollout_selectors.attachment_own_list(user=user),
     )
 
 
