@@ -39,7 +39,13 @@ MAX_INT = 2**31 - 1
 MAX_ID = 2**63 - 1
 
 # Rates used when settings give none for a scope (REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] wins).
-DEFAULT_THROTTLE_RATES = {"writes": "120/min", "uploads": "30/min", "runs": "30/min", "tokens": "10/min"}
+DEFAULT_THROTTLE_RATES = {
+    "writes": "120/min",
+    "uploads": "30/min",
+    "runs": "30/min",
+    "tokens": "10/min",
+    "endpoint": "600/min",
+}
 
 
 # --- parsing ---------------------------------------------------------------------------------------

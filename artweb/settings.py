@@ -225,6 +225,8 @@ REST_FRAMEWORK = {
         "uploads": env.str("ARTWEB_THROTTLE_UPLOADS", default="30/min"),
         "runs": env.str("ARTWEB_THROTTLE_RUNS", default="30/min"),
         "tokens": env.str("ARTWEB_THROTTLE_TOKENS", default="10/min"),
+        # Chat completions on the OpenAI endpoint, per user (an ART client's own rollouts are not counted).
+        "endpoint": env.str("ARTWEB_THROTTLE_ENDPOINT", default="600/min"),
     },
 }
 SPECTACULAR_SETTINGS = {

@@ -70,7 +70,7 @@ def world(db, alice, api_settings):
     """alice's rows of every kind a route names, and throttles out of the way (their own tests exist)."""
     api_settings.REST_FRAMEWORK = {
         **api_settings.REST_FRAMEWORK,
-        "DEFAULT_THROTTLE_RATES": dict.fromkeys(("writes", "uploads", "runs", "tokens"), "1000000/min"),
+        "DEFAULT_THROTTLE_RATES": dict.fromkeys(("writes", "uploads", "runs", "tokens", "endpoint"), "1000000/min"),
     }
     run = RunFactory(owner=alice)
     StepFactory(run=run)

@@ -42,12 +42,21 @@ CLAIMED, STARTED, ERROR, BODY, CHUNK, END = b"c", b"s", b"x", b"b", b"d", b"e"
 class ServeError(Exception):
     """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: int | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.retry_after = retry_after  # seconds, sent as Retry-After (a 429)
 
     def as_dict(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"

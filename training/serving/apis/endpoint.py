@@ -10,11 +10,15 @@ request.
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 from asgiref.sync import sync_to_async
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.authtoken.models import Token
 
+from artweb.api import WriteThrottle
 from artweb.jsonlimits import JSONLimitError, json_loads_limited
 from training.serving.protocol import ServeError, ServeTarget
 from training.serving.selectors import serve_model_list, serve_model_resolve
@@ -22,7 +26,31 @@ from training.serving.services.serving import serve_body_check, serve_exchange_s
 
 
 def _error(exc: ServeError) -> JsonResponse:
-    return JsonResponse(exc.as_dict(), status=exc.status)
+    response = JsonResponse(exc.as_dict(), status=exc.status)
+    if exc.retry_after is not None:
+        response["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+# DRF's scoped throttle, asked outside a DRF view: its scope comes from this stand-in for the view.
+_ENDPOINT_SCOPE = SimpleNamespace(throttle_scope="endpoint")
+
+
+def endpoint_throttle(request, user) -> None:
+    """Count a chat completion against the user's endpoint rate (ARTWEB_THROTTLE_ENDPOINT); over it, a 429
+    in OpenAI's shape with Retry-After, which the openai client waits out and retries by itself."""
+    request.user = user  # what the throttle keys on
+    throttle = WriteThrottle()
+    if throttle.allow_request(request, _ENDPOINT_SCOPE):
+        return
+    wait = max(1, math.ceil(throttle.wait() or 1))
+    raise ServeError(
+        429,
+        f"Too many chat completions: your limit on this endpoint is {throttle.rate}. Try again in {wait} s, "
+        "or ask an operator to raise ARTWEB_THROTTLE_ENDPOINT.",
+        code="rate_limit_exceeded",
+        retry_after=wait,
+    )
 
 
 def bearer_user(request):
@@ -42,6 +70,7 @@ def bearer_user(request):
 
 def _prepare(request, raw: bytes) -> tuple[ServeTarget, dict]:
     user = bearer_user(request)
+    endpoint_throttle(request, user)
     try:
         body = json_loads_limited(raw or b"null")
     except JSONLimitError as exc:
