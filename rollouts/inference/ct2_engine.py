@@ -277,6 +277,7 @@ class Engine:
         rows = [(job, i) for job in jobs for i in range(job.n)]  # batch row -> (job, sample index)
         texts = ["" for _ in rows]  # decoded so far, for stop strings
         stopped = [False] * len(rows)
+        step_logits = StepLogits()
 
         def finish(row: int, reason: str) -> bool:
             job, i = rows[row]
@@ -295,7 +296,8 @@ class Engine:
             sample.token_ids.append(int(step.token_id))
             sample.logprobs.append(float(step.log_prob) if step.log_prob is not None else math.nan)
             if sampling.top_logprobs:
-                sample.top.append(_top(step.logits, sampling.top_logprobs))
+                decoding = [r for r in range(len(rows)) if not stopped[r]]
+                sample.top.append(_top(step_logits.of(step, row, decoding), sampling.top_logprobs))
             if job.on_token is not None:
                 job.on_token(i, sample)
             if job.cancelled:
@@ -429,10 +431,33 @@ def _shared_prefix(prompts: list[list[int]]) -> int:
     return max(0, min(len(os.path.commonprefix(prompts)), min(map(len, prompts)) - 1))
 
 
-def _top(logits, k: int) -> list[tuple[int, float]]:
-    """The k most likely tokens at a step and their log-probs, from the step's logits (1, vocab): a
-    CTranslate2 StorageView, in the model's compute type (bfloat16 logits have no array interface, so they
-    are converted to float32 first; numpy would fail on them with "float() argument must be ...")."""
+class StepLogits:
+    """Each row's logits at a decoding step of a batch, for its top log-probs.
+
+    CTranslate2 hands a step's logits to the callback of the first row still decoding, as one view of
+    (rows still decoding, vocab), and an empty view to the other rows' callbacks of that step. So the first
+    callback of a step keeps them, with the rows they belong to (in batch order), and each row reads its own.
+    """
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.values = None
+        self.rows: list[int] = []
+
+    def of(self, step, row: int, decoding: list[int]):
+        """Row `row`'s logits at `step` (a GenerationStepResult); `decoding`: the batch's rows still decoding
+        at this step, in batch order, as the step's first callback sees them."""
+        shape = list(step.logits.shape)
+        if shape:
+            self.step, self.values, self.rows = step.step, _as_array(step.logits).reshape(shape[0], -1), decoding
+        if self.step != step.step or row not in self.rows or self.values.shape[0] != len(self.rows):
+            raise RuntimeError(f"no logits for row {row} at step {step.step}")
+        return self.values[self.rows.index(row)]
+
+
+def _as_array(logits):
+    """A CTranslate2 StorageView as float32 numpy: bfloat16 has no array interface (numpy would fail with
+    "float() argument must be ..."), so other types are converted to float32 first."""
     import numpy as np
 
     to = getattr(logits, "to", None)
@@ -440,7 +465,15 @@ def _top(logits, k: int) -> list[tuple[int, float]]:
         import ctranslate2
 
         logits = to(ctranslate2.DataType.float32)
-    values = np.asarray(logits, dtype=np.float32).reshape(-1)
+    return np.asarray(logits, dtype=np.float32)
+
+
+def _top(logits, k: int) -> list[tuple[int, float]]:
+    """The k most likely tokens at a step and their log-probs, from one row's logits at that step (an array
+    or a StorageView of one row)."""
+    import numpy as np
+
+    values = _as_array(logits).reshape(-1)
     shifted = values - values.max()
     logprobs = shifted - np.log(np.exp(shifted).sum())
     best = np.argpartition(-logprobs, k)[:k] if k < logprobs.size else np.arange(logprobs.size)

@@ -162,6 +162,27 @@ def test_top_logprobs_rank_the_alternatives(ct2_server):
         assert entry["logprob"] <= top[0] + 1e-4
 
 
+def test_each_row_of_a_batch_gets_its_own_top_logprobs(ct2_server):
+    """Several rows in one batch (n > 1, as the playground asks): CTranslate2 hands a step's logits for all
+    rows to one row's callback and an empty view to the others'; every answer failed with "generation
+    failed: float() argument must be ... not 'ctranslate2._ext.StorageView'". Each row's top log-probs are
+    its own: the token it sampled, where among its top ones, has the log-prob reported for it."""
+    # No seed: a seeded request is sampled on its own path (transformers), not in a CTranslate2 batch.
+    answer = _chat(ct2_server, temperature=1.0, n=3, max_tokens=10, logprobs=True, top_logprobs=5)
+    assert answer.status_code == 200, answer.text
+    choices = answer.json()["choices"]
+    assert len(choices) == 3 and len({c["message"]["content"] for c in choices}) > 1
+    found = 0
+    for choice in choices:
+        for entry in choice["logprobs"]["content"]:
+            top = {t["token"]: t["logprob"] for t in entry["top_logprobs"]}
+            assert len(top) == 5 and entry["logprob"] <= max(top.values()) + 1e-3
+            if entry["token"] in top:
+                found += 1
+                assert entry["logprob"] == pytest.approx(top[entry["token"]], abs=1e-3)
+    assert found >= 10  # most sampled tokens are among their row's five likeliest
+
+
 def test_a_named_tool_choice_answers_with_that_call(ct2_server):
     tools = [
         {
