@@ -52,6 +52,7 @@ class DatabaseCollector:
         t0 = time.perf_counter()
         now = self.now()
         yield from self._runs()
+        yield from self._usage(now)
         yield from self._steps(now)
         yield from self._rollouts(now)
         yield from self._heartbeats(now)
@@ -68,6 +69,24 @@ class DatabaseCollector:
         for status in Run.Status.values:
             runs.add_metric([status], counts.get(status, 0))
         yield runs
+
+    def _usage(self, now):
+        """How long each user's runs held a worker: the wall time of their steps that ended in the last 24
+        hours (a step holds its worker, and its GPU, from start to end)."""
+        usage = GaugeMetricFamily(
+            "artweb_user_step_seconds_24h",
+            "Wall seconds of each user's training steps that ended in the last 24 hours.",
+            labels=["user_id"],
+        )
+        rows = (
+            Step.objects.filter(created_at__gte=now - timedelta(hours=24))
+            .values("run__owner_id")
+            .annotate(seconds=Sum("duration_s"))
+            .values_list("run__owner_id", "seconds")
+        )
+        for user_id, seconds in rows:
+            usage.add_metric([str(user_id)], _num(seconds))
+        yield usage
 
     def _steps(self, now):
         agg = Step.objects.aggregate(

@@ -50,12 +50,14 @@ def activity(alice, bob):
         step=1,
         metrics={"rollouts": 8, "rollout_errors": 1, "completion_tokens_total": 400},
         timings={"rollouts": 4.0},
+        duration_s=30.0,
     )
     StepFactory(
         run=running,
         step=2,
         metrics={"rollouts": 8, "rollout_errors": 0, "completion_tokens_total": 600},
         timings={"rollouts": 2.0},
+        duration_s=12.5,
     )
     group = TrajectoryGroupFactory(run=running, step=2)
     for i, ms in enumerate((100, 200, 300, 400)):
@@ -89,6 +91,8 @@ def test_a_staff_session_or_the_bearer_token_may_scrape(client, staff, settings,
 
 def test_the_values_match_the_database(client, staff, activity, queues):
     r, (q1, q2) = queues
+    day_old = StepFactory(run=RunFactory(owner=activity["running"].owner, status="completed"), duration_s=900.0)
+    type(day_old).objects.filter(id=day_old.id).update(created_at=timezone.now() - timedelta(hours=25))
     r.rpush(q1, "a", "b", "c")
     r.rpush(f"{q1}\x06\x163", "d")  # a priority sub-queue counts toward its queue
     r.rpush(q2, "e")
@@ -98,7 +102,7 @@ def test_the_values_match_the_database(client, staff, activity, queues):
     for status in Run.Status.values:
         assert m[("artweb_runs", (("status", status),))] == Run.objects.filter(status=status).count()
     assert m[("artweb_runs", (("status", "running"),))] == 1
-    assert m[("artweb_steps_completed_total", ())] == 2
+    assert m[("artweb_steps_completed_total", ())] == 3
     assert m[("artweb_rollouts_total", ())] == 16
     assert m[("artweb_rollout_errors_total", ())] == 1
     assert m[("artweb_completion_tokens_total", ())] == 1000
@@ -115,6 +119,11 @@ def test_the_values_match_the_database(client, staff, activity, queues):
     assert m[("artweb_rollout_latency_seconds", (("quantile", "0.5"),))] == pytest.approx(0.25)
     assert m[("artweb_rollout_latency_seconds", (("quantile", "0.99"),))] == pytest.approx(0.397)
     assert m[("artweb_rollout_latency_seconds_mean", ())] == pytest.approx(0.25)
+
+    # Each user's step time of the last 24 hours: alice's two steps; bob's queued run has none yet.
+    alice_id, bob_id = str(activity["running"].owner_id), str(activity["queued"].owner_id)
+    assert m[("artweb_user_step_seconds_24h", (("user_id", alice_id),))] == pytest.approx(42.5)
+    assert ("artweb_user_step_seconds_24h", (("user_id", bob_id),)) not in m
 
     age = m[("artweb_run_heartbeat_age_seconds", (("run_id", run_id), ("worker", "gpu-1:42")))]
     assert 7 <= age < 60
