@@ -177,16 +177,23 @@ def attachment_file(attachment: DataAttachment) -> Path:
     return attachment_path(attachment_dir(), attachment.sha256)
 
 
-def attachments_resolve(*, owner, names: list[str]) -> dict[str, Path]:
-    """name -> stored file of each of `owner`'s attachments a run names. A run names its owner's own
-    attachments only (staff included: a name means one of yours, artweb.visibility's `own`); a name with
-    no such attachment is refused, naming it."""
+def attachments_lookup(*, owner, names: list[str]) -> tuple[dict[str, Path], list[str]]:
+    """name -> stored file of each of `owner`'s attachments among `names`, and the names that are none of
+    theirs, in order. A run names its owner's own attachments only (staff included: a name means one of
+    yours, artweb.visibility's `own`)."""
     found = {a.name: a for a in own(DataAttachment.objects.filter(name__in=names), owner)}
-    missing = [name for name in names if name not in found]
+    files = {name: attachment_file(found[name]) for name in names if name in found}
+    return files, [name for name in names if name not in found]
+
+
+def attachments_resolve(*, owner, names: list[str]) -> dict[str, Path]:
+    """name -> stored file of each of `owner`'s attachments a run names (attachments_lookup); a name with
+    no such attachment is refused, naming it."""
+    files, missing = attachments_lookup(owner=owner, names=names)
     if missing:
         raise ApplicationError(
             f"You have no data attachment named {missing[0]!r}. Upload it (Attachments page, the API or "
             "`artweb upload attachment`) or remove it from the run's attachments.",
             field_errors={"attachments": [f"{name}: no such attachment of yours" for name in missing]},
         )
-    return {name: attachment_file(found[name]) for name in names}
+    return files

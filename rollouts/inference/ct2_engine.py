@@ -296,8 +296,7 @@ class Engine:
             sample.token_ids.append(int(step.token_id))
             sample.logprobs.append(float(step.log_prob) if step.log_prob is not None else math.nan)
             if sampling.top_logprobs:
-                decoding = [r for r in range(len(rows)) if not stopped[r]]
-                sample.top.append(_top(step_logits.of(step, row, decoding), sampling.top_logprobs))
+                sample.top.append(_top(step_logits.of(step, row, stopped), sampling.top_logprobs))
             if job.on_token is not None:
                 job.on_token(i, sample)
             if job.cancelled:
@@ -444,12 +443,13 @@ class StepLogits:
         self.values = None
         self.rows: list[int] = []
 
-    def of(self, step, row: int, decoding: list[int]):
-        """Row `row`'s logits at `step` (a GenerationStepResult); `decoding`: the batch's rows still decoding
-        at this step, in batch order, as the step's first callback sees them."""
+    def of(self, step, row: int, stopped: list[bool]):
+        """Row `row`'s logits at `step` (a GenerationStepResult); `stopped`: which rows of the batch stopped
+        decoding, as the step's first callback sees them."""
         shape = list(step.logits.shape)
         if shape:
-            self.step, self.values, self.rows = step.step, _as_array(step.logits).reshape(shape[0], -1), decoding
+            self.step, self.values = step.step, _as_array(step.logits).reshape(shape[0], -1)
+            self.rows = [r for r, done in enumerate(stopped) if not done]
         if self.step != step.step or row not in self.rows or self.values.shape[0] != len(self.rows):
             raise RuntimeError(f"no logits for row {row} at step {step.step}")
         return self.values[self.rows.index(row)]

@@ -17,7 +17,14 @@ import ipaddress
 import re
 from collections.abc import Iterable
 
-from rollouts.sandbox.egress import ALLOW_SETTING, DEFAULT_PORTS, PORTS_SETTING, EgressPolicy, address_refusal
+from rollouts.sandbox.egress import (
+    ALLOW_SETTING,
+    DEFAULT_PORTS,
+    PORTS_SETTING,
+    EgressPolicy,
+    address_refusal,
+    target_key,
+)
 
 MAX_HOSTS = 20  # named hosts one run may list
 HOSTS_PORT = 443  # the port of an entry that names none
@@ -87,7 +94,7 @@ def host_entry_check(entry: str, policy: EgressPolicy) -> str:
     if raw.endswith(":") or (port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536)):
         raise ValueError(f"{raw!r} has no valid port: give a number from 1 to 65535, {example}")
     port = int(port_text) if port_text else HOSTS_PORT
-    key = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    key = target_key(host, port)
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
@@ -116,9 +123,13 @@ def _size(n: int) -> str:
     return f"{n} B" if n < 1000 else f"{n / 1000:.1f} kB" if n < 1_000_000 else f"{n / 1_000_000:.1f} MB"
 
 
+def _where(c: dict) -> str:
+    return f"{c['host']}:{c['port']}" if c.get("port") else (c.get("host") or "?")
+
+
 def connection_line(c: dict) -> str:
     """One connection as a person reads it: where, whether it was made, bytes each way, how long."""
-    where = f"{c['host']}:{c['port']}" if c.get("port") else (c.get("host") or "?")
+    where = _where(c)
     if c.get("allowed"):
         return (
             f"[artweb tunnel] {where}: connected, {_size(c['sent'])} sent, {_size(c['received'])} received, "
@@ -147,7 +158,7 @@ def connections_summary(connections: Iterable[dict]) -> dict:
     hosts: dict[str, dict] = {}
     reasons: dict[str, str] = {}
     for c in connections:
-        where = f"{c['host']}:{c['port']}" if c.get("port") else (c.get("host") or "?")
+        where = _where(c)
         row = hosts.setdefault(where, {"connections": 0, "refused": 0, "sent": 0, "received": 0, "seconds": 0.0})
         row["connections" if c.get("allowed") else "refused"] += 1
         row["sent"] += c.get("sent", 0)

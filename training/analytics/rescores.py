@@ -40,14 +40,13 @@ from artweb.visibility import may_see, require_visible, visible
 from rollouts.models import RewardFunctionVersion
 from rollouts.sandbox.batch import SandboxLimits
 from rollouts.sandbox.scores import ScoreGroup, ScoreRequest, run_scores
-from rollouts.selectors import attachments_resolve
+from rollouts.selectors import attachments_lookup
 from training import task_names
 from training.jobs.kinds import JobKind
 from training.jobs.leases import JobHeartbeat, worker_name
 from training.jobs.services import job_claim, job_enqueue, job_event, job_fail, job_finish
 from training.models import PretrainedModel, Rescore, RescoreScore, Run, Trajectory, TrajectoryGroup
 from training.services import inference
-from training.services.attachments import attachments_missing
 from training.services.judges import judge_resolve, judge_upstream
 from training.services.runs import run_event
 from training.services.steps import sandbox_unjailed_warn
@@ -188,14 +187,15 @@ def _attachments(run: Run) -> dict:
     """name -> stored file of each data attachment the run names, bound at /data/<name> as in its steps, so a
     reward that reads one scores as it did there; one deleted since the run is refused, naming it."""
     names = run.config.get("attachments") or []
-    if missing := attachments_missing(owner=run.owner, names=names):
+    files, missing = attachments_lookup(owner=run.owner, names=names)
+    if missing:
         raise ApplicationError(
             f"The run {run.name!r} reads the data attachment {missing[0]!r} at /data/{missing[0]}, which has been "
             "deleted since: a reward that reads it could not score. Upload it again under the same name, then "
             "re-score.",
             field_errors={"run": [f"{name}: data attachment deleted" for name in missing]},
         )
-    return attachments_resolve(owner=run.owner, names=names)
+    return files
 
 
 def rescore_label(rescore: Rescore) -> str:

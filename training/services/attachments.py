@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from artweb.errors import ApplicationError
 from rollouts.attachments import attachment_rules_register
-from rollouts.selectors import attachment_own_list
 from training.models import DryRun, Rescore, Run
 from training.selectors import quota_status
 
@@ -23,12 +22,6 @@ def quota_check_attachment(*, user, adding: int) -> None:
             "attachments you no longer need, or ask an operator to raise your quota.",
             field_errors={"quota": ["attachment_bytes"]},
         )
-
-
-def attachments_missing(*, owner, names: list[str]) -> list[str]:
-    """The names among `names` that are none of the owner's attachments now (deleted since a job named them)."""
-    have = set(attachment_own_list(user=owner).filter(name__in=names).values_list("name", flat=True))
-    return [name for name in names if name not in have]
 
 
 def attachment_uses(*, attachment) -> list[str]:

@@ -23,7 +23,7 @@ from artweb.visibility import require_visible
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
 from rollouts.sandbox.records import deadline_stopped, deadline_summary, reward_failed
 from rollouts.sandbox.rollouts import dry_run
-from rollouts.selectors import attachments_resolve, bundle_limits, script_version_bundle
+from rollouts.selectors import attachments_lookup, attachments_resolve, bundle_limits, script_version_bundle
 from training import task_names
 from training.config import run_config_parse
 from training.engine.advantages import group_advantages
@@ -32,7 +32,6 @@ from training.jobs.leases import JobHeartbeat, worker_name
 from training.jobs.services import job_claim, job_enqueue, job_event, job_fail, job_finish
 from training.models import DryRun, Run
 from training.services import inference
-from training.services.attachments import attachments_missing
 
 logger = logging.getLogger(__name__)
 
@@ -143,12 +142,13 @@ def _attachments_check(owner, names) -> list[str]:
 def _attachments_bound(obj: DryRun) -> dict[str, Path]:
     """name -> stored file of each attachment the dry run names, looked up again as it runs: one deleted
     since it was queued fails the dry run, naming the attachment."""
-    if missing := attachments_missing(owner=obj.owner, names=obj.attachments):
+    files, missing = attachments_lookup(owner=obj.owner, names=obj.attachments)
+    if missing:
         raise ApplicationError(
             f"The data attachment {missing[0]!r} that this dry run names was deleted after it was queued, so it "
             f"cannot be at /data/{missing[0]}. Upload it again under the same name, then start the dry run again."
         )
-    return attachments_resolve(owner=obj.owner, names=obj.attachments)
+    return files
 
 
 def dry_run_timeout_s(*, rollouts: int) -> float:
