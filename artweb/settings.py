@@ -266,6 +266,10 @@ ARTWEB = {
     # "vllm" or "ctranslate2". A GPU worker runs vLLM unless told otherwise.
     "INFERENCE_ENGINE": env.str("ARTWEB_INFERENCE_ENGINE", default="auto"),
     "TRAINER_BACKEND": env.str("ARTWEB_TRAINER_BACKEND", default="peft"),
+    # The runs whose training state (LoRA, optimizer, schedule) a GPU worker keeps between their steps, the
+    # one loaded included: runs that load the same model share one copy of its weights and switch in
+    # milliseconds; a run beyond it (or when memory runs short) resumes from its checkpoint instead.
+    "RUNS_PER_WORKER": env.int("ARTWEB_RUNS_PER_WORKER", default=4),
     "DEVICE": env.str("ARTWEB_DEVICE", default="cpu"),
     "HEARTBEAT_SECONDS": env.int("ARTWEB_HEARTBEAT_SECONDS", default=15),
     # How often a worker sweeps for stale runs and owed messages (training.sweeper); 0 turns it off.

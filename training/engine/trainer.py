@@ -33,10 +33,11 @@ from training.engine.advantages import compute_advantages
 from training.engine.attention import use_packed_attention
 from training.engine.backends import LOADERS, LoadedModel, resolve_dtype
 from training.engine.batching import MicroBatch, collate, pack, plan_micro_batches, plan_packed
-from training.engine.checkpoint import read_checkpoint, restore_rng, write_checkpoint
+from training.engine.checkpoint import CheckpointState, capture_rng, read_checkpoint, restore_rng, write_checkpoint
 from training.engine.config import ConfigError, TrainConfig
 from training.engine.logprobs import token_logprobs
 from training.engine.losses import aggregate, kl_k3, policy_loss
+from training.engine.optim import new_optimizer
 from training.engine.tokenize import TokenizedSequence, tokenize_trajectory, trajectory_histories
 
 # The smallest micro-batch budget an out-of-memory retry goes down to (TrainConfig's own lower bound).
@@ -103,10 +104,12 @@ class GRPOTrainer:
         self._param_names: list[str] = []
 
     # --- lifecycle -------------------------------------------------------------------------------------
-    def load(self, checkpoint_dir: str | None = None) -> None:
-        """Base weights + a fresh LoRA (None), or exactly the state saved in checkpoint_dir."""
+    def load(self, checkpoint_dir: str | None = None, *, state: CheckpointState | None = None) -> None:
+        """Base weights + a fresh LoRA (None), or exactly the state saved in checkpoint_dir (or kept in
+        memory: `state`, a snapshot())."""
         self.close()
-        state = read_checkpoint(checkpoint_dir) if checkpoint_dir else None
+        if checkpoint_dir:
+            state = read_checkpoint(checkpoint_dir)
         if state is not None:
             self._check_compatible(state.config)
         # Seed every RNG at a run's start so the LoRA init and any dropout are reproducible;
@@ -120,19 +123,40 @@ class GRPOTrainer:
             self._loaded.tokenizer.chat_template = self.chat_template
         if self.packed and not use_packed_attention(self._loaded.model):
             self.packed = False  # a model without pluggable attention trains on padded rows, as before
-        named = sorted((n, p) for n, p in self.model.named_parameters() if p.requires_grad)
-        self._param_names = [n for n, _ in named]
-        self.optimizer = torch.optim.AdamW(
-            [p for _, p in named],
-            lr=self.cfg.learning_rate,
-            betas=(self.cfg.adam_beta1, self.cfg.adam_beta2),
-            eps=self.cfg.adam_epsilon,
-            weight_decay=self.cfg.weight_decay,
-        )
-        self.scheduler = _make_scheduler(self.cfg, self.optimizer)
-        self.step = 0
+        self._new_optimizer()
         if state is not None:
             self._restore(state)
+
+    def adopt(self, cfg: TrainConfig, seed: int, state: CheckpointState) -> None:
+        """Train another run on the weights loaded: its config and seed, and its LoRA, optimizer, schedule, RNG
+        and step from `state` (a checkpoint read, or a snapshot()), exactly as load() would restore them. The
+        other run's config must load the same model (training.engine.parking.structure)."""
+        self.cfg, self.seed = cfg, seed
+        self.micro_batch_tokens = cfg.micro_batch_tokens or fit.CPU_DEFAULT_TOKENS
+        self._sizing = cfg.micro_batch_tokens is None and self.device.startswith("cuda")
+        self._check_compatible(state.config)
+        self._new_optimizer()
+        self._restore(state)
+
+    def snapshot(self) -> CheckpointState:
+        """What save_checkpoint writes, kept in memory instead: the adapter's weights copied, the optimizer's
+        and the schedule's state as they are (the optimizer is replaced before it steps again)."""
+        from peft.utils import get_peft_model_state_dict
+
+        adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+        return CheckpointState(
+            adapter=adapter,
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            rng=capture_rng(),
+            param_names=list(self._param_names),
+            config=self.cfg.to_dict(),
+            step=self.step,
+        )
+
+    def _new_optimizer(self) -> None:
+        self._param_names, self.optimizer, self.scheduler = new_optimizer(self.cfg, self.model)
+        self.step = 0
 
     def _check_compatible(self, saved: dict[str, Any]) -> None:
         for key in ("lora_rank", "lora_alpha", "lora_target_modules"):
@@ -453,17 +477,6 @@ class GRPOTrainer:
     def _pad_id(self) -> int:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-
-
-def _make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> Any:
-    from transformers import get_scheduler
-
-    name = {
-        "constant": "constant_with_warmup" if cfg.warmup_steps else "constant",
-        "linear": "linear",
-        "cosine": "cosine",
-    }[cfg.lr_scheduler]
-    return get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.total_steps)
 
 
 def _seed_everything(seed: int) -> None:

@@ -3,9 +3,8 @@
 A GPU worker runs one run step at a time (concurrency 1), so plain module state is enough here. The
 vLLM server is started for a base model on first use, restarted if it died, and stopped with the
 worker. A second server, for RULER's judge, is started only when the first cannot serve the base model
-while a step's policy is loaded (see judge_endpoint). The trainer stays loaded between steps of the same
-run; a different run, or a step that is not the one the trainer is at (a retry, another worker's
-progress), reloads it from the checkpoint.
+while a step's policy is loaded (see judge_endpoint). The trainer stays loaded between steps, and runs that
+load the same model share it, each run's own state swapped in for its step (training.services.trainer_pool).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from rollouts.inference.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_
 from rollouts.sandbox.jail import JailConfig
 from rollouts.sandbox.proxy import Upstream
 from rollouts.sandbox.uid_lease import uid_range
+from training.services import trainer_pool
 from training.services.model_files import model_files_check
 
 logger = logging.getLogger(__name__)
@@ -52,8 +52,6 @@ _judge_model: str | None = None
 # Starts that failed: (the served identity and max length) -> (time.monotonic() of the failure, its message).
 _start_failures: dict[str, tuple[float, str]] = {}
 START_RETRY_SECONDS = 300  # how long a model whose start failed is refused at once, with that failure's reason
-_trainer = None
-_trainer_key: tuple[int, int] | None = None  # (run id, step the trainer is at)
 _resident_reference: int | None = None  # release_memory's: resident bytes after the first step since a trim
 RSS_GROWTH = 1.5  # release_memory trims when a step leaves the worker this many times its reference
 
@@ -356,34 +354,25 @@ def adapters_loaded_publish() -> None:
 
 
 def trainer_for(run, *, checkpoint_dir: str | None):
-    """The trainer for this run at run.steps_done, loading or resuming as needed."""
-    global _trainer, _trainer_key
-    # Here, not at the top: the trainer loads torch, which only a process that trains needs.
-    from training.engine.trainer import make_trainer
+    """The trainer holding this run at run.steps_done (checkpoint_dir: that step's checkpoint, None at step 0),
+    loaded, or swapped in beside other runs' states (training.services.trainer_pool)."""
 
-    key = (run.id, run.steps_done)
-    if _trainer is not None and _trainer_key == key:
-        return _trainer
-    trainer_close()
-    cfg = _train_config(run)
-    # The run's one seed (RunConfig.seed) seeds the trainer as it seeds the scenario sampling; trajectories
-    # are tokenized with the chat template the inference server rendered them with.
-    template = chat_template_file(run.base_model)
-    trainer = make_trainer(
-        cfg,
-        base_model_path=base_model_path(run.base_model),
-        device=settings.ARTWEB["DEVICE"],
-        seed=int(run.config.get("seed", 0)),
-        chat_template=Path(template).read_text() if template else None,
-    )
-    trainer.load(checkpoint_dir)
-    # The model, its tokenizer and the libraries they pulled in are a large graph that lives as long as the
-    # trainer; freezing it takes it out of every later collection (release_memory's took ~0.35 s a step).
-    # Collected first, so that no garbage of the step so far is frozen with it.
-    gc.collect()
-    gc.freeze()
-    _trainer, _trainer_key = trainer, key
-    return trainer
+    def make():
+        # Here, not at the top: the trainer loads torch, which only a process that trains needs.
+        from training.engine.trainer import make_trainer
+
+        # The run's one seed (RunConfig.seed) seeds the trainer as it seeds the scenario sampling; trajectories
+        # are tokenized with the chat template the inference server rendered them with.
+        template = chat_template_file(run.base_model)
+        return make_trainer(
+            _train_config(run),
+            base_model_path=base_model_path(run.base_model),
+            device=settings.ARTWEB["DEVICE"],
+            seed=int(run.config.get("seed", 0)),
+            chat_template=Path(template).read_text() if template else None,
+        )
+
+    return trainer_pool.trainer_for(run, checkpoint_dir=checkpoint_dir, make=make)
 
 
 def _train_config(run):
@@ -397,27 +386,15 @@ def trainer_fit_check(run) -> None:
     """Before a run's rollouts on a GPU where no trainer is loaded: fit.TrainerDoesNotFit, saying what would
     fit, when the run's model cannot be trained in the memory left beside the inference server. (With another
     run's trainer loaded, the check waits for trainer_for, which frees it first.)"""
-    if _trainer is not None:
+    if trainer_pool.trainer_loaded() is not None:
         return
     from training.engine import fit
 
     fit.check_before_load(_train_config(run), base_model_path(run.base_model), settings.ARTWEB["DEVICE"])
 
 
-def trainer_advanced(run_id: int, step: int) -> None:
-    global _trainer_key
-    _trainer_key = (run_id, step)
-
-
-def trainer_close() -> None:
-    global _trainer, _trainer_key
-    if _trainer is not None:
-        try:
-            _trainer.close()
-        except Exception:
-            logger.warning("trainer close failed", exc_info=True)
-        gc.unfreeze()  # what the old trainer held in cycles can be collected again
-    _trainer, _trainer_key = None, None
+trainer_advanced = trainer_pool.trainer_advanced
+trainer_close = trainer_pool.trainer_close
 
 
 def shutdown() -> None:

@@ -229,7 +229,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
     ckpt_dir = _checkpoint_dir(run, step)
     try:
         info = trainer.save_checkpoint(str(ckpt_dir))
-        inference.trainer_advanced(run.id, step)
+        inference.trainer_advanced(run.id, step, str(ckpt_dir))
         timings["checkpoint"] = time.perf_counter() - t
         t = time.perf_counter()
         new_name = adapter_name(run, step)
