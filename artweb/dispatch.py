@@ -56,3 +56,32 @@ def publish_on_commit(
             sent()
 
     transaction.on_commit(send_now)
+
+
+# kombu's Redis transport keeps a queue with priorities as one list per priority step: "q", "q\x06\x163", …
+PRIORITY_SEP = "\x06\x16"
+PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+def waiting_messages(queue: str) -> int | None:
+    """How many messages wait in `queue` on the broker, not yet taken by a worker; None when the broker cannot
+    say (unreachable, or not Redis)."""
+    from django.conf import settings
+
+    url = settings.CELERY_BROKER_URL
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            pipe = client.pipeline(transaction=False)
+            for p in PRIORITY_STEPS:
+                pipe.llen(queue if p == 0 else f"{queue}{PRIORITY_SEP}{p}")
+            return sum(pipe.execute())
+        finally:
+            client.close()
+    except redis.RedisError:
+        logger.warning("the broker did not say how many messages wait in %s", queue, exc_info=True)
+        return None

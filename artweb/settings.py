@@ -360,6 +360,20 @@ ARTWEB_QUOTA_TRAJECTORY_MB = env.int("ARTWEB_QUOTA_TRAJECTORY_MB", default=10240
 ARTWEB_QUOTA_CONCURRENT_RUNS = env.int("ARTWEB_QUOTA_CONCURRENT_RUNS", default=8)  # runs queued or running
 ARTWEB_QUOTA_STEPS_PER_DAY = env.int("ARTWEB_QUOTA_STEPS_PER_DAY", default=5000)  # training steps in 24 hours
 ARTWEB_QUOTA_ATTACHMENT_MB = env.int("ARTWEB_QUOTA_ATTACHMENT_MB", default=10240)  # data attachments, MB
+ARTWEB_QUOTA_GPU_HOURS_PER_DAY = env.float("ARTWEB_QUOTA_GPU_HOURS_PER_DAY", default=0)  # step hours in 24 hours
+# The fair queue of training steps (training.selectors_queue): a GPU worker's next turn goes to the waiting run
+# whose owner used the least GPU time (for their share weight) in this many hours.
+ARTWEB_FAIR_SHARE_HOURS = env.float("ARTWEB_FAIR_SHARE_HOURS", default=1.0)
+if not 0 < ARTWEB_FAIR_SHARE_HOURS <= 24 * 30:
+    raise ImproperlyConfigured(
+        f"ARTWEB_FAIR_SHARE_HOURS={ARTWEB_FAIR_SHARE_HOURS:g}: give the hours of GPU time the fair queue "
+        "remembers, above 0 and at most 720 (30 days), e.g. 1."
+    )
+if not 0 <= ARTWEB_QUOTA_GPU_HOURS_PER_DAY <= 24_000:
+    raise ImproperlyConfigured(
+        f"ARTWEB_QUOTA_GPU_HOURS_PER_DAY={ARTWEB_QUOTA_GPU_HOURS_PER_DAY:g}: give the hours of training steps a "
+        "user's runs may take in 24 hours, fractions allowed, from 0 (no limit) to 24000."
+    )
 
 # The egress guard (rollouts.sandbox.egress) for every connection made on a user's behalf: export targets
 # and their test events, judge endpoints, the jail's HTTPS tunnels. Loopback, private, link-local and other

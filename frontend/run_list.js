@@ -107,6 +107,13 @@ function onMessage(msg) {
   else if (msg.type === "status" || msg.type === "step") {
     const tr = rows.get(Number(msg.run));
     if (tr) update(tr, msg);
+  } else if (msg.type === "queue") {
+    const cell = rows.get(Number(msg.run))?.querySelector("[data-queue]");
+    if (!cell) return;
+    // Its place in the fair queue while it waits for a GPU worker; a message with no place: out of it.
+    cell.hidden = msg.place == null;
+    cell.textContent = msg.place == null ? "" : `#${msg.place} in queue`;
+    cell.title = msg.reason || "";
   }
 }
 

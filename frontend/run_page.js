@@ -296,6 +296,14 @@ function addStep(msg) {
   renderStatus();
 }
 
+// The run's place in the fair queue while it waits for a GPU worker; a message with no place: out of it.
+function showQueue(msg) {
+  const line = document.getElementById("run-queue");
+  if (!line) return;
+  line.hidden = msg.place == null;
+  line.querySelector("[data-queue-reason]").textContent = msg.reason || "";
+}
+
 function onMessage(msg) {
   live.messages += 1;
   switch (msg.type) {
@@ -309,6 +317,7 @@ function onMessage(msg) {
     case "event": addEvent(msg); break;
     case "log": addLog(msg); break;
     case "group": addGroup(msg); break;
+    case "queue": showQueue(msg); break;
     default: break;
   }
 }

@@ -6,7 +6,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.http import FileResponse
 from django.template.defaultfilters import filesizeformat
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 
 from artweb.errors import ApplicationError
 from artweb.visibility import VisibleAdminMixin
@@ -26,7 +26,7 @@ from training.models import (
     Trajectory,
     TrajectoryGroup,
 )
-from training.selectors import quota_status
+from training.selectors import quota_status, share_weights
 from training.services.base_models import base_model_check, recommended_train_check
 from training.services.checkpoints import (
     checkpoint_apply_retention,
@@ -420,14 +420,17 @@ class DryRunAdmin(VisibleAdminMixin, admin.ModelAdmin):
 class QuotaAdmin(admin.ModelAdmin):
     """Quotas per user or per group (training.services.quotas). A user's limit of each quota is their own
     row's, else the most generous of their groups' rows', else the deployment's default (ARTWEB_QUOTA_*);
-    an empty field is not set by the row, 0 is no limit. A user's row shows what they use now."""
+    an empty field is not set by the row, 0 is no limit. The share weight (the fair queue's, no limit) is the
+    user's row's, else the largest of their groups', else 1. A user's row shows what they use now."""
 
     list_display = (
         "holder",
         "trajectory_mb",
         "concurrent_runs",
         "steps_per_day",
+        "gpu_hours_per_day",
         "attachment_mb",
+        "share_weight",
         "usage",
         "note",
         "updated_at",
@@ -441,7 +444,9 @@ class QuotaAdmin(admin.ModelAdmin):
         "trajectory_mb",
         "concurrent_runs",
         "steps_per_day",
+        "gpu_hours_per_day",
         "attachment_mb",
+        "share_weight",
         "note",
         "effective",
         "updated_at",
@@ -462,8 +467,9 @@ class QuotaAdmin(admin.ModelAdmin):
     def effective(self, obj):
         if obj is None or not obj.user_id:
             return "Each member's limits: their own row's, else the most generous group's, else the default."
+        weight, source = share_weights(user_ids=[obj.user_id])[obj.user_id]
         return format_html_join(
             "",
             "<p>{}: {} of {} <span class='help'>({})</span></p>",
             ((q.label, q.used_text, q.limit_text, q.source) for q in quota_status(user=obj.user)),
-        )
+        ) + format_html("<p>Share weight: {} <span class='help'>({})</span></p>", f"{weight:g}", source)

@@ -9,6 +9,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils.dateparse import parse_datetime
 
+from training.models import Run
 from training.selectors import (
     GROUPS_SHOWN,
     checkpoint_rows,
@@ -19,10 +20,12 @@ from training.selectors import (
     run_visible,
     runs_by_id,
 )
+from training.selectors_queue import run_queue_place, run_queue_places
 from training.services.broadcast import (
     checkpoint_message,
     event_message,
     log_message,
+    queue_message,
     run_group_messages,
     run_group_name,
     run_row_message,
@@ -113,6 +116,8 @@ class RunConsumer(_CatchUpConsumer):
             return []
         # The status message, with the rest of the page's summary: every field the first paint showed.
         out = [{**run_status_message(run), **run_summary(run, checkpoints=run.checkpoint_count)}]
+        if (place := run_queue_place(run=run)) is not None:
+            out.append(queue_message(run.id, place))  # its place in the fair queue
         progress = {"steps_done": run.steps_done, "num_steps": run.num_steps}
         steps = run_steps_since(run=run, after_step=cursor("after_step"), limit=CATCH_UP_LIMIT)
         out += [step_message(s, **progress) for s in steps]
@@ -158,4 +163,7 @@ class RunsConsumer(_CatchUpConsumer):
             .values_list("id", flat=True)[:RUNS_CATCH_UP_LIMIT]
         )
         ids = set(newer) | set(_ids(content, "runs", RUNS_CATCH_UP_LIMIT))
-        return [run_row_message(run) for run in runs_by_id(user=self.user, ids=ids).order_by("id")]
+        rows = [run_row_message(run) for run in runs_by_id(user=self.user, ids=ids).order_by("id")]
+        # Their places in the fair queue: one read of the queue for all of them.
+        places = run_queue_places() if any(row["status"] in Run.ACTIVE_STATUSES for row in rows) else {}
+        return rows + [queue_message(row["run"], places[row["run"]]) for row in rows if row["run"] in places]

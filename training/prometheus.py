@@ -58,6 +58,7 @@ class DatabaseCollector:
         yield from self._heartbeats(now)
         yield from self._queues()
         yield from self._workers()
+        yield from self._scheduling()
         yield from self._exports()
         yield GaugeMetricFamily(
             "artweb_metrics_scrape_seconds", "Time spent computing these metrics.", value=time.perf_counter() - t0
@@ -244,6 +245,43 @@ class DatabaseCollector:
             up = 0
         yield depth
         yield GaugeMetricFamily("artweb_broker_up", "1 if the Celery broker answered this scrape.", value=up)
+
+    def _scheduling(self):
+        """The fair queue and the GPU workers' sharing (training.selectors_ops, the admin's Scheduling page)."""
+        from training.selectors_ops import queue_overview, step_waits, usage_by_user, worker_loads
+
+        queue = queue_overview()
+        yield GaugeMetricFamily("artweb_queue_waiting_runs", "Runs waiting for a GPU worker's turn.", value=len(queue))
+        yield GaugeMetricFamily(
+            "artweb_queue_oldest_wait_seconds",
+            "How long the run waiting longest for a GPU worker's turn has waited (0: none waits).",
+            value=max((q.waiting_s for q in queue), default=0.0),
+        )
+        waits = step_waits()
+        mean = GaugeMetricFamily(
+            "artweb_step_wait_seconds_1h",
+            "Seconds the steps recorded in the last hour waited for their turn, by statistic.",
+            labels=["stat"],
+        )
+        mean.add_metric(["mean"], _num(waits.mean_s))
+        mean.add_metric(["max"], _num(waits.max_s))
+        yield mean
+        window = GaugeMetricFamily(
+            "artweb_user_gpu_seconds_fair_share_window",
+            "Each user's step seconds in the fair-share window (ARTWEB_FAIR_SHARE_HOURS), before their share weight.",
+            labels=["user_id"],
+        )
+        for usage in usage_by_user():
+            window.add_metric([str(usage.user_id)], usage.window_seconds)
+        yield window
+        held = GaugeMetricFamily(
+            "artweb_worker_runs_held",
+            "Runs whose training state each GPU worker keeps (ARTWEB_RUNS_PER_WORKER at most).",
+            labels=["worker"],
+        )
+        for load in worker_loads():
+            held.add_metric([load.worker], len(load.held))
+        yield held
 
     def _exports(self):
         failing = GaugeMetricFamily(

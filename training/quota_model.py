@@ -6,7 +6,16 @@ Kept out of training/models.py for its length; that module imports it, so it is 
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+
+def validate_share_weight(value: float) -> None:
+    if value is not None and not value > 0:
+        raise ValidationError(
+            "Give a share weight above 0 (2 gets twice the GPU time of a user at 1), or leave it empty for 1."
+        )
 
 
 class Quota(models.Model):
@@ -14,6 +23,8 @@ class Quota(models.Model):
 
     A limit left empty is not set by this row: the user's own row comes first, then the most generous of
     their groups' rows that set it, then the deployment's default (ARTWEB_QUOTA_* settings). 0 is no limit.
+    share_weight is no limit but the user's share in the fair queue of training steps (training.selectors_queue):
+    the user's own row's, else the largest of their groups', else 1.
     """
 
     user = models.OneToOneField(
@@ -40,6 +51,26 @@ class Quota(models.Model):
         help_text="Training steps of all the user's runs in any 24 hours; a run is paused when a step would be "
         "one more. Empty: not set here. 0: no limit.",
     )
+    gpu_hours_per_day = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[
+            MinValueValidator(0, "Give 0 (no limit) or more hours."),
+            MaxValueValidator(24_000, "Give at most 24000 hours, or 0 for no limit."),
+        ],
+        verbose_name="GPU hours a day",
+        help_text="Hours of training steps (their wall time on a GPU worker) of all the user's runs in any 24 "
+        "hours, fractions allowed; a run is paused when a step would start past it. Empty: not set here. 0: no "
+        "limit.",
+    )
+    share_weight = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[validate_share_weight],
+        help_text="The user's share of the GPU workers when runs wait for them (docs: Scheduling): a user at 2 gets "
+        "twice the GPU time of a user at 1. Not a limit: an idle GPU goes to any waiting run. Empty: not set "
+        "here; the user's own row's, else the largest of their groups', else 1.",
+    )
     attachment_mb = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -57,7 +88,15 @@ class Quota(models.Model):
                 condition=models.Q(user__isnull=False, group__isnull=True)
                 | models.Q(user__isnull=True, group__isnull=False),
                 name="quota_user_xor_group",
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(share_weight__isnull=True) | models.Q(share_weight__gt=0),
+                name="quota_share_weight_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(gpu_hours_per_day__isnull=True) | models.Q(gpu_hours_per_day__gte=0),
+                name="quota_gpu_hours_not_negative",
+            ),
         ]
 
     def __str__(self):

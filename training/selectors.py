@@ -4,36 +4,41 @@ scoped to what the user may see, by the one rule of artweb.visibility."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import numpy as np
-from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.db.models import F, Func, Max, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Max, OuterRef, Q, QuerySet
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
-from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from tsdownsample import MinMaxDownsampler
 
 from artweb.visibility import own, visible
-from rollouts.models import DataAttachment
 from training.charts import DEFAULT_SERIES, POINT_DIGITS
 from training.models import (
     Checkpoint,
     DryRun,
     JudgeEndpoint,
     PretrainedModel,
-    Quota,
     Run,
     RunEvent,
     RunLog,
     Step,
     Trajectory,
     TrajectoryGroup,
+)
+from training.selectors_quotas import (  # noqa: F401  (the quota reads, kept apart for this module's length)
+    QUOTA_FIELDS,
+    QUOTA_WINDOW,
+    QuotaLine,
+    quota_gpu_window_frees,
+    quota_limits,
+    quota_status,
+    quota_steps_window_frees,
+    quota_usage,
+    share_weights,
+    subquery_total,
 )
 
 # Series a run's charts and the metrics API can ask for (the charts' list: training.charts). Columns come
@@ -197,7 +202,7 @@ def run_figures_get(*, run_id: int) -> Run | None:
     """The run with what its page's summary and its runs-list row show, checkpoint_count (its checkpoints,
     kept or deleted) included, or None if it is gone. One query; the caller has checked that the user may
     see the run."""
-    checkpoints = _total(Checkpoint.objects.filter(run=OuterRef("pk")), "COUNT", "id")
+    checkpoints = subquery_total(Checkpoint.objects.filter(run=OuterRef("pk")), "COUNT", "id")
     runs = Run.objects.filter(id=run_id).select_related("base_model", "script_version__asset", "owner")
     return runs.annotate(checkpoint_count=checkpoints).first()
 
@@ -385,113 +390,3 @@ def runs_by_id(*, user, ids) -> QuerySet[Run]:
 def api_token_get(*, user) -> Token | None:
     """The user's API token, if they have one."""
     return Token.objects.filter(user=user).first()
-
-
-# --- quotas ------------------------------------------------------------------------------------------
-# A quota limits what a user's own runs use, whoever looks: a staff member sees every run (run_visible)
-# but is counted for theirs alone, so these reads filter on the owner, never through run_visible.
-
-QUOTA_WINDOW = timedelta(hours=24)  # "a day" of the steps-a-day quota: any 24 hours, not a calendar day
-
-
-@dataclass(frozen=True)
-class QuotaLine:
-    """One quota of a user: what they use against what they may (limit None: no limit)."""
-
-    key: str  # "trajectory_bytes", "concurrent_runs", "steps_per_day" or "attachment_bytes"
-    label: str  # what people read
-    used: int
-    limit: int | None
-    source: str  # where the limit comes from: "your own quota", 'group "research"', "the default"
-
-    @property
-    def reached(self) -> bool:
-        return self.limit is not None and self.used >= self.limit
-
-    def show(self, n: int | None) -> str:
-        if n is None:
-            return "no limit"
-        return filesizeformat(n) if self.key.endswith("_bytes") else f"{n:,}"
-
-    @property
-    def used_text(self) -> str:
-        return self.show(self.used)
-
-    @property
-    def limit_text(self) -> str:
-        return self.show(self.limit)
-
-
-# Quota field -> (the line's key, its label, the setting of the deployment's default, the limit's unit in bytes).
-QUOTA_FIELDS = {
-    "trajectory_mb": ("trajectory_bytes", "Stored trajectories", "ARTWEB_QUOTA_TRAJECTORY_MB", 1 << 20),
-    "concurrent_runs": ("concurrent_runs", "Runs queued or running", "ARTWEB_QUOTA_CONCURRENT_RUNS", 1),
-    "steps_per_day": ("steps_per_day", "Training steps in the last 24 hours", "ARTWEB_QUOTA_STEPS_PER_DAY", 1),
-    "attachment_mb": ("attachment_bytes", "Data attachments", "ARTWEB_QUOTA_ATTACHMENT_MB", 1 << 20),
-}
-
-
-def quota_limits(*, user) -> dict[str, tuple[int | None, str]]:
-    """The user's limit of each quota and where it comes from, field by field: the user's own row when it
-    sets the field, else the most generous of their groups' rows that set it, else the deployment's
-    default. A limit of 0 is no limit (None here); limits are in the field's unit (MB, runs, steps)."""
-    rows = list(Quota.objects.filter(Q(user=user) | Q(group__in=user.groups.all())).select_related("group"))
-    own = next((r for r in rows if r.user_id == user.id), None)
-    limits = {}
-    for field in QUOTA_FIELDS:
-        if own is not None and getattr(own, field) is not None:
-            value, source = getattr(own, field), "your own quota"
-        elif grants := [
-            (getattr(r, field), r.group.name) for r in rows if r.group_id and getattr(r, field) is not None
-        ]:
-            # The most generous group: no limit (0) above any number.
-            value, name = max(grants, key=lambda grant: (grant[0] == 0, grant[0]))
-            source = f'group "{name}"'
-        else:
-            value, source = getattr(settings, QUOTA_FIELDS[field][2]), "the default"
-        limits[field] = (value or None, source)
-    return limits
-
-
-def _total(qs: QuerySet, function: str, field: str) -> Coalesce:
-    """SUM or COUNT of a field over qs, as a subquery that is 0 over no rows (not an aggregate: no GROUP BY)."""
-    return Coalesce(Subquery(qs.order_by().annotate(n=Func(F(field), function=function)).values("n")), 0)
-
-
-def quota_usage(*, user) -> dict[str, int]:
-    """What the user's own runs use now: stored trajectory bytes, runs queued or running, and training
-    steps committed in the last QUOTA_WINDOW; and the bytes of their data attachments. One query."""
-    since = timezone.now() - QUOTA_WINDOW
-    runs = Run.objects.filter(owner=user)
-    # A run that finished before the window has no step in it: only the others' steps are looked at.
-    recent = runs.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since)).values("id")
-    usage = (
-        get_user_model()
-        .objects.filter(id=user.id)
-        .values(
-            trajectory_bytes=_total(runs, "SUM", "trajectory_bytes"),
-            concurrent_runs=_total(runs.filter(status__in=Run.ACTIVE_STATUSES), "COUNT", "id"),
-            steps_per_day=_total(Step.objects.filter(run__in=recent, created_at__gte=since), "COUNT", "id"),
-            # Each of the user's attachments in full, even where another row holds the same stored bytes.
-            attachment_bytes=_total(DataAttachment.objects.filter(owner=user), "SUM", "size"),
-        )
-        .get()
-    )
-    return {key: int(value) for key, value in usage.items()}
-
-
-def quota_status(*, user) -> list[QuotaLine]:
-    """The user's quotas, each with its usage: what the runs page, the API and the admin show."""
-    limits, usage = quota_limits(user=user), quota_usage(user=user)
-    lines = []
-    for field, (key, label, _, unit) in QUOTA_FIELDS.items():
-        limit, source = limits[field]
-        lines.append(QuotaLine(key, label, usage[key], None if limit is None else limit * unit, source))
-    return lines
-
-
-def quota_steps_window_frees(*, user) -> datetime | None:
-    """When the oldest training step of the user's last QUOTA_WINDOW leaves it (a step a day is free again)."""
-    since = timezone.now() - QUOTA_WINDOW
-    oldest = Step.objects.filter(run__owner=user, created_at__gte=since).aggregate(oldest=Min("created_at"))["oldest"]
-    return oldest + QUOTA_WINDOW if oldest else None

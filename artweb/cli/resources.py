@@ -56,6 +56,8 @@ def quota(ctx, as_json):
     def amount(key: str, n: int | None) -> str:
         if n is None:
             return "no limit"
+        if key.endswith("_seconds"):
+            return f"{n / 3600:,.2f} h"
         return f"{n / (1 << 20):,.1f} MB" if key.endswith("_bytes") else f"{n:,}"
 
     table = Table("quota", "used", "limit", "set by")

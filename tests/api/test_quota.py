@@ -50,6 +50,14 @@ def test_it_shows_your_usage_against_each_limit(alice_api, alice, bob, settings)
                 "source": "the default",
             },
             {
+                "key": "gpu_seconds",
+                "label": "GPU hours in the last 24 hours",
+                "used": 0,
+                "limit": None,
+                "reached": False,
+                "source": "the default",
+            },
+            {
                 "key": "attachment_bytes",
                 "label": "Data attachments",
                 "used": 0,

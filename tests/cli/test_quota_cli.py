@@ -26,5 +26,6 @@ def test_it_prints_your_usage_against_each_limit(server, alice_login):
         ("trajectory_bytes", 3 << 20, 10240 << 20),
         ("concurrent_runs", 1, 1),
         ("steps_per_day", 0, 5000),
+        ("gpu_seconds", 0, None),
         ("attachment_bytes", 0, 10240 << 20),
     ]

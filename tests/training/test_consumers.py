@@ -40,7 +40,8 @@ async def test_it_refuses_anonymous_and_other_users(alice, bob):
 
 
 async def test_it_forwards_group_messages_and_catches_up_from_cursors(alice):
-    run = await sync_to_async(RunFactory)(owner=alice, status="running", steps_done=2)
+    # Training its third step on a worker (a run between steps waits in the queue, and hears its place too).
+    run = await sync_to_async(RunFactory)(owner=alice, status="running", steps_done=2, worker="gpu-1:1")
     await sync_to_async(StepFactory)(run=run, step=1)
     await sync_to_async(StepFactory)(run=run, step=2)
     await sync_to_async(run_log)(run_id=run.id, message="hello")

@@ -83,15 +83,16 @@ async def test_it_shows_a_new_run_to_its_owner_and_the_staff_only(alice, bob, st
 
 
 async def test_it_catches_up_new_runs_and_the_rows_shown(alice, bob):
-    shown = await sync_to_async(RunFactory)(owner=alice, status="running", steps_done=2)
-    newer = await sync_to_async(RunFactory)(owner=alice)
+    shown = await sync_to_async(RunFactory)(owner=alice, status="running", steps_done=2, worker="gpu-1:1")
+    newer = await sync_to_async(RunFactory)(owner=alice)  # queued: it waits in the fair queue
     theirs = await sync_to_async(RunFactory)(owner=bob)
     comm, connected, _ = await _connect("/ws/runs/", alice)
     assert connected
     # The page shows `shown` (and asks about bob's run, which it must not learn anything of).
     await comm.send_json_to({"type": "catch_up", "after_run": shown.id, "runs": [shown.id, theirs.id]})
-    got = [await comm.receive_json_from(timeout=5) for _ in range(2)]
-    assert [(m["type"], m["run"]) for m in got] == [("run", shown.id), ("run", newer.id)]
+    got = [await comm.receive_json_from(timeout=5) for _ in range(3)]
+    assert [(m["type"], m["run"]) for m in got] == [("run", shown.id), ("run", newer.id), ("queue", newer.id)]
     assert got[0]["status"] == "running" and got[0]["steps_done"] == 2
+    assert got[2]["place"] == 1 and got[2]["ahead"] == 0  # queued before bob's run: next
     assert await comm.receive_nothing(timeout=0.3)
     await comm.disconnect()

@@ -186,7 +186,7 @@ def test_a_committed_step_is_followed_by_the_runs_figures_and_its_checkpoint(ali
 
 @pytest.mark.django_db(transaction=True)
 def test_a_start_reaches_the_page_and_the_list_with_its_time(alice, as_user, listen):
-    run = RunFactory(owner=alice, status=Run.Status.STARTING)
+    run = RunFactory(owner=alice, status=Run.Status.STARTING, worker="gpu-1:1")  # the worker that claimed it
     page_group, list_group = listen(run_group_name(run.id)), listen(runs_user_group(alice.id))
     run_transition(run=run, from_statuses=(Run.Status.STARTING,), to_status=Run.Status.RUNNING)
     run.refresh_from_db()
@@ -220,7 +220,12 @@ def test_a_deleted_checkpoint_reaches_the_page_as_its_row(alice, as_user, listen
 @pytest.mark.django_db(transaction=True)
 async def test_a_catch_up_brings_the_summary_and_the_checkpoints_since_the_first_paint(alice):
     run = await sync_to_async(RunFactory)(
-        owner=alice, status=Run.Status.RUNNING, steps_done=1, best_val_reward=0.5, started_at=timezone.now()
+        owner=alice,
+        status=Run.Status.RUNNING,
+        steps_done=1,
+        best_val_reward=0.5,
+        started_at=timezone.now(),
+        worker="gpu-1:1",  # training its next step: not in the queue
     )
     before = timezone.now() - timedelta(minutes=5)
     checkpoint = await sync_to_async(CheckpointFactory)(run=run, step=1)

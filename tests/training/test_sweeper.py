@@ -176,3 +176,32 @@ def test_each_workers_sweeper_marks_it_alive_idle_or_busy_and_the_mark_lapses(se
     while workers_alive(client) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert workers_alive(client) == {}
+
+
+def test_a_run_waiting_its_turn_behind_others_is_not_requeued_while_its_turn_waits_on_the_broker(alice, bob):
+    """Between steps a run has no worker, and behind other users' runs in the fair queue it may wait longer
+    than a lease: while as many step messages wait on the broker as runs wait for a turn, nothing is lost and
+    the sweep leaves it alone (no event, no extra message). With its message lost, the sweep requeues it."""
+    from training.jobs.services import job_recover_stale
+    from training.services.runs import RUN_JOBS
+
+    old = timezone.now() - timedelta(minutes=10)
+    waiting = RunFactory(owner=alice, status=Run.Status.RUNNING, steps_done=3, worker="", heartbeat_at=old)
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.delete("gpu")
+    app.send_task("training.tasks.run_step_task", args=(waiting.id,), kwargs={"step": 4}, queue="gpu")
+    try:
+        assert job_recover_stale(jobs=RUN_JOBS) == []
+        assert not waiting.events.filter(kind="requeued").exists()
+        assert client.llen("gpu") == 1
+
+        # A second run waits, and a broker that restarted empty lost the messages: both are requeued.
+        other = RunFactory(owner=bob, status=Run.Status.QUEUED, worker="", heartbeat_at=old)
+        Run.objects.filter(id=other.id).update(status=Run.Status.RUNNING)
+        client.delete("gpu")
+        assert sorted(job_recover_stale(jobs=RUN_JOBS)) == sorted([waiting.id, other.id])
+        assert waiting.events.filter(kind="requeued").exists()
+        assert _take_message("gpu", "training.tasks.run_step_task", waiting.id)
+        assert _take_message("gpu", "training.tasks.run_step_task", other.id)
+    finally:
+        client.delete("gpu")

@@ -33,6 +33,7 @@ from training.apis.common import (
 )
 from training.config import AlertRules
 from training.models import Run
+from training.selectors_queue import run_queue_place
 
 ERRORS = {400: ErrorSerializer, 404: ErrorSerializer}
 
@@ -79,6 +80,12 @@ class RunClientOutput(serializers.Serializer):
     last_job = RunClientJobOutput(allow_null=True)
 
 
+class RunQueueOutput(serializers.Serializer):
+    place = serializers.IntegerField(help_text="1: the next run a GPU worker trains.")
+    ahead = serializers.IntegerField(help_text="Runs that go before it.")
+    reason = serializers.CharField(help_text="Why it waits, in one line, e.g. the runs that go first and why.")
+
+
 class RunDetailOutput(RunOutput):
     """context["user"]: who asks (the actions are theirs)."""
 
@@ -93,6 +100,11 @@ class RunDetailOutput(RunOutput):
         "and its training jobs; null for any other run."
     )
 
+    queue = serializers.SerializerMethodField(
+        help_text="The run's place in the fair queue of GPU workers (docs: Scheduling) while it waits for one; "
+        "null while a worker trains it, or it is paused, waiting for its client or finished."
+    )
+
     def get_actions(self, run) -> list[str]:
         return services.run_actions(run=run, user=self.context["user"])
 
@@ -100,6 +112,11 @@ class RunDetailOutput(RunOutput):
     def get_client(self, run) -> dict | None:
         summary = selectors.run_client_summary(run=run)
         return None if summary is None else RunClientOutput(summary).data
+
+    @extend_schema_field(RunQueueOutput(allow_null=True))
+    def get_queue(self, run) -> dict | None:
+        place = run_queue_place(run=run)
+        return None if place is None else RunQueueOutput(place).data
 
 
 def _detail(run: Run, user) -> dict:

@@ -30,7 +30,7 @@ from training.selectors import quota_status, quota_steps_window_frees
 from training.services import inference
 from training.services.broadcast import run_figures_broadcast, run_row_message, runs_list_broadcast
 from training.services.checkpoints import checkpoint_delete, checkpoint_protection_reason
-from training.services.quotas import quota_check_run_start, quota_step_refusal
+from training.services.quotas import quota_check_run_start, quota_step_refusal, quota_window_frees
 from training.services.runs import RUN_JOBS, config_with_recommended, run_event, run_transition
 
 
@@ -194,6 +194,13 @@ def _quota_refusal(user, line) -> str:
             f"your runs' stored trajectories take {line.used_text}, the limit of your storage quota "
             f"({line.limit_text}, {line.source}). Delete runs you no longer need or ask an operator to raise "
             "your quota, then train again"
+        )
+    elif line.key == "gpu_seconds":
+        frees = quota_window_frees(user=user, line=line)
+        when = f" after {timezone.localtime(frees):%Y-%m-%d %H:%M %Z}" if frees else " later"
+        why = (
+            f"your runs' training steps took {line.used_text} of GPU time in the last 24 hours, the limit of your "
+            f"quota ({line.limit_text} a day, {line.source}). Train again{when}, or ask an operator to raise it"
         )
     else:
         frees = quota_steps_window_frees(user=user)

@@ -36,6 +36,7 @@ class JobKind:
     - requeue_note: the requeue event's message and data (default: which worker stopped).
     - on_event, on_status: called in the transaction that wrote an event row (job, event) or changed the
       status (job, old status): a run's page hears of both (training.services.runs).
+    - stale_scope: narrows the stale jobs the sweep may recover (default: every one).
     """
 
     name: str
@@ -51,6 +52,9 @@ class JobKind:
     requeue_note: Callable[[object], tuple[str, dict]] | None = None
     on_event: Callable[[object, object], None] | None = None
     on_status: Callable[[object, str], None] | None = None
+    # Narrows the stale jobs the sweep recovers (a QuerySet in, a QuerySet out): a run between steps that waits
+    # its turn behind others has no worker and an old heartbeat, yet nothing of it is lost.
+    stale_scope: Callable[[object], object] | None = None
 
     @property
     def queue(self) -> str:

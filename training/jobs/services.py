@@ -154,6 +154,8 @@ def job_recover_stale(*, jobs: JobKind) -> list[int]:
     now = timezone.now()
     cutoff = now - jobs.lease()
     stale = jobs.model.objects.filter(status__in=jobs.working, heartbeat_at__lt=cutoff)
+    if jobs.stale_scope is not None:
+        stale = jobs.stale_scope(stale)
     return [job.id for job in stale if _recover(jobs, job, cutoff=cutoff, now=now)]
 
 

@@ -41,6 +41,7 @@ from training.selectors import (
     run_figures_get,
     run_groups_latest,
 )
+from training.selectors_queue import run_queue_places
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,43 @@ def runs_list_broadcast(*, owner_id: int, message: dict) -> None:
             broadcast_now(group, message)
 
     transaction.on_commit(send)
+
+
+# --- the fair queue's places ---------------------------------------------------------------------------
+
+
+def queue_message(run_id: int, place) -> dict:
+    """A run's place in the fair queue (training.selectors_queue.QueuePlace), or None: it is not waiting."""
+    return {
+        "type": "queue",
+        "run": run_id,
+        "place": place.place if place else None,
+        "ahead": place.ahead if place else None,
+        "reason": place.reason if place else "",
+    }
+
+
+def queue_broadcast(*, left: Sequence[int] = ()) -> None:
+    """After commit, tell every waiting run's page and runs lists its place in the fair queue, and the runs in
+    `left` (just claimed by a worker, paused, finished) that they are out of it. A turn taken or a step
+    recorded moves every waiting run's place, so all of them are told."""
+    left = tuple(left)
+    transaction.on_commit(lambda: queue_send(left=left))
+
+
+def queue_send(*, left: Sequence[int] = ()) -> None:
+    try:
+        places = run_queue_places()
+        ids = set(places) | set(left)
+        owners = dict(Run.objects.filter(id__in=ids).values_list("id", "owner_id")) if ids else {}
+    except Exception:
+        logger.warning("reading the queue's places failed", exc_info=True)
+        return
+    for run_id, owner_id in owners.items():
+        message = queue_message(run_id, places.get(run_id))
+        broadcast_now(run_group_name(run_id), message)
+        for group in runs_list_groups(owner_id):
+            broadcast_now(group, message)
 
 
 # --- row messages ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Per-user quotas: stored trajectory bytes, runs queued or running at once, training steps a day.
+"""Per-user quotas: stored trajectory bytes, runs queued or running at once, training steps and GPU hours a day.
 
 Staff set them per user or per group in the admin (training.models.Quota); where no row sets a limit, the
 deployment's default applies (ARTWEB_QUOTA_* settings). A user's effective limit of each quota is their
@@ -8,12 +8,13 @@ Where each is enforced, and what is kept:
 - runs queued or running: launching, resuming or retrying a run past the limit is refused with a 400 (a
   form error on the page) that names the limit. The user's row is locked while it is counted, so two
   launches at once cannot both take the last place.
-- stored trajectories and steps a day: checked by the worker when a step starts, before any of its work
-  (run_step_execute). A step past either limit does not start: the run is paused, with an event saying
-  which quota, the usage, the limit and what to do. Nothing stored is touched. A step that started under
-  the limits is stored whole, exactly once, as any step: stored bytes can pass their limit by one step's
-  results (each batch of which the worker caps at SandboxLimits.batch_bytes), and runs training at the same
-  moment can each take the last step of the day.
+- stored trajectories, steps a day and GPU hours a day (the seconds of the user's steps, Step.duration_s,
+  in any 24 hours): checked by the worker when a step starts, before any of its work (run_step_execute). A
+  step past any of them does not start: the run is paused, with an event saying which quota, the usage,
+  the limit, when it frees and what to do. Nothing stored is touched. A step that started under the limits
+  is stored whole, exactly once, as any step: stored bytes can pass their limit by one step's results
+  (each batch of which the worker caps at SandboxLimits.batch_bytes), GPU hours by one step's time, and
+  runs training at the same moment can each take the last step of the day.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from django.utils import timezone
 from artweb.errors import ApplicationError
 from rollouts.sandbox.records import record_size
 from training.models import Run, Trajectory, TrajectoryGroup
-from training.selectors import QuotaLine, quota_status, quota_steps_window_frees
+from training.selectors import QuotaLine, quota_gpu_window_frees, quota_status, quota_steps_window_frees
 
 QUOTA_EVENT = "quota_reached"
-STEP_QUOTAS = ("trajectory_bytes", "steps_per_day")  # the quotas a step start checks
+STEP_QUOTAS = ("trajectory_bytes", "steps_per_day", "gpu_seconds")  # the quotas a step start checks
 # A stored trajectory's fields that were its record (what the step measured when it stored them).
 STORED_FIELDS = (
     "messages",
@@ -77,19 +78,42 @@ def quota_reached_message(*, user, line: QuotaLine, step: int) -> str:
             f"({line.show(line.limit)}, {line.source}). Ask an operator to raise your quota or to delete runs "
             "you no longer need, then resume the run."
         )
-    else:
-        frees = quota_steps_window_frees(user=user)
-        when = (
-            f" after {timezone.localtime(frees):%Y-%m-%d %H:%M %Z}, when a step of the last 24 hours is older,"
-            if frees
-            else ""
+    elif line.key == "gpu_seconds":
+        frees = quota_window_frees(user=user, line=line)
+        when = f" after {_local(frees)}, when enough of that time is older than 24 hours," if frees else ""
+        body = (
+            f"your runs' training steps took {line.used_text} of GPU time in the last 24 hours, the limit of your "
+            f"quota ({line.limit_text} a day, {line.source}). Resume the run{when} or ask an operator to raise "
+            "your quota."
         )
+    else:
+        frees = quota_window_frees(user=user, line=line)
+        when = f" after {_local(frees)}, when a step of the last 24 hours is older," if frees else ""
         body = (
             f"your runs trained {line.show(line.used)} steps in the last 24 hours, the limit of your quota "
             f"({line.show(line.limit)} steps a day, {line.source}). Resume the run{when} or ask an operator to "
             "raise your quota."
         )
     return head + body + " Everything the run stored is kept."
+
+
+def quota_window_frees(*, user, line: QuotaLine):
+    """When a quota of the last 24 hours that is reached frees: steps a day when its oldest step is older,
+    GPU hours when enough step time is; None for the other quotas (or when it is not reached)."""
+    if line.key == "gpu_seconds" and line.limit is not None:
+        return quota_gpu_window_frees(user=user, limit_seconds=line.limit)
+    if line.key == "steps_per_day":
+        return quota_steps_window_frees(user=user)
+    return None
+
+
+def _lower_first(label: str) -> str:
+    """ "Training steps ..." -> "training steps ...", but "GPU hours ..." stays."""
+    return label if label[:2].isupper() else label[:1].lower() + label[1:]
+
+
+def _local(moment) -> str:
+    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M %Z}"
 
 
 @transaction.atomic
@@ -106,7 +130,7 @@ def run_quota_pause(*, run: Run, line: QuotaLine, step: int) -> bool:
         run=run,
         from_statuses=Run.ACTIVE_STATUSES,
         to_status=Run.Status.PAUSED,
-        message=f"Paused: the {line.label.lower()} quota is reached.",
+        message=f"Paused: the {_lower_first(line.label)} quota is reached.",
         worker="",
         pause_requested=False,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from artweb.dispatch import waiting_messages
 from artweb.errors import ApplicationError
 from artweb.visibility import may_change, require_visible
 from rollouts.models import RewardFunctionVersion, RolloutScriptVersion, ScenarioSet
@@ -19,6 +20,7 @@ from training.jobs.services import job_dispatched, job_enqueue, job_event, job_t
 from training.models import Checkpoint, PretrainedModel, Run, RunEvent
 from training.services.broadcast import (
     event_message,
+    queue_broadcast,
     run_broadcast,
     run_row_message,
     runs_list_broadcast,
@@ -69,6 +71,8 @@ def _run_status_changed(run: Run, old: str) -> None:
     if run.status in Run.FINAL_STATUSES:
         transaction.on_commit(lambda: run_finished(run_id=run.id))
     run_broadcast(run.id, run_status_message(run), to_list=True)
+    if not run.worker and (old in Run.ACTIVE_STATUSES or run.status in Run.ACTIVE_STATUSES):
+        queue_broadcast(left=(run.id,))  # a run queued, paused or stopped between steps moves the others' places
 
 
 def _run_requeue_note(run: Run) -> tuple[str, dict]:
@@ -77,6 +81,19 @@ def _run_requeue_note(run: Run) -> tuple[str, dict]:
     else:
         message = f"No worker took step {run.steps_done + 1}; queued it again."
     return message, {"worker": run.worker, "steps_done": run.steps_done}
+
+
+def _runs_stale_scope(rows):
+    """The runs the sweep may requeue: those whose worker stopped heartbeating, and the runs between steps (no
+    worker) only while fewer step messages wait on the broker than runs wait for a turn. A step message is a
+    turn that goes to the run first in the fair queue (training.services.steps.fair), so a run waiting behind
+    others keeps its turn without a message of its own; only a lost message (a broker that restarted empty)
+    leaves waiting runs without enough turns. Where the broker cannot say, every stale run is requeued."""
+    queued = waiting_messages(task_names.queue(task_names.RUN_STEP))
+    if queued is None:
+        return rows
+    waiting = Run.objects.filter(status__in=Run.ACTIVE_STATUSES, worker="").count()
+    return rows.exclude(worker="") if queued >= waiting else rows
 
 
 # A worker takes a run's lease for each step (training.services.steps.leases), and the step moves the
@@ -94,6 +111,7 @@ RUN_JOBS = JobKind(
     requeue_note=_run_requeue_note,
     on_event=_run_event_sent,
     on_status=_run_status_changed,
+    stale_scope=_runs_stale_scope,
 )
 
 

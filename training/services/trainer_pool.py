@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import gc
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
+HELD_KEY = "artweb:worker_runs"  # worker name -> {"runs": [run ids whose state it holds], "at": unix time}
+HELD_TTL_S = 3600  # a worker that published nothing for this long is left out
 PARK_ON_GPU_FREE_SHARE = 0.25  # parked states stay on the card while a quarter of it is free
 HOST_RESERVE_BYTES = 2 << 30  # parked states are dropped before the host's available memory falls under this
 
@@ -86,6 +89,7 @@ def trainer_advanced(run_id: int, step: int, checkpoint_dir: str) -> None:
     global _current
     if _current is not None and _current.key[0] == run_id and _trainer is not None:
         _current = _Held(key=(run_id, step, checkpoint_dir), structure=_current.structure, updates=_trainer.step)
+    held_publish()
 
 
 def trainer_close() -> None:
@@ -95,6 +99,7 @@ def trainer_close() -> None:
     _parked.clear()
     _current = None
     _close_loaded()
+    held_publish()
 
 
 def trainer_loaded() -> Any:
@@ -107,6 +112,23 @@ def held_runs() -> dict[int, int]:
     if _current is not None:
         runs[_current.key[0]] = _current.key[1]
     return runs
+
+
+def held_publish() -> None:
+    """Tell the operators' pages which runs' states this worker holds (training.selectors_ops reads it). Best
+    effort: the figure is informational, and a step never waits on it."""
+    from django.core.cache import cache
+
+    from training.jobs.leases import worker_name
+
+    try:
+        workers = cache.get(HELD_KEY) or {}
+        now = time.time()
+        workers = {name: seen for name, seen in workers.items() if now - seen.get("at", 0) < HELD_TTL_S}
+        workers[worker_name()] = {"runs": sorted(held_runs()), "at": now}
+        cache.set(HELD_KEY, workers, timeout=HELD_TTL_S)
+    except Exception:  # Redis away: the page shows the last figures it had
+        logger.warning("could not publish the runs this worker holds", exc_info=True)
 
 
 _loaded_structure: tuple | None = None

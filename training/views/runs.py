@@ -42,6 +42,7 @@ from training.selectors import (
     run_logs_recent,
     run_warnings,
 )
+from training.selectors_queue import run_queue_place, run_queue_places
 from training.services.broadcast import checkpoint_message, run_group_messages, run_row_message, run_summary
 from training.services.checkpoints import checkpoint_archive
 from training.views.plotly import plotly_url
@@ -62,6 +63,8 @@ def run_list_view(request):
     page = Paginator(runs, per_page).get_page(request.GET.get("page"))
     # Each row as the live list receives it (training.services.broadcast.run_row_message): one builder.
     rows = [run_row_message(run) for run in page.object_list]
+    # Each row's place in the fair queue while its run waits for a GPU worker (run_queue_places: one read).
+    places = run_queue_places() if any(row["status"] in Run.ACTIVE_STATUSES for row in rows) else {}
     query = request.GET.copy()
     query.pop("page", None)
     filters = form.selector_kwargs()
@@ -73,6 +76,7 @@ def run_list_view(request):
             "form": form,
             "page": page,
             "rows": rows,
+            "placed_rows": [(row, places.get(row["run"])) for row in rows],
             "query": query.urlencode(),
             "per_page": per_page,
             "page_sizes": PAGE_SIZES,
@@ -118,6 +122,7 @@ def run_detail_view(request, run_id: int):
     actions = services.run_actions(run=run, user=request.user)
     checkpoints = [checkpoint_message(c) for c in checkpoint_list(run=run)]
     summary = run_summary(run, checkpoints=len(checkpoints))
+    queue = run_queue_place(run=run)
     return render(
         request,
         "training/run_detail.html",
@@ -127,6 +132,7 @@ def run_detail_view(request, run_id: int):
             "actions": actions,
             "summary": summary,
             "page_data": _run_page_data(run, chart, events, logs, groups, actions, summary, as_of),
+            "queue": queue,  # its place in the fair queue while it waits for a GPU worker; the socket moves it
             "charts": RUN_CHARTS,
             "events": events,
             "warnings": run_warnings(run=run),

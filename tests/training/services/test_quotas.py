@@ -65,6 +65,7 @@ def test_the_users_row_then_the_most_generous_group_then_the_default(alice, sett
         "trajectory_mb": (100, "the default"),
         "concurrent_runs": (3, "the default"),
         "steps_per_day": (50, "the default"),
+        "gpu_hours_per_day": (None, "the default"),
         "attachment_mb": (10240, "the default"),
     }
     small, large, open_ = (Group.objects.create(name=n) for n in ("small", "large", "open"))
@@ -77,6 +78,7 @@ def test_the_users_row_then_the_most_generous_group_then_the_default(alice, sett
         "trajectory_mb": (500, 'group "large"'),
         "concurrent_runs": (7, "your own quota"),
         "steps_per_day": (None, 'group "open"'),
+        "gpu_hours_per_day": (None, "the default"),
         "attachment_mb": (10240, "the default"),
     }
 
@@ -96,7 +98,13 @@ def test_usage_counts_the_users_own_runs_even_for_staff(alice, staff, settings):
     StepFactory(run=RunFactory(owner=alice, status=Run.Status.COMPLETED, finished_at=timezone.now()))
     old = StepFactory(run=RunFactory(owner=alice, status=Run.Status.COMPLETED, finished_at=timezone.now()))
     Step.objects.filter(id=old.id).update(created_at=timezone.now() - timedelta(hours=25))
-    used = {"trajectory_bytes": 4 * MB, "concurrent_runs": 1, "steps_per_day": 1, "attachment_bytes": 0}
+    used = {
+        "trajectory_bytes": 4 * MB,
+        "concurrent_runs": 1,
+        "steps_per_day": 1,
+        "gpu_seconds": 0,  # StepFactory's steps take no time
+        "attachment_bytes": 0,
+    }
     assert quota_usage(user=alice) == used
     # Staff see every run, but their quota counts theirs alone.
     assert quota_usage(user=staff) == dict.fromkeys(used, 0)
@@ -266,13 +274,14 @@ def test_staff_edit_quotas_in_the_admin_and_see_the_usage(client, staff, alice):
     quota = Quota.objects.get(user=alice)
     assert (quota.trajectory_mb, quota.concurrent_runs, quota.steps_per_day) == (50, None, 0)
     listing = client.get(reverse("admin:training_quota_changelist")).content.decode()
-    assert "2.0\xa0MB of 50.0\xa0MB; 1 of 8; 0 of no limit; 0\xa0bytes of 10.0\xa0GB" in listing
+    assert "2.0\xa0MB of 50.0\xa0MB; 1 of 8; 0 of no limit; 0 h of no limit; 0\xa0bytes of 10.0\xa0GB" in listing
     page = client.get(reverse("admin:training_quota_change", args=[quota.id])).content.decode()
     assert "Runs queued or running: 1 of 8" in page and "(the default)" in page
     assert [(q.key, q.limit) for q in quota_status(user=alice)] == [
         ("trajectory_bytes", 50 * MB),
         ("concurrent_runs", 8),
         ("steps_per_day", None),
+        ("gpu_seconds", None),
         ("attachment_bytes", 10240 * MB),
     ]
 

@@ -37,8 +37,11 @@ def test_it_requeues_a_run_whose_worker_stopped_heartbeating(alice, sent, django
     assert "host:1 stopped heartbeating" in event.message and event.data["steps_done"] == 2
 
 
-def test_it_requeues_a_run_left_between_steps_by_a_dead_worker(alice, sent, django_capture_on_commit_callbacks):
-    # The worker released step 2's lease and died holding step 3's message, before claiming it.
+def test_it_requeues_a_run_left_between_steps_by_a_dead_worker(
+    alice, sent, django_capture_on_commit_callbacks, empty_gpu_queue
+):
+    # The worker released step 2's lease and died holding step 3's message, before claiming it: no step
+    # message waits on the broker for the run's turn (tests/training/test_sweeper.py has the case where one does).
     run = RunFactory(
         owner=alice,
         status=Run.Status.RUNNING,
@@ -52,6 +55,19 @@ def test_it_requeues_a_run_left_between_steps_by_a_dead_worker(alice, sent, djan
         assert runs_requeue_stale() == []
     assert sent == [{"args": (run.id,), "kwargs": {"step": 3}}]
     assert run.events.get(kind="requeued").message == "No worker took step 3; queued it again."
+
+
+@pytest.fixture
+def empty_gpu_queue(settings):
+    """The broker's gpu queue with no message in it (earlier tests may have left some: no worker runs here)."""
+    import redis
+
+    from artweb.dispatch import PRIORITY_SEP, PRIORITY_STEPS, waiting_messages
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.delete(*("gpu" if p == 0 else f"gpu{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS))
+    assert waiting_messages("gpu") == 0
+    yield
 
 
 def test_it_leaves_live_paused_and_finished_runs_alone(alice, sent, django_capture_on_commit_callbacks):

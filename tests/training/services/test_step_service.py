@@ -76,22 +76,25 @@ STEP_REWARD = (0.5 + 0.5 + 3 * (0.0 + 1.0)) / 8
 
 
 class FakeServer:
-    """Stands for the vLLM server: remembers the adapters the step asks it to serve."""
+    """Stands for the vLLM server with runtime LoRA adapters (merged: one policy at a time, as on a CPU):
+    remembers the adapters the step asks it to serve."""
 
     base_url = "http://127.0.0.1:9/v1"
     api_key = "k"
-    merged = True
+    merged = False
     engine = "vLLM"
     base_model_name = "SmolLM2-135M-Instruct"
 
     def __init__(self):
         self.adapters: dict[str, str] = {}
+        self.loads: list[str] = []  # the adapters asked for, in order
 
     def ensure_base(self) -> str:
         return self.base_model_name
 
     def ensure_adapter(self, name: str, path: str) -> None:
         self.adapters[name] = path
+        self.loads.append(name)
 
     def retire_adapters(self, keep) -> None:
         self.adapters = {k: v for k, v in self.adapters.items() if k in keep}
@@ -293,6 +296,19 @@ def test_a_second_execution_of_a_done_step_does_nothing(alice, world):
         len(world.next_steps),
     )
     assert after == before and run.worker == ""
+
+
+def test_merged_weights_take_a_new_policy_only_when_a_rollout_needs_it(alice, world):
+    """One policy at a time: the step does not merge its new policy in at its end (the next step on this worker
+    may be another run's); the run's next step does, for its rollouts, and validation does at once."""
+    world.server.merged = True
+    run = execute(make_run(alice, val_every=2, val_scenarios=2), step=1)
+    assert world.server.adapters == {} and "adapter_load" not in Step.objects.get(run=run, step=1).timings
+    run = execute(run, step=2)
+    # Step 2's rollouts ran on step 1's policy; its validation merged its own in.
+    assert world.server.loads == [f"run-{run.id}@1", f"run-{run.id}@2"]
+    assert world.server.adapters == {f"run-{run.id}@2": Checkpoint.objects.get(run=run, step=2).path}
+    assert "adapter_load" in Step.objects.get(run=run, step=2).timings
 
 
 def test_it_leaves_a_run_that_another_live_worker_holds_alone(alice, world):

@@ -1,6 +1,7 @@
 """One GRPO step of a run, as one idempotent unit of work for a GPU worker, one job per module:
 
 - leases: the run's lease (worker name + heartbeat) and the Heartbeat thread;
+- fair: which waiting run a step message's turn goes to (the fair queue, training.selectors_queue);
 - batch: the step's scenarios, its RULER judge and its rollouts in the sandbox;
 - ahead: the next step's rollouts, run during this step's update (RunConfig.overlap_rollouts);
 - groups: the scored groups written (and sent to the run page), their figures, the advantages;

@@ -1,6 +1,7 @@
 """One GRPO step of a run, as one idempotent unit of work for a GPU worker.
 
-run_step_execute(run_id, step) claims the run (a lease: worker name + heartbeat), then:
+run_step_execute(run_id, step) claims the run the fair queue puts first (steps.fair; a lease: worker name +
+heartbeat), then:
 sample scenarios → rollouts in the sandbox against the current policy → persist the groups → one
 training update → checkpoint → load the new adapter into vLLM → validation every N steps → persist the
 step's metrics (the Step row's uniqueness and a conditional update of steps_done make a step count once)
@@ -34,6 +35,7 @@ from training.config import RunConfig
 from training.engine.tokenize import complete_sampled_turns
 from training.models import Checkpoint, Run, TrajectoryGroup
 from training.services import inference
+from training.services.broadcast import queue_broadcast
 from training.services.logs import run_log
 from training.services.quotas import quota_step_refusal, run_quota_pause
 from training.services.runs import run_event, run_transition
@@ -42,8 +44,9 @@ from training.services.steps.ahead import ahead_discard, ahead_policies, ahead_s
 from training.services.steps.batch import rollouts_execute, rollouts_request, rollouts_run, scenarios_sample
 from training.services.steps.commit import step_commit
 from training.services.steps.errors import StepAborted, StepFailed
+from training.services.steps.fair import step_turn_claim
 from training.services.steps.groups import advantages_store, groups_persist, reward_stats
-from training.services.steps.leases import Heartbeat, run_claim, run_release, worker_name
+from training.services.steps.leases import Heartbeat, run_release, worker_name
 from training.services.steps.posted import nothing_posted, posted_failed, posted_take
 from training.services.steps.recovery import requeue_after_database_loss, retry_after_inference_death
 from training.services.steps.sources import PostedStep, step_source
@@ -90,16 +93,15 @@ def _policy_model_name(run: Run, server) -> str:
 
 
 def run_step_execute(*, run_id: int, step: int | None = None) -> None:
+    """A step message is a turn on this worker: it trains the waiting run the fair queue puts first (steps.fair)."""
     me = worker_name()
-    if not run_claim(run_id=run_id, me=me):
-        logger.info("run %s: not claimable (finished, or held by a live worker)", run_id)
+    if (chosen := step_turn_claim(run_id=run_id, step=step, me=me)) is None:
+        logger.info("run %s step %s: no waiting run to claim (finished, held by live workers, or done)", run_id, step)
         return
+    run_id = chosen
+    queue_broadcast(left=(run_id,))  # out of the queue: the waiting runs' places move up
     run = Run.objects.select_related("base_model", "script_version", "reward_version", "scenario_set").get(id=run_id)
     next_step = run.steps_done + 1
-    if step is not None and step != next_step:
-        run_release(run_id=run_id, me=me)
-        logger.info("run %s: step %s already done (at %s); nothing to do", run_id, step, run.steps_done)
-        return
     try:
         if _finish_if_requested(run, me):
             return
@@ -119,7 +121,7 @@ def run_step_execute(*, run_id: int, step: int | None = None) -> None:
                 message=f"Worker {me} picked the run up.",
             )
         cfg = RunConfig.model_validate(run.config)
-        # serving_paused: requests to the OpenAI endpoint wait for the step's end (training.services.serving_gate).
+        # serving_paused: requests answered between steps wait for the step's end (training.services.serving_gate).
         with Heartbeat(run.id, me) as hb, log_context(run_id=run.id, step=next_step), serving_paused():
             server = inference.inference_server(run.base_model, run=run)
             if run.status == Run.Status.STARTING:
@@ -231,17 +233,15 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         info = trainer.save_checkpoint(str(ckpt_dir))
         inference.trainer_advanced(run.id, step, str(ckpt_dir))
         timings["checkpoint"] = time.perf_counter() - t
-        t = time.perf_counter()
         new_name = adapter_name(run, step)
-        server.ensure_adapter(new_name, str(ckpt_dir))
-        server.retire_adapters(keep={new_name} | ahead_policies(run.id))
-        inference.adapters_loaded_publish()
-        timings["adapter_load"] = time.perf_counter() - t
+        validating = bool(cfg.val_every and cfg.val_scenarios and (step % cfg.val_every == 0 or step == run.num_steps))
+        if validating or not server.merged:
+            _policy_load(run, new_name, ckpt_dir, server, timings)
         _stop_if_asked(hb)
 
         # 5. Validation on held-out scenarios every val_every steps (and at the last step).
         val_reward = None
-        if cfg.val_every and cfg.val_scenarios and (step % cfg.val_every == 0 or step == run.num_steps):
+        if validating:
             t = time.perf_counter()
             val_reward = _validate(run, cfg, step, new_name, server, hb)
             timings["validation"] = time.perf_counter() - t
@@ -264,6 +264,17 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
             shutil.rmtree(ckpt_dir, ignore_errors=True)
         raise
     run_alerts_check(run=run, step=step)
+
+
+def _policy_load(run: Run, name: str, ckpt_dir: Path, server, timings: dict) -> None:
+    """The step's new policy into the inference server, beside the policies rolled out ahead. Merged weights
+    (one policy at a time) take it only when a rollout needs it: validation's, else the run's next step,
+    often after other runs' steps on this worker, which would have merged it twice."""
+    t = time.perf_counter()
+    server.ensure_adapter(name, str(ckpt_dir))
+    server.retire_adapters(keep={name} | ahead_policies(run.id))
+    inference.adapters_loaded_publish()
+    timings["adapter_load"] = time.perf_counter() - t
 
 
 def _rollouts(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat, timings: dict) -> tuple:
@@ -468,3 +479,4 @@ def _after_step(run_id: int, me: str) -> None:
     with transaction.atomic():
         run_release(run_id=run_id, me=me)
         transaction.on_commit(lambda: publish(task_names.RUN_STEP, args=(run_id,), kwargs={"step": next_step}))
+        queue_broadcast()  # back in the queue, at its place
