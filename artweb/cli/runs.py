@@ -108,6 +108,8 @@ def runs_show(ctx, run_id, as_json):
         "error",
     ):
         table.add_row(key, str(run[key]))
+    if queue := run.get("queue"):  # its place in the fair queue while it waits for a GPU worker
+        table.add_row("queue", f"#{queue['place']}: {queue['reason']}")
     table.add_row("base model", run["base_model"]["name"])
     if run.get("script"):
         table.add_row("script", f"{run['script']['name']} v{run['script']['version']}")
