@@ -61,13 +61,14 @@ def _serve_in_worker(**kwargs) -> None:
 
 
 def _start_gpu_process() -> None:
-    """In the process that holds the inference server and the trainer: the serving loop, and the trainer's
-    libraries imported now rather than in the first step (training.services.warmup)."""
-    from training.services.warmup import warm_trainer_imports
+    """In the process that holds the inference server and the trainer: the serving loop, and the trainer
+    warmed now (its libraries imported, the next run's trainer loaded) rather than in the first step
+    (training.services.warmup)."""
+    from training.services.warmup import warm_trainer
     from training.serving.worker import serve_loop_start
 
     serve_loop_start()
-    warm_trainer_imports()
+    warm_trainer()
 
 
 @task_prerun.connect

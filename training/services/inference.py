@@ -385,8 +385,9 @@ def _train_config(run):
 def trainer_fit_check(run) -> None:
     """Before a run's rollouts on a GPU where no trainer is loaded: fit.TrainerDoesNotFit, saying what would
     fit, when the run's model cannot be trained in the memory left beside the inference server. (With another
-    run's trainer loaded, the check waits for trainer_for, which frees it first.)"""
-    if trainer_pool.trainer_loaded() is not None:
+    run's trainer loaded, the check waits for trainer_for, which frees it first; and with one being loaded by
+    the warm-up, which checked it, a card part-filled by that load would say too little is free.)"""
+    if trainer_pool.trainer_loaded() is not None or trainer_pool.trainer_preloading():
         return
     from training.engine import fit
 

@@ -19,14 +19,25 @@ ARTWEB_RUNS_PER_WORKER bounds the runs whose state a worker keeps (the one loade
 recently used is dropped beyond it, or when memory runs short: parked states move off the GPU to host
 memory when the card's free memory falls under PARK_ON_GPU_FREE_SHARE of it, and are dropped when the
 host's available memory falls under HOST_RESERVE_BYTES. A dropped state costs only a checkpoint read.
+
+Two threads use the pool: the step's, and at the process's start the warm-up's (training.services.warmup),
+which loads the trainer for the run a step will most likely take next. One lock keeps trainer_for,
+trainer_advanced and trainer_close from running at once: a step that asks for the trainer while the warm-up
+loads it waits for that load (its phase trainer_load counts the wait), then takes it as any step takes the
+trainer loaded before it. The lock covers the pool's own state and a load, never the step's use of the
+trainer (its update and checkpoint): the warm-up loads only where no trainer is loaded (trainer_preload), so
+it never swaps a run out from under a step that holds it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import logging
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,11 +65,21 @@ class _Held:
 _trainer = None  # the GRPOTrainer loaded
 _current: _Held | None = None  # the run the loaded trainer holds now
 _parked: collections.OrderedDict[int, _Held] = collections.OrderedDict()  # run id -> its state, oldest first
+# Held by trainer_for, trainer_advanced, trainer_close, held_runs and a warm-up's trainer_preload block;
+# reentrant, as the warm-up's block calls trainer_for.
+_lock = threading.RLock()
+_preloading = False  # inside trainer_preload's block: the warm-up is loading a trainer
 
 
 def trainer_for(run, *, checkpoint_dir: str | None, make) -> Any:
     """The trainer, holding `run` at its latest committed step (checkpoint_dir: that step's checkpoint, None at
-    step 0). `make()`: a new, unloaded trainer for the run (its config, seed, base model and device)."""
+    step 0). `make()`: a new, unloaded trainer for the run (its config, seed, base model and device). Waits
+    for a load the warm-up is doing, and then takes its trainer as the one loaded."""
+    with _lock:
+        return _trainer_for(run, checkpoint_dir, make)
+
+
+def _trainer_for(run, checkpoint_dir: str | None, make) -> Any:
     global _trainer, _current
     from training.engine import parking
 
@@ -87,8 +108,9 @@ def trainer_for(run, *, checkpoint_dir: str | None, make) -> Any:
 def trainer_advanced(run_id: int, step: int, checkpoint_dir: str) -> None:
     """The loaded trainer's run trained `step` and saved it to checkpoint_dir."""
     global _current
-    if _current is not None and _current.key[0] == run_id and _trainer is not None:
-        _current = _Held(key=(run_id, step, checkpoint_dir), structure=_current.structure, updates=_trainer.step)
+    with _lock:
+        if _current is not None and _current.key[0] == run_id and _trainer is not None:
+            _current = _Held(key=(run_id, step, checkpoint_dir), structure=_current.structure, updates=_trainer.step)
     held_publish()
 
 
@@ -96,21 +118,48 @@ def trainer_close() -> None:
     """Drop the trainer and every state kept: a step failed, or the worker stops. The runs resume from
     their checkpoints."""
     global _current
-    _parked.clear()
-    _current = None
-    _close_loaded()
+    with _lock:
+        _parked.clear()
+        _current = None
+        _close_loaded()
     held_publish()
 
 
 def trainer_loaded() -> Any:
+    """The trainer loaded, or None; at once, even while a load is under way (see trainer_preloading)."""
     return _trainer
+
+
+@contextlib.contextmanager
+def trainer_preload() -> Iterator[bool]:
+    """The warm-up's hold on the pool while it loads a trainer no step asked for yet: the block's trainer_for
+    is its load, and every other thread's trainer_for, trainer_advanced and trainer_close waits for the
+    block's end. Yields False, and the block should load nothing, where a trainer is loaded already: a
+    step may be using it, and a load would swap its run out from under it."""
+    global _preloading
+    with _lock:
+        if _trainer is not None:
+            yield False
+            return
+        _preloading = True
+        try:
+            yield True
+        finally:
+            _preloading = False
+
+
+def trainer_preloading() -> bool:
+    """The warm-up is loading a trainer (inside trainer_preload's block): a step that finds no trainer
+    loaded will find this one in trainer_for."""
+    return _preloading
 
 
 def held_runs() -> dict[int, int]:
     """Run id -> the step whose state this worker holds (loaded or parked)."""
-    runs = {held.key[0]: held.key[1] for held in _parked.values()}
-    if _current is not None:
-        runs[_current.key[0]] = _current.key[1]
+    with _lock:
+        runs = {held.key[0]: held.key[1] for held in _parked.values()}
+        if _current is not None:
+            runs[_current.key[0]] = _current.key[1]
     return runs
 
 
