@@ -2,7 +2,7 @@
 
 A checkpoint is one directory:
   adapter_config.json, adapter_model.safetensors   the LoRA adapter in PEFT format (vLLM loads it as is)
-  trainer_state.pt    optimizer and scheduler state, RNG states (python, numpy, torch, cuda), step
+  trainer_state.pt    optimizer and scheduler state, RNG states (python, numpy, torch, cuda), step, the micro-batch budget
   train_config.json   the TrainConfig it was trained with
   checkpoint.json     {"format": 1, "step": n}, written last: a directory without it is incomplete
 It is written to a sibling staging directory and renamed into place, so a crash never leaves a
@@ -43,6 +43,7 @@ class CheckpointState:
     param_names: list[str]  # order of the optimizer's parameters
     config: dict[str, Any]
     step: int
+    micro_batch_tokens: int | None = None  # the update's micro-batch budget the run had reached (None: not saved)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -81,6 +82,7 @@ def write_checkpoint(
     param_names: list[str],
     config: dict[str, Any],
     step: int,
+    micro_batch_tokens: int | None = None,
 ) -> dict:
     """Write a new checkpoint directory; return {"size_bytes", "step"}.
 
@@ -102,6 +104,7 @@ def write_checkpoint(
                 "rng": capture_rng(),
                 "param_names": param_names,
                 "step": step,
+                "micro_batch_tokens": micro_batch_tokens,
             },
             staging / STATE_FILE,
         )
@@ -152,4 +155,5 @@ def read_checkpoint(directory: str | os.PathLike) -> CheckpointState:
         param_names=list(state["param_names"]),
         config=json.loads((path / CONFIG_FILE).read_text()),
         step=int(state["step"]),
+        micro_batch_tokens=state.get("micro_batch_tokens"),
     )

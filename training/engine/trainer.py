@@ -13,6 +13,7 @@ Unsloth replaces the attention that reads packed rows, so its micro-batches are 
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import random
 import time
@@ -139,8 +140,7 @@ class GRPOTrainer:
         self._restore(state)
 
     def snapshot(self) -> CheckpointState:
-        """What save_checkpoint writes, kept in memory instead: the adapter's weights copied, the optimizer's
-        and the schedule's state as they are (the optimizer is replaced before it steps again)."""
+        """What save_checkpoint writes, kept in memory (the optimizer is replaced before it steps again)."""
         from peft.utils import get_peft_model_state_dict
 
         adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
@@ -152,6 +152,7 @@ class GRPOTrainer:
             param_names=list(self._param_names),
             config=self.cfg.to_dict(),
             step=self.step,
+            micro_batch_tokens=self.micro_batch_tokens,
         )
 
     def _new_optimizer(self) -> None:
@@ -182,14 +183,12 @@ class GRPOTrainer:
         self.scheduler.load_state_dict(state.scheduler)
         restore_rng(state.rng)
         self.step = state.step
+        # The budget the run had reached (sized on the device): the same micro-batches, the same sums.
+        self.micro_batch_tokens = (self._sizing and state.micro_batch_tokens) or self.micro_batch_tokens
 
     def close(self) -> None:
         """Drop the model and optimizer; frees their memory (and the GPU's cache)."""
-        self._loaded = None
-        self.optimizer = None
-        self.scheduler = None
-        import gc
-
+        self._loaded = self.optimizer = self.scheduler = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -215,6 +214,7 @@ class GRPOTrainer:
             param_names=self._param_names,
             config=self.cfg.to_dict(),
             step=self.step,
+            micro_batch_tokens=self.micro_batch_tokens,
         )
 
     # --- one update ------------------------------------------------------------------------------------

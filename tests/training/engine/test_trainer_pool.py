@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from training.engine.checkpoint import read_checkpoint
 from training.engine.config import TrainConfig
 from training.engine.trainer import GRPOTrainer, make_trainer
 from training.services import trainer_pool
@@ -155,3 +156,22 @@ def test_runs_that_load_another_model_do_not_share_the_weights(tiny_model_dir, m
     # a's state was kept: its next step adopts it on a fresh load of its own model.
     third = _step(a, tiny_model_dir, _groups(make_trajectory, "a", 1), tmp_path)
     assert {p.shape[0] for n, p in third.model.named_parameters() if "lora_A" in n} == {8}
+
+
+def test_a_sized_micro_batch_budget_travels_with_the_checkpoint_and_the_kept_state(tiny_model_dir, tmp_path):
+    """On a GPU the budget is sized by the trainer (from memory, then each update's peak); a resumed or swapped-in
+    run continues with the budget it had reached, so its micro-batches, and their sums, are the same."""
+    run = _run(1, seed=1, lr=1e-2)
+    trainer = _maker(run, tiny_model_dir)()
+    trainer.load(None)
+    trainer._sizing, trainer.micro_batch_tokens = True, 3008  # as a CUDA update's peak would have set it
+    trainer.save_checkpoint(str(tmp_path / "ckpt"))
+    for restored in ("checkpoint", "snapshot"):
+        other = _maker(run, tiny_model_dir)()
+        other._sizing, other.micro_batch_tokens = True, 12032  # sized afresh from the memory free at load
+        if restored == "checkpoint":
+            other.load(str(tmp_path / "ckpt"))
+        else:
+            other.load(state=trainer.snapshot())
+        assert other.micro_batch_tokens == 3008, restored
+    assert read_checkpoint(tmp_path / "ckpt").micro_batch_tokens == 3008
