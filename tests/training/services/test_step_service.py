@@ -298,16 +298,15 @@ def test_a_second_execution_of_a_done_step_does_nothing(alice, world):
     assert after == before and run.worker == ""
 
 
-def test_merged_weights_take_a_new_policy_only_when_a_rollout_needs_it(alice, world):
-    """One policy at a time: the step does not merge its new policy in at its end (the next step on this worker
-    may be another run's); the run's next step does, for its rollouts, and validation does at once."""
+def test_the_new_policy_is_loaded_before_the_step_is_recorded_so_retention_may_delete_the_last(alice, world):
+    """keep_last_checkpoints=1: the step's retention deletes the checkpoint the server held until now, which
+    it can only once the new policy has replaced it (merged weights: one policy at a time)."""
     world.server.merged = True
-    run = execute(make_run(alice, val_every=2, val_scenarios=2), step=1)
-    assert world.server.adapters == {} and "adapter_load" not in Step.objects.get(run=run, step=1).timings
+    run = execute(make_run(alice, keep_last_checkpoints=1, keep_best_checkpoints=0), step=1)
     run = execute(run, step=2)
-    # Step 2's rollouts ran on step 1's policy; its validation merged its own in.
-    assert world.server.loads == [f"run-{run.id}@1", f"run-{run.id}@2"]
+    assert run.steps_done == 2 and run.status == Run.Status.RUNNING, run.error
     assert world.server.adapters == {f"run-{run.id}@2": Checkpoint.objects.get(run=run, step=2).path}
+    assert Checkpoint.objects.get(run=run, step=1).state == Checkpoint.State.DELETED
     assert "adapter_load" in Step.objects.get(run=run, step=2).timings
 
 

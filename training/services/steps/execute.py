@@ -235,8 +235,7 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
         timings["checkpoint"] = time.perf_counter() - t
         new_name = adapter_name(run, step)
         validating = bool(cfg.val_every and cfg.val_scenarios and (step % cfg.val_every == 0 or step == run.num_steps))
-        if validating or not server.merged:
-            _policy_load(run, new_name, ckpt_dir, server, timings)
+        _policy_load(run, new_name, ckpt_dir, server, timings)
         _stop_if_asked(hb)
 
         # 5. Validation on held-out scenarios every val_every steps (and at the last step).
@@ -267,9 +266,10 @@ def _execute(run: Run, cfg: RunConfig, step: int, server, hb: Heartbeat) -> None
 
 
 def _policy_load(run: Run, name: str, ckpt_dir: Path, server, timings: dict) -> None:
-    """The step's new policy into the inference server, beside the policies rolled out ahead. Merged weights
-    (one policy at a time) take it only when a rollout needs it: validation's, else the run's next step,
-    often after other runs' steps on this worker, which would have merged it twice."""
+    """The step's new policy into the inference server, beside the policies rolled out ahead, before the step
+    is recorded: the step's retention may delete the checkpoint the server held until now (with runs taking
+    turns, merged weights thus merge a run's policy at its step's end and again at its next step's start when
+    another run's step came between)."""
     t = time.perf_counter()
     server.ensure_adapter(name, str(ckpt_dir))
     server.retire_adapters(keep={name} | ahead_policies(run.id))
