@@ -173,8 +173,8 @@ def test_the_cli_drives_a_run_against_a_live_server(hub_model, server, alice_log
     assert "from-yaml" in listed and "queued" in listed
     shown = json.loads(cli("runs", "show", str(run.id), "--json").stdout)
     assert shown["id"] == run.id and shown["script"]["version"] == 1
-    assert shown["queue"]["place"] == 1  # queued, no GPU worker here: next in the fair queue
-    assert "#1: next; no GPU worker is running" in cli("runs", "show", str(run.id)).stdout
+    assert shown["queue"]["place"] == 1  # queued, the only run: next in the fair queue
+    assert f"#1: {shown['queue']['reason']}" in cli("runs", "show", str(run.id)).stdout
     missing = cli("runs", "show", "987654", ok=False)
     assert missing.returncode == 1 and "Error (404)" in missing.stderr
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from artweb.testing.factories import RunFactory, StepFactory
 from tests.metrics.test_metrics import scrape
 from tests.training.test_consumers import _connect
+from tests.training.test_selectors_queue import gpu_workers  # noqa: F401
 from training.models import Run, Step
 from training.services import run_transition
 from training.services.broadcast import queue_send
@@ -21,9 +22,10 @@ from training.services.trainer_pool import HELD_KEY
 
 
 @pytest.fixture
-def sharing(alice, bob, django_user_model):
+def sharing(alice, bob, django_user_model, gpu_workers):  # noqa: F811
     """alice trains on worker gpu-1:42 (two steps recorded: 30 s and 12.5 s); bob and carol each wait with a
     queued run; the worker published that it keeps alice's run and another's state."""
+    gpu_workers(0)  # none marked alive (a worker of another test may have marked itself in this Redis)
     carol = django_user_model.objects.create_user("carol", "carol@example.com", "carol-pass-123")
     now = timezone.now()
     training = RunFactory(owner=alice, status="running", steps_done=2, worker="gpu-1:42", heartbeat_at=now)

@@ -68,7 +68,9 @@ def test_the_runs_list(alice, flat):
         ]
         return [r.name for r in runs] + [r.script_version.asset.name for r in runs]
 
-    flat(alice, reverse("run-list"), seed, budget=8)  # 2 of them: the quota panel (its limits, its usage)
+    # 2 of them: the quota panel (its limits, its usage); 5: the waiting runs' places in the fair queue
+    # (training.selectors_queue.run_queue_places: the same 5 whatever the number of runs).
+    flat(alice, reverse("run-list"), seed, budget=13)
 
 
 def test_the_scripts_list(alice, flat):
@@ -182,4 +184,5 @@ def test_the_run_page(alice, flat):
                 )
         return shown
 
-    flat(alice, reverse("run-detail", args=[run.id]), seed, budget=15)
+    # 5 of them: its place in the fair queue (a queued run waits for a GPU worker).
+    flat(alice, reverse("run-detail", args=[run.id]), seed, budget=20)
