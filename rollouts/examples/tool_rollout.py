@@ -16,14 +16,17 @@ TOOLS = [
         "function": {
             "name": "lookup_capital",
             "description": "Look up the capital city of a country.",
+            # strict: the server constrains the call's arguments to this schema, as OpenAI's API does. Without
+            # it only the call's envelope is forced, and a small model's arguments ramble on to max_tokens (a
+            # call cut off is no call at all). maxLength: a name left open-ended could do the same.
+            "strict": True,
             "parameters": {
                 "type": "object",
-                # maxLength: the server constrains a forced call's arguments to this schema, and a name left
-                # open-ended could run on to max_tokens (a call cut off is no call at all).
                 "properties": {
                     "country": {"type": "string", "description": "The country's name in English.", "maxLength": 40}
                 },
                 "required": ["country"],
+                "additionalProperties": False,
             },
         },
     }
