@@ -294,7 +294,25 @@ ARTWEB = {
     # How many of its requests a worker serves at once: vLLM answers them as one batch (an ART client
     # sends its rollouts 16-64 at a time). Each takes a thread of the worker and a slot in vLLM's batch.
     "SERVE_CONCURRENCY": env.int("ARTWEB_SERVE_CONCURRENCY", default=64),
+    # A worker whose inference server holds one policy at a time (merged mode: the CPU default) answers the
+    # endpoint on a second server of its own, so that requests never wait for a step
+    # (training.services.serving_server): the cores it computes on (None: a quarter of them, at least one;
+    # 0: no second server, requests wait for the steps), and the memory it is counted as taking (None:
+    # estimated from the model, ~3 GiB for the default one on vLLM's CPU build); it starts only where that
+    # much and 1 GiB more is available.
+    "SERVE_THREADS": env.int("ARTWEB_SERVE_THREADS", default=None),
+    "SERVE_SERVER_GB": env.float("ARTWEB_SERVE_SERVER_GB", default=None),
 }
+if ARTWEB["SERVE_THREADS"] is not None and not 0 <= ARTWEB["SERVE_THREADS"] <= 4096:
+    raise ImproperlyConfigured(
+        f"ARTWEB_SERVE_THREADS={ARTWEB['SERVE_THREADS']}: give the cores the endpoint's own inference server "
+        "computes on, from 1 to the worker's cores, 0 for none (requests then wait for the steps), or leave it unset."
+    )
+if ARTWEB["SERVE_SERVER_GB"] is not None and not 0 <= ARTWEB["SERVE_SERVER_GB"] <= 100_000:
+    raise ImproperlyConfigured(
+        f"ARTWEB_SERVE_SERVER_GB={ARTWEB['SERVE_SERVER_GB']:g}: give the GiB of memory the endpoint's own inference "
+        "server takes, fractions allowed, from 0 to 100000, or leave it unset to have it estimated from the model."
+    )
 
 # The site is served over plain HTTP, with no TLS in front. By default, when it answers to loopback names
 # only (`make run` on 127.0.0.1): TLS cannot apply there, and HTTPS-only settings would lock everyone out (a

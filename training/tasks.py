@@ -25,7 +25,7 @@ def rescore_execute_task(rescore_id: int) -> None:
 @shared_task(name=task_names.DRY_RUN, acks_late=True, time_limit=600)
 def dry_run_task(dry_run_id: int) -> None:
     """GPU queue: the dry run uses this worker's inference server."""
-    with serving_paused():  # requests to the OpenAI endpoint wait until the dry run is done
+    with serving_paused():  # requests answered between steps (serving_gate) wait until the dry run is done
         dry_run_execute(dry_run_id=dry_run_id)
 
 

@@ -8,9 +8,11 @@ the last `capacity` of them:
 - "merged" mode (the CPU build): vLLM holds one set of weights at a time, so what is kept is each
   adapter's merged copy on disk; switching back to one reloads its weights (no merge again).
 
-A run's own step loads its policy as before (VLLMServer.ensure_adapter), after which the next request
-for a kept checkpoint reloads that checkpoint's weights. No Django here: the worker's serving loop
-(training.serving.worker) owns one of these per server.
+The cache lets go only of the names it loaded. On a server that a run's step uses as well ("lora" mode),
+the serving worker names its adapters with SERVING_PREFIX, so that the step's names and
+the cache's never meet: the step retires its old adapters, the cache its least recently used ones, and each
+leaves the other's alone. No Django here: the worker's serving loop (training.serving.worker) owns one of
+these per server.
 """
 
 from __future__ import annotations
@@ -25,13 +27,18 @@ from pathlib import Path
 
 from rollouts.inference.merge import merge_adapter
 
+# The names this cache loads adapters under on a server a run's step uses as well ("lora" mode): the step's
+# retire_adapters (inference_server) leaves them alone, and the cache lets go of no other.
+SERVING_PREFIX = "serving-"
+
 
 @contextlib.contextmanager
 def _merge_threads(n: int = 1):
     """torch's thread count while merging. The merge is elementwise work over every weight, and the
     server's engine keeps the same cores busy: on 2 cores under load one thread merged the default model
-    in 1.1 s where two took 9 s (their OpenMP threads waiting on each other). Serving happens between
-    training steps, so no trainer in this process is using torch meanwhile."""
+    in 1.1 s where two took 9 s (their OpenMP threads waiting on each other). The count is the calling
+    thread's own (OpenMP keeps it per thread): a trainer updating on another thread of this process meanwhile
+    keeps its threads."""
     import torch
 
     before = torch.get_num_threads()
@@ -52,6 +59,7 @@ class AdapterCache:
         self.capacity = max(1, capacity)
         self._lru: OrderedDict[str, str] = OrderedDict()  # served name -> adapter directory
         self._lock = threading.Lock()
+        self._merging = threading.Lock()  # held while a merged copy is written (ensure, prepare)
         self.last_load_s: float | None = None  # how long the latest load took (0 when it was loaded)
 
     @property
@@ -73,15 +81,7 @@ class AdapterCache:
                 self._forget(name)  # the same name now means other weights
             if self.server.merged:
                 if self.server.adapters.get(name) != path:
-                    target = self._dir / _safe(name)
-                    if not (target / "config.json").exists():
-                        partial = self._dir / f".{_safe(name)}.partial"
-                        shutil.rmtree(partial, ignore_errors=True)
-                        with _merge_threads():
-                            merge_adapter(self.server.model_path, path, partial)
-                        shutil.rmtree(target, ignore_errors=True)
-                        partial.rename(target)
-                    self.server.load_merged(name, path, str(target))
+                    self.server.load_merged(name, path, str(self._merged_copy(name, path)))
             else:
                 self.server.ensure_adapter(name, path)
             self._lru[name] = path
@@ -93,6 +93,30 @@ class AdapterCache:
                 self._forget(out)
             self.last_load_s = time.perf_counter() - t0
             return name
+
+    def prepare(self, name: str, path: str) -> None:
+        """Merged mode: write `name`'s merged copy now, unless it is kept already, without holding the cache:
+        requests answered with other policies meanwhile are not held up by the merge (seconds on a CPU that
+        trains meanwhile); ensure() then only loads it. Nothing to do in "lora" mode."""
+        path = str(path)
+        if self.server.merged and self._lru.get(name) is None:
+            self._merged_copy(name, path)
+
+    def _merged_copy(self, name: str, path: str) -> Path:
+        """The merged copy of adapter `path` for `name`, written unless it is there (one merge at a time); the
+        adapter it was merged from is noted beside it, so a name that came to mean other weights is merged anew."""
+        target = self._dir / _safe(name)
+        with self._merging:
+            source = target / ".adapter-path"
+            if not (target / "config.json").exists() or not source.exists() or source.read_text() != path:
+                partial = self._dir / f".{_safe(name)}.partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                with _merge_threads():
+                    merge_adapter(self.server.model_path, path, partial)
+                (partial / ".adapter-path").write_text(path)
+                shutil.rmtree(target, ignore_errors=True)
+                partial.rename(target)
+        return target
 
     def _forget(self, name: str) -> None:
         self._lru.pop(name, None)

@@ -43,11 +43,13 @@ class CT2Server(InferenceServer):
         log_dir: str | None = None,
         work_dir: str | None = None,
         api_key: str | None = None,
+        cpus: list[int] | None = None,
     ) -> None:
         """model_path: a local model directory. chat_template: a Jinja file; None uses the model's own, or
         artweb's ChatML-with-tools template when the model's cannot render tools (as VLLMServer does).
         compute_type: CTranslate2's ("float32" keeps the policy's numbers; "int8_float32" is faster and
-        samples from a quantized policy). threads: 0 for one per core."""
+        samples from a quantized policy). threads: 0 for one per core. cpus: the only cores the process runs
+        on (None: the worker's), one thread each unless threads says otherwise."""
         super().__init__(
             model_path,
             host=host,
@@ -57,11 +59,12 @@ class CT2Server(InferenceServer):
             log_dir=log_dir,
             work_dir=work_dir,
             api_key=api_key,
+            cpus=cpus,
         )
         self.max_model_len = max_model_len
         self.chat_template = chat_template
         self.compute_type = compute_type
-        self.threads = threads
+        self.threads = threads or len(self.cpus or ())
         self.extra_env = dict(extra_env or {})
 
     def command(self) -> list[str]:

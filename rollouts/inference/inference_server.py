@@ -16,7 +16,9 @@ are the ones loaded, so a request never silently gets another policy.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import logging
 import os
 import re
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from rollouts.inference.adapter_cache import SERVING_PREFIX
 from rollouts.inference.merge import merge_adapter, rewrite_merged
 
 logger = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ class InferenceServer:
     engine = "server"  # what people read in logs and errors: "vLLM", "CTranslate2"
     cpu_build = True
     cwd: str | None = None  # the directory the process starts in (None: the worker's)
+    nice = 0  # its processes' niceness, where this process may set it (below 0: before others on its cores)
 
     def __init__(
         self,
@@ -67,8 +71,10 @@ class InferenceServer:
         log_dir: str | None = None,
         work_dir: str | None = None,
         api_key: str | None = None,
+        cpus: list[int] | None = None,
     ) -> None:
         self.model_path = str(model_path)
+        self.cpus = tuple(cpus) if cpus else None  # the only cores its processes run on (None: the worker's)
         self.host = host
         self.port = port or free_port()
         self.base_model_name = served_model_name or Path(self.model_path).name
@@ -170,7 +176,7 @@ class InferenceServer:
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_exit_with_parent,
+                preexec_fn=functools.partial(_child_setup, self.cpus, self.nice),
             )
             self.adapters = {}
             self._loaded = None
@@ -340,9 +346,9 @@ class InferenceServer:
                 del self.adapters[name]
 
     def retire_adapters(self, keep: set[str]) -> None:
-        """Unload every adapter except those in keep (old steps of a run)."""
-        for name in list(self.adapters):
-            if name not in keep:
+        """Unload every adapter except those in keep (old steps of a run) and the endpoint's (SERVING_PREFIX)."""
+        for name in list(self.adapters):  # each unloaded under the lock, as it is there still
+            if name not in keep and not name.startswith(SERVING_PREFIX):
                 self.unload_adapter(name)
 
     # --- helpers ------------------------------------------------------------------------------------
@@ -478,11 +484,16 @@ def _kill_group(pgid: int) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _exit_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the thread that started the server ends (start()
-    runs on the worker's long-lived task thread), so a worker killed outright (SIGKILL, a task time
-    limit) never leaves a server holding its port."""
+def _child_setup(cpus: tuple[int, ...] | None, nice: int) -> None:
+    """In the child before exec: SIGTERM when the thread that started it ends (start() runs on the worker's
+    long-lived task thread), so a worker killed outright (SIGKILL, a task time limit) never leaves a server
+    holding its port; `cpus` alone and `nice` where given (its children inherit both)."""
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    if nice:
+        with contextlib.suppress(OSError):  # a raised priority needs CAP_SYS_NICE; without it, the usual one
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
 
 
 def _safe(name: str) -> str:

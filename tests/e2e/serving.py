@@ -22,18 +22,22 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 @pytest.fixture
 def serving_worker(vllm_server, transactional_db):
-    """The session's vLLM server as this process's inference server, with the serving thread running."""
+    """The session's vLLM server as this process's inference server (and in merged mode as the endpoint's
+    own second server too), with the serving thread running."""
     from training.services import inference
     from training.serving import worker
 
     def adopt(base_model) -> None:
         inference._server = vllm_server
         inference._server_model = inference._served_as(base_model)
+        if vllm_server.merged:  # such a worker answers on a second server of its own (serving_server): this one
+            inference._serving, inference._serving_model = vllm_server, inference._server_model
 
     worker.serve_loop_start()
     yield adopt
     worker.serve_loop_stop()
     inference._server, inference._server_model = None, None
+    inference._serving, inference._serving_model = None, None
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """Checkpoint management: delete files (row kept), retention, promotion, archives for download.
 
 A checkpoint still needed is never deleted: the newest of a run that is not finished (it resumes from
-it) and any adapter the inference server has loaded now.
+it) and any adapter a run step's inference server has loaded now (training.services.inference
+.adapters_loaded_publish: the OpenAI endpoint's copies do not count).
 """
 
 from __future__ import annotations

@@ -3,13 +3,16 @@
 A GPU worker runs one run step at a time (concurrency 1), so plain module state is enough here. The
 vLLM server is started for a base model on first use, restarted if it died, and stopped with the
 worker. A second server, for RULER's judge, is started only when the first cannot serve the base model
-while a step's policy is loaded (see judge_endpoint). The trainer stays loaded between steps, and runs that
-load the same model share it, each run's own state swapped in for its step (training.services.trainer_pool).
+while a step's policy is loaded (see judge_endpoint); another, for the OpenAI endpoint, only where the first
+holds one policy at a time (serving_server; training.services.serving_server says when). The trainer stays
+loaded between steps, and runs that load the same model share it, each run's own state swapped in for its
+step (training.services.trainer_pool).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import hashlib
 import logging
@@ -24,6 +27,7 @@ from django.core.cache import cache
 
 from artweb.cache import riding_out_outages
 from rollouts.inference import cpu_probe
+from rollouts.inference.adapter_cache import SERVING_PREFIX
 from rollouts.inference.ct2_server import CT2Server
 from rollouts.inference.inference_server import InferenceServerError
 from rollouts.inference.vllm_server import TOOLS_TEMPLATE, VLLMServer, template_supports_tools
@@ -49,6 +53,17 @@ _engine: tuple[tuple[str, str], cpu_probe.Choice] | None = None  # (device, sett
 _server_model: str | None = None  # _served_as() of the model it serves
 _judge = None  # a VLLMServer of the base model alone, for RULER while _server holds merged policy weights
 _judge_model: str | None = None
+# The OpenAI endpoint's requests, beside the steps (training.services.serving_server): on _server where it
+# holds adapters side by side (server_beside), else on a server of their own (serving_server).
+_users = 0  # requests answered on _server beside the steps: it is not stopped under them
+_replacing = False  # inference_server() waits for those, to stop _server for another model
+_users_done = threading.Condition()  # not _lock: a request never waits for a start (a step's judge, ...)
+_serving_lock = threading.Lock()  # not _lock: a step never waits for the serving server's start
+_serving = None  # the endpoint's own server (merged mode), started on its first request
+_serving_model: str | None = None
+# Its processes before a step's on the cores it shares with them (where the worker may raise a priority): a
+# request's first token does not wait behind the step's rollouts and update for its share of a core.
+SERVING_NICE = -5
 # Starts that failed: (the served identity and max length) -> (time.monotonic() of the failure, its message).
 _start_failures: dict[str, tuple[float, str]] = {}
 START_RETRY_SECONDS = 300  # how long a model whose start failed is refused at once, with that failure's reason
@@ -130,8 +145,7 @@ def inference_server(base_model, *, run=None):
         _start_failure_check(failure_key)
         model_files_check(base_model_path(base_model))
         if _server is not None:
-            _server.stop()
-            _server, _server_model = None, None
+            _server_take().stop()
         if _judge is not None and _judge_model != served:
             _judge_stop()  # another base model's judge only holds memory
         server = _new_server(
@@ -150,6 +164,71 @@ def inference_server(base_model, *, run=None):
         _start_failures.pop(failure_key, None)
         _server, _server_model = server, served
         return server
+
+
+def _server_take():
+    """Under _lock: _server, no longer the worker's, once no request is answered on it beside the steps (new
+    ones are held back meanwhile, server_beside)."""
+    global _server, _server_model, _replacing
+    with _users_done:
+        _replacing = True
+        _users_done.wait_for(lambda: not _users)
+        server, _server, _server_model, _replacing = _server, None, None, False
+    return server
+
+
+@contextlib.contextmanager
+def server_beside(base_model):
+    """The server of this base model, held for one request to the OpenAI endpoint answered beside what a step
+    does on it, where it holds adapters side by side ("lora" mode; the two load adapters under names of their
+    own, adapter_cache.SERVING_PREFIX); inference_server() stops no server a request holds. None: no such
+    server runs (none, another model's, one being replaced, or one holding one policy at a time)."""
+    global _users
+    served = _served_as(base_model)
+    with _users_done:
+        server = _server
+        if server is None or _replacing or _server_model != served or server.merged or not server.is_alive():
+            server = None
+        else:
+            _users += 1
+    try:
+        yield server
+    finally:
+        if server is not None:
+            with _users_done:
+                _users -= 1
+                _users_done.notify_all()
+
+
+def serving_server(base_model, *, cpus: list[int] | None):
+    """A healthy server of this base model for the OpenAI endpoint alone, where _server holds one policy at a
+    time (training.services.serving_server): a step's merges never touch it. cpus: the cores its engine
+    computes on (None: all). InferenceServerError when it cannot start (nothing of it kept)."""
+    global _serving, _serving_model
+    served = _served_as(base_model)
+    with _serving_lock:
+        if _serving is not None and _serving_model == served:
+            _serving.ensure_running()
+            return _serving
+        _serving_stop()
+        # Merged, as the worker's own: runtime adapters on a CPU cost vLLM its compiled path (a short answer
+        # took 2.4 s where merged weights took 0.4; swapping the weights between turns costs far less).
+        server = _new_server(base_model, port=None, adapter_mode="merged", cpus=cpus)
+        server.nice = SERVING_NICE
+        try:
+            server.start()
+        except BaseException:
+            server.stop()
+            raise
+        _serving, _serving_model = server, served
+        return server
+
+
+def _serving_stop() -> None:
+    global _serving, _serving_model
+    if _serving is not None:
+        _serving.stop()
+    _serving, _serving_model = None, None
 
 
 def _start_failure_check(key: str) -> None:
@@ -281,7 +360,10 @@ def kv_cache_for(base_model, run=None) -> float:
     return size
 
 
-def _new_server(base_model, *, port: int | None, adapter_mode: str, kv_cache_gb: float | None = None):
+def _new_server(
+    base_model, *, port: int | None, adapter_mode: str, kv_cache_gb: float | None = None, cpus: list[int] | None = None
+):
+    """cpus: the only cores the server runs on, its engine computing with one thread on each; None: all."""
     conf = settings.ARTWEB
     if inference_engine().engine == "ctranslate2":
         return CT2Server(
@@ -290,6 +372,7 @@ def _new_server(base_model, *, port: int | None, adapter_mode: str, kv_cache_gb:
             port=port,
             max_model_len=base_model.max_length,
             log_dir=str(Path(settings.DATA_DIR) / "logs"),
+            cpus=cpus,
         )
     return VLLMServer(
         model_path=base_model_path(base_model),
@@ -303,6 +386,7 @@ def _new_server(base_model, *, port: int | None, adapter_mode: str, kv_cache_gb:
         adapter_mode=adapter_mode,
         log_dir=str(Path(settings.DATA_DIR) / "logs"),
         extra_env={"CUDA_VISIBLE_DEVICES": conf["VLLM_CUDA_DEVICES"]} if conf["VLLM_CUDA_DEVICES"] else None,
+        cpus=cpus,
     )
 
 
@@ -348,8 +432,13 @@ def _judge_stop() -> None:
 
 
 def adapters_loaded_publish() -> None:
-    """Tell the web side which adapter directories are loaded (checkpoint deletion refuses those)."""
-    paths = list(_server.loaded_adapter_paths()) if _server is not None else []
+    """Tell the web side which adapter directories a run step's server has loaded (checkpoint deletion refuses
+    those: vLLM may read an adapter's files again). The endpoint's own copies (SERVING_PREFIX names beside the
+    step's, or on its second server) hold no checkpoint: ART's delete_checkpoints after a step must not meet
+    the copy its client's rollouts were answered with, and the web refuses requests for a deleted one."""
+    server = _server
+    adapters = dict(server.adapters) if server is not None else {}
+    paths = [path for name, path in adapters.items() if not name.startswith(SERVING_PREFIX)]
     riding_out_outages(lambda: cache.set("artweb:loaded_adapters", paths, timeout=None), what="the loaded adapters")
 
 
@@ -405,6 +494,8 @@ def shutdown() -> None:
         _server.stop()
         _server = None
     _judge_stop()
+    with _serving_lock:
+        _serving_stop()
 
 
 atexit.register(shutdown)

@@ -1,8 +1,9 @@
-"""The worker's serving gate: a run step (and a dry run) holds it from start to end, alone, and the serving
-thread (training.serving.worker) holds it for each request it serves, beside the other requests it
-serves. So requests to the OpenAI endpoint are served between steps, many at once (an ART client's
-rollouts, 16-64 chat completions at a time, go to vLLM as one batch), and never while a batch's rollouts
-use the inference server.
+"""The worker's serving gate: a run step (and a dry run) holds it from start to end, alone, and a request to
+the OpenAI endpoint that is answered on the step's own inference server between steps holds it beside the
+other requests. Those are only the requests of a worker whose server holds one policy at a time ("merged"
+mode) and that has no second server for the endpoint (ARTWEB_SERVE_THREADS=0, or too little memory for it:
+training.services.serving_server); every other request is answered beside the step, on a server it shares
+without taking weights from under it, and never waits here.
 
 A step that waits for the gate lets the requests being served finish and holds back new ones: a client
 that keeps sending requests never keeps the next step from starting.
@@ -74,14 +75,16 @@ gate = ServingGate()
 
 @contextlib.contextmanager
 def serving_paused():
-    """Held by a run step (and a dry run) from start to end: it waits for the requests being served to
-    finish, and requests that come meanwhile wait until it is done."""
+    """Held by a run step (and a dry run) from start to end: it waits for the requests being served under the
+    gate to finish, and those that come meanwhile wait until it is done (requests answered beside the step
+    never take the gate)."""
     with gate.exclusive():
         yield
 
 
 @contextlib.contextmanager
 def serving_slot():
-    """Held by the serving thread for one request, beside the other requests it serves."""
+    """Held by the serving thread for one request answered on the step's server between steps, beside the
+    other requests it serves."""
     with gate.shared():
         yield

@@ -7,9 +7,9 @@ The design (see docs/guides/serve-a-checkpoint.md, "How a request is served"):
   token's user (training.serving.selectors), then puts the request on a Redis list of that base model.
 - Each GPU worker runs one serving thread (training.serving.worker, started with the worker's pool
   process by artweb.celery). It takes requests from the list of the base model its inference server holds,
-  waits for the worker's gate (a run step holds it from start to end: requests are served between training
-  steps), loads the adapter and calls vLLM directly with the server's key: not through any batch's proxy
-  or jail.
+  answers each on a server that a running step leaves alone (training.services.serving_server: the step's
+  own beside its rollouts, or a second one; between steps only where neither can be), loads the adapter
+  and calls the server directly with its key: not through any batch's proxy or jail.
 - vLLM's answer comes back on a Redis list of the request, one entry per streamed chunk, which the web
   process relays as it arrives.
 """
