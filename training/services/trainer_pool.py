@@ -88,7 +88,7 @@ def _trainer_for(run, checkpoint_dir: str | None, make) -> Any:
         return _trainer
     candidate = make()
     structure = parking.structure(candidate)
-    _park_current()
+    _park_current(loading=run.id)
     held = _parked.pop(run.id, None)
     state = held.state if held is not None and held.key == key and held.structure == structure else None
     if state is not None:
@@ -204,8 +204,9 @@ def _close_loaded() -> None:
     _trainer, _loaded_structure = None, None
 
 
-def _park_current() -> None:
-    """Keep the loaded run's state before another run's is swapped in, within the worker's limits."""
+def _park_current(loading: int) -> None:
+    """Keep the loaded run's state before run `loading`'s is swapped in, within the worker's limits: the
+    states kept besides `loading`'s (which it takes out next) are at most ARTWEB_RUNS_PER_WORKER - 1."""
     global _current
     from training.engine import parking
 
@@ -218,8 +219,9 @@ def _park_current() -> None:
     _parked[held.key[0]] = held
     _parked.move_to_end(held.key[0])
     keep = max(0, int(settings.ARTWEB["RUNS_PER_WORKER"]) - 1)  # the run about to be loaded takes a place
-    while len(_parked) > keep:
-        run_id, _ = _parked.popitem(last=False)
+    while len(others := [r for r in _parked if r != loading]) > keep:
+        run_id = others[0]  # the least recently trained; never the run about to be loaded, whose state is wanted
+        del _parked[run_id]
         logger.info("trainer: run %s's state dropped (ARTWEB_RUNS_PER_WORKER); it resumes from its checkpoint", run_id)
     for run_id in parking.fit_parked(_parked, settings.ARTWEB["DEVICE"], PARK_ON_GPU_FREE_SHARE, HOST_RESERVE_BYTES):
         logger.info("trainer: run %s's state dropped (memory); it resumes from its checkpoint", run_id)

@@ -111,6 +111,27 @@ def test_two_runs_interleaved_on_one_trainer_train_exactly_as_alone(
     assert trainer_pool.held_runs() == ({1: steps, 2: steps} if runs_per_worker > 1 else {2: steps})
 
 
+def test_as_many_runs_as_the_worker_keeps_take_turns_without_reading_a_checkpoint(
+    tiny_model_dir, make_trajectory, tmp_path, monkeypatch
+):
+    """ARTWEB_RUNS_PER_WORKER=4 and four runs in turn: the least recently trained is the run whose turn comes
+    next, and its state is the one wanted (it was dropped to make room for itself, and read back)."""
+    runs = [_run(i, seed=i, lr=1e-2) for i in range(1, 5)]
+    reads = []
+    monkeypatch.setattr(trainer_pool, "_read", lambda directory: reads.append(directory) or read_checkpoint(directory))
+    for s in range(2):
+        for run in runs:
+            run.checkpoints = getattr(run, "checkpoints", [])
+            _step(run, tiny_model_dir, _groups(make_trajectory, f"r{run.id}", s), tmp_path)
+    assert reads == []
+    assert trainer_pool.held_runs() == {run.id: 2 for run in runs}
+    # A fifth run's turn drops the least recently trained (run 1), not the run it loads.
+    fifth = _run(5, seed=5, lr=1e-2)
+    fifth.checkpoints = []
+    _step(fifth, tiny_model_dir, _groups(make_trajectory, "r5", 0), tmp_path)
+    assert sorted(trainer_pool.held_runs()) == [2, 3, 4, 5]
+
+
 def test_an_update_no_checkpoint_holds_is_never_swapped_back_in(tiny_model_dir, make_trajectory, tmp_path):
     a, b = _run(1, seed=1, lr=1e-2), _run(2, seed=2, lr=1e-2)
     a.checkpoints, b.checkpoints = [], []
