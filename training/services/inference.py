@@ -485,6 +485,7 @@ def trainer_fit_check(run) -> None:
 
 trainer_advanced = trainer_pool.trainer_advanced
 trainer_close = trainer_pool.trainer_close
+trainer_run_finished = trainer_pool.trainer_run_finished
 
 
 def shutdown() -> None:

@@ -125,6 +125,21 @@ def trainer_close() -> None:
     held_publish()
 
 
+def trainer_run_finished(run_id: int) -> None:
+    """A run ended: its state is dropped. The loaded weights stay for the runs whose states are kept (closing
+    them made every other run's next step load the model and read its checkpoint again); where none is kept,
+    the trainer is closed too, so that an idle worker holds no model."""
+    global _current
+    with _lock:
+        _parked.pop(run_id, None)
+        if _current is not None and _current.key[0] == run_id:
+            _current = None
+        if not _parked:
+            _current = None
+            _close_loaded()
+    held_publish()
+
+
 def trainer_loaded() -> Any:
     """The trainer loaded, or None; at once, even while a load is under way (see trainer_preloading)."""
     return _trainer

@@ -167,6 +167,25 @@ def test_a_run_whose_step_another_worker_committed_reads_that_checkpoint(tiny_mo
     assert all(torch.equal(now[n], theirs[n]) for n in theirs)
 
 
+def test_a_finished_run_leaves_the_weights_and_the_other_runs_states(
+    tiny_model_dir, make_trajectory, tmp_path, monkeypatch
+):
+    a, b = _run(1, seed=1, lr=1e-2), _run(2, seed=2, lr=1e-2)
+    a.checkpoints, b.checkpoints = [], []
+    _step(b, tiny_model_dir, _groups(make_trajectory, "b", 0), tmp_path)
+    loaded = _step(a, tiny_model_dir, _groups(make_trajectory, "a", 0), tmp_path)
+    trainer_pool.trainer_run_finished(a.id)  # a's last step: its state goes, b's stays, and the weights
+    assert trainer_pool.held_runs() == {b.id: 1} and trainer_pool.trainer_loaded() is loaded
+    reads, loads = [], []
+    monkeypatch.setattr(trainer_pool, "_read", lambda directory: reads.append(directory) or read_checkpoint(directory))
+    original_load = GRPOTrainer.load
+    monkeypatch.setattr(GRPOTrainer, "load", lambda self, *a, **kw: loads.append(self) or original_load(self, *a, **kw))
+    assert _step(b, tiny_model_dir, _groups(make_trajectory, "b", 1), tmp_path) is loaded
+    assert reads == [] and loads == []  # b's kept state swapped in on the weights loaded
+    trainer_pool.trainer_run_finished(b.id)  # the last run held: the idle worker holds no model
+    assert trainer_pool.trainer_loaded() is None and trainer_pool.held_runs() == {}
+
+
 def test_runs_that_load_another_model_do_not_share_the_weights(tiny_model_dir, make_trajectory, tmp_path):
     a, b = _run(1, seed=1, lr=1e-2), _run(2, seed=2, lr=1e-2, lora_rank=4)
     a.checkpoints, b.checkpoints = [], []

@@ -461,7 +461,7 @@ def _finish(run: Run, me: str, reason: str | None) -> bool:
             message=f"Completed {run.steps_done} steps.",
             worker="",
         )
-        inference.trainer_close()
+        inference.trainer_run_finished(run.id)  # the other runs' kept states stay
         return True
     if reason:
         run_release(run_id=run.id, me=me)
