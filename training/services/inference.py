@@ -432,12 +432,10 @@ def _judge_stop() -> None:
 
 
 def adapters_loaded_publish() -> None:
-    """Tell the web side which adapter directories a run step's server has loaded (checkpoint deletion refuses
-    those: vLLM may read an adapter's files again). The endpoint's own copies (SERVING_PREFIX names beside the
-    step's, or on its second server) hold no checkpoint: ART's delete_checkpoints after a step must not meet
-    the copy its client's rollouts were answered with, and the web refuses requests for a deleted one."""
-    server = _server
-    adapters = dict(server.adapters) if server is not None else {}
+    """Tell the web side which adapters a run step's server has loaded (checkpoint deletion refuses those). The
+    endpoint's copies (SERVING_PREFIX names, or on its second server) hold no checkpoint: ART deletes the one
+    its client's rollouts were answered with after a step, and the web refuses requests for a deleted one."""
+    adapters = dict(server.adapters) if (server := _server) is not None else {}  # read once: it may be replaced
     paths = [path for name, path in adapters.items() if not name.startswith(SERVING_PREFIX)]
     riding_out_outages(lambda: cache.set("artweb:loaded_adapters", paths, timeout=None), what="the loaded adapters")
 
