@@ -235,7 +235,9 @@ def watch_run(page, product) -> None:
     )
     drawn = charts(page)
     assert drawn["reward"]["x"] == list(range(1, DEMO_STEPS + 1))
-    assert drawn["val"]["x"] and f"{max(drawn['val']['y']):.3f}" == final["best"], (drawn["val"], final["best"])
+    # The page rounds half up (0.8125 shows as 0.813) where Python's format rounds to even (0.812).
+    best = max(drawn["val"]["y"]) if drawn["val"]["x"] else None
+    assert best is not None and abs(best - float(final["best"])) <= 0.0005 + 1e-9, (drawn["val"], final["best"])
     assert set(drawn) == set(CHART_IDS)
     shot(page, "new-user-run-completed")
 
