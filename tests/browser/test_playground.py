@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import time
+from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 
@@ -17,6 +18,12 @@ from tests.browser import test_rescore
 from tests.browser.conftest import shot
 from tests.e2e import serving
 from training.serving.models import ServeJob
+
+
+def floatformat3(value: float) -> str:
+    """What the page's `floatformat:3` shows: rounded half up (Python's format rounds 0.0625 to even, 0.062)."""
+    return str(Decimal(repr(value)).quantize(Decimal("0.001"), rounding=ROUND_HALF_UP))
+
 
 # This module's own web server and default-queue worker, and alice signed in there (see test_rescore.py);
 # the serving thread on the session's vLLM server (tests/e2e/serving.py).
@@ -63,7 +70,7 @@ def test_the_playground_answers_with_two_models_side_by_side(alice_page, serving
         assert columns.nth(i).locator(".badge.reward").count() == 2
     # The rewards shown are the jail's scores of the stored answers.
     first = job.result["columns"][0]["answers"][0]
-    assert columns.nth(0).locator(".badge.reward").first.inner_text() == f"reward {first['reward']:.3f}"
+    assert columns.nth(0).locator(".badge.reward").first.inner_text() == f"reward {floatformat3(first['reward'])}"
     # A token's log-probability and the other candidates show on hover.
     token = columns.nth(0).locator(".tok").first
     token.hover()
@@ -128,7 +135,7 @@ def test_an_answer_diff_from_the_page_shows_the_biggest_changes_first(
     top = stored[int(rows.nth(0).get_attribute("data-index"))]
     assert rows.nth(0).locator(".side-a .answer").count() == 2 and rows.nth(0).locator(".side-b .answer").count() == 2
     assert rows.nth(0).locator(".side-b .tokens").first.inner_text() == top.answers_b[0]["content"].strip()
-    assert page.locator("#mean-delta").inner_text() == f"{job.result['mean_delta']:.3f}"
+    assert page.locator("#mean-delta").inner_text() == floatformat3(job.result["mean_delta"])
     # Exports: the CSV has a line per scenario, in the page's order.
     csv_text = page.evaluate("url => fetch(url).then(r => r.text())", page.locator("#export-csv").get_attribute("href"))
     indexes = [int(line["index"]) for line in csv.DictReader(io.StringIO(csv_text))]
