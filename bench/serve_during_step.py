@@ -44,7 +44,6 @@ os.environ["DATABASE_URL"] = BENCH_DB
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/8")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "artweb.settings")
 
-EXAMPLES = ROOT / "rollouts" / "examples"
 NUM_STEPS = 1000  # more than the bench lasts: the run is cancelled at its end
 MESSAGES = [{"role": "user", "content": "Write one short sentence about the sea."}]
 TARGET_P95_S = 2.0
@@ -208,10 +207,10 @@ def main() -> None:
     from artweb.launcher.worker import gpu_worker_command, gpu_worker_env
     from artweb.testing import stack
     from bench.run_curve import _register_model
-    from rollouts.services import reward_create, scenario_set_create, script_create
+    from bench.task import example_run
     from training.engine.default_model import ensure_default_model
     from training.models import Run, Step
-    from training.services import run_cancel, run_create
+    from training.services import run_cancel
     from training.serving.protocol import ALIVE_KEY
 
     call_command("migrate", verbosity=0)
@@ -253,21 +252,7 @@ def main() -> None:
         warm = load.run(0.1)
         print(f"  answered after {time.time() - t0:.0f} s: {figures(warm)}", file=sys.stderr)
 
-        run = run_create(
-            owner=user,
-            name=f"serve-during-step-{tag}",
-            base_model=model,
-            script_version=script_create(
-                owner=user, name=f"example-{tag}", content=(EXAMPLES / "rollout.py").read_text()
-            ),
-            reward_version=reward_create(
-                owner=user, name=f"example-{tag}", content=(EXAMPLES / "reward.py").read_text()
-            ),
-            scenario_set=scenario_set_create(
-                owner=user, name=f"example-{tag}", jsonl=(EXAMPLES / "scenarios.jsonl").read_text()
-            ),
-            config={"num_steps": NUM_STEPS},
-        )
+        run = example_run(user, f"serve-during-step-{tag}", model, {"num_steps": NUM_STEPS})
         print(f"run {run.id}: waiting for its first step to start ...", file=sys.stderr)
         stack.wait_for(
             lambda: (

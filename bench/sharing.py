@@ -32,11 +32,10 @@ from django.contrib.auth import get_user_model
 
 from artweb.launcher.worker import gpu_worker_command, gpu_worker_env
 from artweb.testing import stack
-from bench.run_curve import EXAMPLES, _register_model
-from rollouts.services import reward_create, scenario_set_create, script_create
+from bench.run_curve import _register_model
+from bench.task import example_run
 from training.engine.default_model import ensure_default_model
 from training.models import Run, Step
-from training.services import run_create
 
 
 def cpu_model() -> str:
@@ -50,20 +49,11 @@ def _launch(tag: str, users: list, model, steps: int, args) -> list[Run]:
     runs = []
     for i, user in enumerate(users):
         runs.append(
-            run_create(
-                owner=user,
-                name=f"share-{tag}-{i}",
-                base_model=model,
-                script_version=script_create(
-                    owner=user, name=f"share-{tag}-{i}", content=(EXAMPLES / "rollout.py").read_text()
-                ),
-                reward_version=reward_create(
-                    owner=user, name=f"share-{tag}-{i}", content=(EXAMPLES / "reward.py").read_text()
-                ),
-                scenario_set=scenario_set_create(
-                    owner=user, name=f"share-{tag}-{i}", jsonl=(EXAMPLES / "scenarios.jsonl").read_text()
-                ),
-                config={
+            example_run(
+                user,
+                f"share-{tag}-{i}",
+                model,
+                {
                     "num_steps": steps,
                     "group_size": args.group_size,
                     "scenarios_per_step": args.scenarios_per_step,

@@ -19,6 +19,23 @@ from typing import Any
 EXAMPLES = Path(__file__).resolve().parents[1] / "rollouts" / "examples"
 
 
+def example_run(owner, name: str, model, config: dict):
+    """A run of the shipped example task (its script, reward and scenarios uploaded as `name` by `owner`) on
+    `model`, created as the launch form creates one. Needs Django set up."""
+    from rollouts.services import reward_create, scenario_set_create, script_create
+    from training.services import run_create
+
+    return run_create(
+        owner=owner,
+        name=name,
+        base_model=model,
+        script_version=script_create(owner=owner, name=name, content=(EXAMPLES / "rollout.py").read_text()),
+        reward_version=reward_create(owner=owner, name=name, content=(EXAMPLES / "reward.py").read_text()),
+        scenario_set=scenario_set_create(owner=owner, name=name, jsonl=(EXAMPLES / "scenarios.jsonl").read_text()),
+        config=config,
+    )
+
+
 def load_scenarios(path: Path = EXAMPLES / "scenarios.jsonl") -> dict[str, list[dict]]:
     """Scenarios by split, in file order (the order artweb stores them in)."""
     by_split: dict[str, list[dict]] = {"train": [], "val": []}

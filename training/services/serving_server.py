@@ -126,13 +126,18 @@ def refuse(reason: str) -> None:
     )
 
 
+def server_of(route: str) -> tuple:
+    """(the server requests of this route are answered on, the model it serves): the endpoint's own for OWN,
+    else the worker's; (None, None) while none runs."""
+    if route == OWN:
+        return inference._serving, inference._serving_model
+    return inference._server, inference._server_model
+
+
 def side_by_side(route: str, served: str) -> bool:
     """Whether the server requests of this route and model are answered on holds adapters side by side: its
     requests for different checkpoints and the base model are then answered at once."""
-    if route == OWN:
-        server, model = inference._serving, inference._serving_model
-    else:
-        server, model = inference._server, inference._server_model
+    server, model = server_of(route)
     return server is not None and model == served and not server.merged
 
 
@@ -151,10 +156,7 @@ def model_held() -> str | None:
     """The model (inference._served_as) of the running server this worker's requests are answered on: a
     worker that holds a model's weights serves that model, and leaves the others to workers that hold theirs.
     None: any model (none runs; or the second server is to be, which starts for any, the step's left alone)."""
-    if holds_one_policy() and not waits_for_steps():
-        server, model = inference._serving, inference._serving_model
-    else:
-        server, model = inference._server, inference._server_model
+    server, model = server_of(OWN if holds_one_policy() and not waits_for_steps() else GATE)
     return model if server is not None and server.is_alive() else None
 
 

@@ -322,9 +322,7 @@ def _merge_ahead(policy: Policy) -> None:
     policy at a time, already running for its model): requests answered meanwhile are not held up by it."""
     if not policy.adapter:
         return
-    own = policy.route == serving_server.OWN
-    server = inference._serving if own else inference._server
-    model = inference._serving_model if own else inference._server_model
+    server, model = serving_server.server_of(policy.route)
     if server is None or model != policy.served or not server.merged or not server.is_alive():
         return
     try:
