@@ -262,11 +262,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", help="write the raw figures to this file")
     parser.add_argument("--artweb-result", help="the artweb side from an earlier run's artweb-result.json")
     parser.add_argument("--only-artweb", action="store_true", help="stop after artweb's side")
+    parser.add_argument(
+        "--adapter-mode",
+        default="lora",
+        choices=["lora", "merged"],
+        help="artweb's policies: runtime adapters (the GPU default) or copied into vLLM's own weights",
+    )
     # A dry run of artweb's side on a machine without a GPU: --only-artweb --device cpu --backend peft
     # --adapter-mode merged.
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="unsloth", help=argparse.SUPPRESS)
-    parser.add_argument("--adapter-mode", default="lora", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for key, value in (SHAPE_DEFAULTS if args.shape else PLAIN_DEFAULTS).items():
         if getattr(args, key) is None:

@@ -245,7 +245,7 @@ def setting_lines(args, model: dict, trl: dict, meta: dict) -> list[str]:
         "0.1, CISPO (ratio capped at 5), group-std advantage scaling, no KL, bf16 base weights, no validation, one "
         "optimizer step per step.",
         "- artweb: the Celery GPU worker (prefork, concurrency 1), ARTWEB_TRAINER_BACKEND=unsloth, "
-        f"ARTWEB_VLLM_ADAPTER_MODE=lora, vLLM {eager} in its own server process{model.get('artweb_words', '')}, "
+        f"ARTWEB_VLLM_ADAPTER_MODE={getattr(args, 'adapter_mode', 'lora')}, vLLM {eager} in its own server process{model.get('artweb_words', '')}, "
         "rollouts in the sandbox "
         f"({meta['sandbox']}), PostgreSQL and Redis embedded; the engine's train defaults (no gradient "
         "checkpointing, micro-batches sized by the worker"

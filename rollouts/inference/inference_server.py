@@ -26,9 +26,7 @@ import secrets
 import shutil
 import signal
 import socket
-import stat
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ import httpx
 
 from rollouts.inference.adapter_cache import SERVING_PREFIX
 from rollouts.inference.merge import merge_adapter, rewrite_merged
+from rollouts.inference.work_dirs import work_dir_create
 
 logger = logging.getLogger(__name__)
 
@@ -266,7 +265,8 @@ class InferenceServer:
         """Serve the base model and return its name (in merged mode this may reload the weights)."""
         with self._lock:
             if self.merged and self._loaded is not None:
-                self._swap_weights(self.base_model_name, None)
+                if not self._push_weights(self.base_model_name, None):
+                    self._swap_weights(self.base_model_name, None)
                 self._loaded = None
                 self.adapters = {}
             return self.base_model_name
@@ -286,12 +286,13 @@ class InferenceServer:
                 self._load_lora(name, path)
                 self.adapters[name] = path
                 return name
-            target = self.work_dir / "merged" / _safe(name)
-            t0 = time.perf_counter()
-            if not self._rewrite_merged(target, path):
-                shutil.rmtree(target, ignore_errors=True)
-                merge_adapter(self.model_path, path, target)
-            self._merged_dir = target
+            t0, target = time.perf_counter(), None
+            if not self._push_weights(name, path):
+                target = self.work_dir / "merged" / _safe(name)
+                if not self._rewrite_merged(target, path):
+                    shutil.rmtree(target, ignore_errors=True)
+                    merge_adapter(self.model_path, path, target)
+                self._merged_dir = target
             self._serve_weights(name, path, target)
             logger.info("serving %s (merged) after %.1f s", name, time.perf_counter() - t0)
             return name
@@ -319,15 +320,21 @@ class InferenceServer:
             self._serve_weights(name, path, weights_dir)
             return name
 
-    def _serve_weights(self, name: str, path: str, weights_dir: str | os.PathLike) -> None:
-        """Merged mode, under the lock: load the weights in weights_dir and answer to `name` (adapter
-        `path`) alone; the previous policy's merged copy, when this server made it, is removed."""
-        self._swap_weights(name, str(weights_dir))
+    def _serve_weights(self, name: str, path: str, weights_dir: str | os.PathLike | None) -> None:
+        """Merged mode, under the lock: load the weights in weights_dir (None: pushed already) and answer to
+        `name` (adapter `path`) alone; the previous policy's merged copy, when this server made it, is removed."""
+        if weights_dir is not None:
+            self._swap_weights(name, str(weights_dir))
         previous = self._loaded
         self._loaded = (name, path)
         self.adapters = {name: path}
         if previous is not None and _safe(previous[0]) != _safe(name):
             shutil.rmtree(self.work_dir / "merged" / _safe(previous[0]), ignore_errors=True)
+
+    def _push_weights(self, name: str, path: str | None) -> bool:
+        """Merged mode: serve the base with adapter `path` (None: alone) as `name` from weights in memory, no
+        copy on disk; False, having changed nothing, where this server cannot (vllm_server can on a GPU)."""
+        return False
 
     def _load_lora(self, name: str, path: str) -> None:
         raise InferenceServerError(f"{self.engine} serves adapters merged only")
@@ -422,52 +429,6 @@ def start_failure_reason(output: str) -> str | None:
 def without_host_paths(text: str) -> str:
     """text with each absolute path on the server cut to its last part ("…/model.safetensors")."""
     return _HOST_PATH.sub(lambda m: "…/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
-
-
-# --- work directories ------------------------------------------------------------------------------
-# A server's work directory is named after the process that made it (pid and start time: a pid is reused,
-# the pair is not), so that one left behind by a process that died without stopping its server can be told
-# from one in use, on a machine where several workers share the temporary directory.
-
-WORK_DIR_PREFIX = "artweb-inference-"
-_WORK_DIR_NAME = re.compile(re.escape(WORK_DIR_PREFIX) + r"(\d+)-(\d+)-")
-
-
-def _process_start(pid: int) -> str | None:
-    """When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat); None when no
-    such process exists."""
-    try:
-        line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return line[line.rindex(")") + 2 :].split()[19]  # after the name, which may hold spaces: fields 3 on
-
-
-def work_dir_create(root: str | os.PathLike | None = None) -> Path:
-    """A new work directory under root (the temporary directory by default), owned by this process."""
-    pid = os.getpid()
-    return Path(tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{pid}-{_process_start(pid)}-", dir=root))
-
-
-def work_dirs_remove_orphaned(root: str | os.PathLike | None = None) -> list[Path]:
-    """Remove the work directories under root whose owner process has exited; returns them. A directory
-    of a live process, one named otherwise, a link, or one of another user is left alone."""
-    removed = []
-    for path in Path(root or tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
-        match = _WORK_DIR_NAME.match(path.name)
-        try:
-            info = path.lstat()
-        except OSError:
-            continue
-        if match is None or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            continue
-        pid, started = match.groups()
-        if _process_start(int(pid)) == started:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-        logger.info("removed %s, left by process %s, which has exited", path, pid)
-    return removed
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing may import between fork and exec

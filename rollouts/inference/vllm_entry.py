@@ -5,6 +5,9 @@ into it) and must answer to that policy's name, e.g. "run-12@3", which is only k
 vLLM accepts a fixed list of served names, so when ARTWEB_VLLM_ALIASES names a JSON file, the names
 listed there are accepted as well; VLLMServer rewrites that file when it swaps the weights.
 
+When ARTWEB_VLLM_WEIGHT_PUSH names a weight-transfer backend (a GPU server in merged mode), that name is
+registered for rollouts.inference.vllm_weights in every process of the server, before vLLM makes its engine.
+
 Every route but /health needs the key in VLLM_API_KEY (RequireApiKey, below): vLLM's own key check
 covers only paths under /v1, /v2, /inference and /cohere, which leaves /collective_rpc, /sleep,
 /reset_prefix_cache, /pause, /metrics, /tokenize and the rest open to anything that reaches the port.
@@ -81,6 +84,20 @@ def accept_aliases(path: str) -> None:
         return original(self, model_name) or model_name in aliases()
 
     OpenAIModelRegistry.is_base_model = is_base_model
+
+
+def register_weight_push(name: str) -> None:
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    try:
+        WeightTransferEngineFactory.register_engine(name, "rollouts.inference.vllm_weights", "SharedWeightsEngine")
+    except ValueError:  # registered already: a process forked from one that imported this file
+        pass
+
+
+# At import, outside the guard below: vLLM's spawned processes import this file too.
+if os.environ.get("ARTWEB_VLLM_WEIGHT_PUSH"):
+    register_weight_push(os.environ["ARTWEB_VLLM_WEIGHT_PUSH"])
 
 
 if __name__ == "__main__":

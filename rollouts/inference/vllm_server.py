@@ -10,6 +10,10 @@ Two ways to serve a step's LoRA adapter (`adapter_mode`):
   On the CPU build, enabling LoRA turns graph compilation off and runs LoRA as unfused PyTorch ops,
   which cost well over half the throughput; merged weights keep the compiled base-model path.
 
+On a GPU, a merged-mode server takes its policies straight from the worker's trainer when that holds the
+same base weights on the same card (`weights_source`; rollouts.inference.weight_push), not from a merged
+copy on disk.
+
 "auto" (the default) picks "merged" for the CPU build and "lora" otherwise. Every name the server
 answers to — the base model or `<run>@<step>` — is served only while its weights are the ones loaded,
 so a request never silently gets another policy.
@@ -22,9 +26,12 @@ rollouts.sandbox.proxy, which holds the key for them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rollouts.inference.inference_server import (
@@ -32,6 +39,9 @@ from rollouts.inference.inference_server import (
     InferenceServerError,
     free_port,  # noqa: F401  (imported from here by benchmarks and tests)
 )
+from rollouts.inference.weight_push import push
+
+logger = logging.getLogger(__name__)
 
 TOOLS_TEMPLATE = Path(__file__).resolve().parent / "templates" / "chatml_tools.jinja"
 ENTRY = Path(__file__).resolve().parent / "vllm_entry.py"
@@ -41,6 +51,9 @@ CPU_BUSY_LOOP_S = 0.05
 
 # The name vLLM itself serves in merged mode; people use the base model's or the policy's name.
 MERGED_SERVED_NAME = "artweb-loaded-weights"
+# The weight-transfer engine rollouts.inference.vllm_weights registers (vllm_entry) for a GPU merged server.
+PUSH_BACKEND = "artweb_ipc"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Options that size the server's memory; when extra_args name one, kv_cache_gb is not passed.
 GPU_MEMORY_FLAGS = ("--gpu-memory-utilization", "--kv-cache-memory-bytes")
 
@@ -113,6 +126,7 @@ class VLLMServer(InferenceServer):
         work_dir: str | None = None,
         api_key: str | None = None,
         cpus: list[int] | None = None,
+        weights_source: Callable[[str, str | None, str | None], Iterator | None] | None = None,
     ) -> None:
         """model_path: a local model directory (or a Hugging Face id when the hub is reachable).
 
@@ -124,6 +138,9 @@ class VLLMServer(InferenceServer):
         temporary directory removed by stop()). api_key: what every caller must send as "Authorization:
         Bearer"; None makes a random one, kept across restarts of this server. cpus: the only cores its
         processes run on, its OpenMP threads one on each (the CPU build; None: the worker's cores).
+        weights_source(model_path, adapter, previous adapter): on a GPU in merged mode, the weights with that
+        adapter folded in (None: the base's) as (name, CUDA tensor) pairs, or None where it holds none
+        that can replace the server's (then the merged copy on disk is loaded).
         """
         if adapter_mode not in ("auto", "merged", "lora"):
             raise ValueError("adapter_mode is one of 'auto', 'merged', 'lora'")
@@ -149,6 +166,7 @@ class VLLMServer(InferenceServer):
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
         self._installed: dict[str, bool] | None = None  # see _probe
+        self.weights_source = weights_source
 
     @property
     def cpu_build(self) -> bool:
@@ -198,6 +216,8 @@ class VLLMServer(InferenceServer):
             args += ["--chat-template", template]
         if self.enforce_eager:
             args += ["--enforce-eager"]
+        if self._pushes:
+            args += ["--weight-transfer-config", json.dumps({"backend": PUSH_BACKEND})]
         if not any(a.split("=")[0] in GPU_MEMORY_FLAGS for a in self.extra_args):
             # A KV cache of a fixed size. The GPU build would take 90% of the card (--gpu-memory-utilization
             # 0.9), and the worker's trainer shares that card: it would find too little left, and a server
@@ -233,6 +253,10 @@ class VLLMServer(InferenceServer):
             env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if self.merged:
             env["ARTWEB_VLLM_ALIASES"] = str(self._aliases_file)
+        if self._pushes:
+            # Its worker imports the receiving engine (rollouts.inference.vllm_weights) from this checkout.
+            env["ARTWEB_VLLM_WEIGHT_PUSH"] = PUSH_BACKEND
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO_ROOT)) if p)
         if self.cpus and self.cpu_build:
             # Its OpenMP threads, one on each of its cores (the process runs on those alone), none kept back.
             env.update(VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, self.cpus)), VLLM_CPU_NUM_OF_RESERVED_CPU="0")
@@ -253,6 +277,31 @@ class VLLMServer(InferenceServer):
         # Cached prefixes hold keys and values computed with the previous weights.
         self._post("/reset_prefix_cache", None)
         self._write_aliases([name])
+
+    @property
+    def _pushes(self) -> bool:
+        """Whether policies may come from weights_source: merged mode on the GPU build."""
+        return self.merged and self.weights_source is not None and not self.cpu_build
+
+    def _push_weights(self, name: str, path: str | None) -> bool:
+        if not self._pushes:
+            return False
+        previous = self._loaded[1] if self._loaded else None
+        weights = self.weights_source(self.model_path, path, previous)
+        if weights is None:
+            return False
+        t = time.perf_counter()
+        try:
+            count = push(self._post, weights)
+            self._post("/reset_prefix_cache", None)  # cached prefixes hold the previous weights' keys and values
+        except BaseException:
+            # Part old, part new: nothing is served until a push or a reload succeeds.
+            self._loaded, self.adapters = ("", ""), {}
+            self._write_aliases([])
+            raise
+        self._write_aliases([name])
+        logger.info("serving %s: %d weights copied in from the trainer in %.2f s", name, count, time.perf_counter() - t)
+        return True
 
     def _load_lora(self, name: str, path: str) -> None:
         self._post(

@@ -46,6 +46,7 @@ NOT_CONFIGURATION = {
     "ARTWEB_PREPARE_RESULT": "the launcher to its `prepare` child: the file it reports back in",
     "ARTWEB_SERVING_WORKER": "the Celery worker to its pool processes: it takes the gpu queue, so they serve",
     "ARTWEB_VLLM_ALIASES": "the worker to its vLLM server: the file of the names the server answers to",
+    "ARTWEB_VLLM_WEIGHT_PUSH": "the worker to its GPU vLLM server in merged mode: the weight-transfer engine's name",
     "VLLM_API_KEY": "the worker to its vLLM server: that server's random key",
     "ARTWEB_RESULT_FD": "the sandbox to the guest: the pipe results go back through",
     "ARTWEB_PROXY_SOCKET": "the sandbox to the guest: the inference proxy's socket",
@@ -61,6 +62,7 @@ NOT_CONFIGURATION = {
     "ARTWEB_JUDGE_MODEL": "set inside the sandbox for user code: the RULER judge's model name",
     "DJANGO_SETTINGS_MODULE": "every entry point sets it to artweb.settings (the test suite: artweb.testing.settings)",
     "PATH": "the system's own, handed on to the Weave exporter's child process",
+    "PYTHONPATH": "the system's own; a GPU vLLM server in merged mode gets the checkout appended to it",
 }
 
 # Routes that are not pages: what a page's buttons and forms post to, and what its scripts fetch.

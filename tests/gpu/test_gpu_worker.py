@@ -257,6 +257,75 @@ def test_an_update_that_runs_out_of_gpu_memory_halves_its_micro_batches_and_fits
     trainer.close()
 
 
+# --- a merged-mode server that takes its policies from the trainer's weights (weight_push) -------------
+
+
+def test_a_merged_server_takes_each_policy_from_the_trainers_weights_as_from_disk(vllm_model_dir, tmp_path):
+    """The trainer's bf16 base on the GPU, an adapter folded in there and copied into vLLM's weights through
+    CUDA IPC, against the same adapter merged on disk and reloaded: the same greedy answer, the same
+    log-probabilities to bf16's rounding; then the base model copied back."""
+    import time
+
+    import torch
+
+    from artweb.testing.weights import make_adapter
+    from rollouts.inference.vllm_server import VLLMServer
+    from rollouts.inference.weight_push import lora_base_weights, merged_weights
+    from training.engine.config import TrainConfig
+    from training.engine.trainer import make_trainer
+
+    cfg = TrainConfig.from_dict({"backend": "peft", "lora_rank": 8, "lora_target_modules": TARGETS})
+    trainer = make_trainer(cfg, base_model_path=str(vllm_model_dir), device="cuda", seed=7)
+    trainer.load(None)
+    pushed = []
+
+    def source(model_path, adapter, previous):
+        pushed.append(adapter)
+        return merged_weights(lora_base_weights(trainer.model), adapter)
+
+    server = VLLMServer(
+        str(vllm_model_dir),
+        adapter_mode="merged",
+        max_model_len=2048,
+        kv_cache_gb=2,
+        enforce_eager=os.environ.get("ARTWEB_TEST_VLLM_COMPILE") != "1",
+        log_dir=str(tmp_path / "logs"),
+        weights_source=source,
+    )
+    assert "--weight-transfer-config" in server.command()
+    try:
+        server.start(timeout=900)
+        base = _greedy(server, server.ensure_base())
+        adapter = str(make_adapter(tmp_path / "step-1", seed=11, std=0.05))
+        t = time.perf_counter()
+        server.ensure_adapter("run-9@1", adapter)
+        took = time.perf_counter() - t
+        assert pushed == [adapter]
+        from_trainer = _greedy(server, "run-9@1")
+
+        server.weights_source = None  # the same adapter, merged on disk and reloaded
+        server.ensure_base()
+        t = time.perf_counter()
+        server.ensure_adapter("run-9@1", adapter)
+        from_disk_s = time.perf_counter() - t
+        from_disk = _greedy(server, "run-9@1")
+        print(f"policy copied in from the trainer in {took:.3f} s; merged on disk and reloaded in {from_disk_s:.3f} s")
+        assert from_trainer["token_ids"] == from_disk["token_ids"] != base["token_ids"]
+        torch.testing.assert_close(
+            torch.tensor(from_trainer["logprobs"]), torch.tensor(from_disk["logprobs"]), rtol=0, atol=2e-2
+        )
+
+        server.weights_source = source
+        server.ensure_base()  # the base weights copied back from the trainer
+        assert pushed == [adapter, None]
+        again = _greedy(server, server.base_model_name)
+        assert again["token_ids"] == base["token_ids"]
+        torch.testing.assert_close(torch.tensor(again["logprobs"]), torch.tensor(base["logprobs"]), rtol=0, atol=2e-2)
+    finally:
+        server.stop()
+        trainer.close()
+
+
 # --- the Unsloth backend, built as the worker builds it (last: importing Unsloth patches transformers) -----
 
 

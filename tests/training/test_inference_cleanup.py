@@ -110,7 +110,7 @@ def test_the_retention_sweep_removes_copies_whose_owner_is_gone_and_keeps_the_re
 
 
 def test_the_sweep_tells_a_reused_pid_from_the_owner(tmp_dir):
-    from rollouts.inference.inference_server import work_dir_create, work_dirs_remove_orphaned
+    from rollouts.inference.work_dirs import work_dir_create, work_dirs_remove_orphaned
 
     mine = work_dir_create()
     pid, started = mine.name.split("-")[2:4]

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from artweb.errors import ApplicationError
-from rollouts.inference.inference_server import work_dirs_remove_orphaned
+from rollouts.inference.work_dirs import work_dirs_remove_orphaned
 from training.models import Checkpoint, Run
 from training.services.runs import run_event
 

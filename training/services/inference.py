@@ -36,6 +36,7 @@ from rollouts.sandbox.proxy import Upstream
 from rollouts.sandbox.uid_lease import uid_range
 from training.services import trainer_pool
 from training.services.model_files import model_files_check
+from training.services.policy_push import trainer_weights
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +388,7 @@ def _new_server(
         log_dir=str(Path(settings.DATA_DIR) / "logs"),
         extra_env={"CUDA_VISIBLE_DEVICES": conf["VLLM_CUDA_DEVICES"]} if conf["VLLM_CUDA_DEVICES"] else None,
         cpus=cpus,
+        weights_source=trainer_weights,
     )
 
 
@@ -445,11 +447,9 @@ def trainer_for(run, *, checkpoint_dir: str | None):
     loaded, or swapped in beside other runs' states (training.services.trainer_pool)."""
 
     def make():
-        # Here, not at the top: the trainer loads torch, which only a process that trains needs.
-        from training.engine.trainer import make_trainer
+        from training.engine.trainer import make_trainer  # here: only a process that trains needs torch
 
-        # The run's one seed (RunConfig.seed) seeds the trainer as it seeds the scenario sampling; trajectories
-        # are tokenized with the chat template the inference server rendered them with.
+        # Seeded by the run's seed, as its scenario sampling is; the server's chat template tokenizes.
         template = chat_template_file(run.base_model)
         return make_trainer(
             _train_config(run),
