@@ -293,12 +293,13 @@ class VLLMServer(InferenceServer):
         t = time.perf_counter()
         try:
             count = push(self._post, weights)
-            self._post("/reset_prefix_cache", None)  # cached prefixes hold the previous weights' keys and values
-        except BaseException:
-            # Part old, part new: nothing is served until a push or a reload succeeds.
-            self._loaded, self.adapters = ("", ""), {}
-            self._write_aliases([])
-            raise
+        except Exception as exc:
+            # Part old, part new, maybe: the caller loads the whole policy from disk instead, and so does every
+            # later load of this server (a failure here is the host's: CUDA IPC refused, say).
+            logger.warning("copying %s in from the trainer failed (%s); loading it from disk instead", name, exc)
+            self.weights_source = None
+            return False
+        self._post("/reset_prefix_cache", None)  # cached prefixes hold the previous weights' keys and values
         self._write_aliases([name])
         logger.info("serving %s: %d weights copied in from the trainer in %.2f s", name, count, time.perf_counter() - t)
         return True

@@ -126,3 +126,24 @@ def test_a_server_of_vllms_cpu_build_loads_merged_copies_from_disk(vllm_model_di
     assert "--weight-transfer-config" not in server.command()
     assert "ARTWEB_VLLM_WEIGHT_PUSH" not in server.environment()
     assert server._push_weights("run-1@1", "/nowhere") is False and asked == []
+
+
+def test_a_copy_that_fails_is_loaded_from_disk_and_never_tried_again(vllm_model_dir, caplog):
+    """No CUDA here, so the copy fails as it would where the host refuses CUDA IPC; the server's routes are
+    recorded instead of called (there is no GPU server to call)."""
+    from rollouts.inference.vllm_server import VLLMServer
+
+    server = VLLMServer(
+        str(vllm_model_dir),
+        adapter_mode="merged",
+        weights_source=lambda *a: iter([("model.layers.0.self_attn.q_proj.weight", torch.zeros(2, 2))]),
+    )
+    server._installed = {"cpu_build": False, "flashinfer": False}  # as a GPU build reports itself
+    posted = []
+    server._post = lambda route, body: posted.append(route)
+    assert "--weight-transfer-config" in server.command()
+
+    assert server._push_weights("run-1@1", None) is False  # the caller loads the merged copy from disk
+    assert posted == ["/start_weight_update", "/finish_weight_update"]  # the update is closed on the server
+    assert server.weights_source is None and "loading it from disk instead" in caplog.text
+    assert server._push_weights("run-1@2", None) is False and len(posted) == 2
