@@ -333,7 +333,8 @@ class InferenceServer:
 
     def _push_weights(self, name: str, path: str | None) -> bool:
         """Merged mode: serve the base with adapter `path` (None: alone) as `name` from weights in memory, no
-        copy on disk; False, having changed nothing, where this server cannot (vllm_server can on a GPU)."""
+        copy on disk; False where this server cannot (vllm_server can on a GPU): the caller then loads the whole
+        policy from disk, which replaces whatever a failed copy changed."""
         return False
 
     def _load_lora(self, name: str, path: str) -> None:
