@@ -40,6 +40,13 @@ def _scale(config: dict, module: str, rank: int) -> float:
     return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
 
 
+def base_weight_of(key: str) -> str | None:
+    """The base weight an adapter file's tensor `key` changes ("base_model.model.<module>.lora_A.weight", an
+    adapter name may follow lora_A in older files, gives "<module>.weight"); None for a tensor of no LoRA pair."""
+    module, _, rest = key.partition(".lora_")
+    return f"{module.removeprefix('base_model.model.')}.weight" if rest else None
+
+
 def read_adapter(adapter_dir: str | os.PathLike) -> dict:
     """The adapter in adapter_dir as base weight name -> (A (r, in), B (out, r), scale), in float32."""
     import torch
@@ -50,12 +57,8 @@ def read_adapter(adapter_dir: str | os.PathLike) -> dict:
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="pt") as fh:
         for key in fh.keys():
-            # "base_model.model.<module>.lora_A.weight" (an adapter name may follow lora_A in older files)
-            module, _, rest = key.partition(".lora_")
-            if not rest:
-                continue
-            module = module.removeprefix("base_model.model.")
-            pairs.setdefault(f"{module}.weight", {})[rest[0]] = fh.get_tensor(key).float()
+            if (weight := base_weight_of(key)) is not None:
+                pairs.setdefault(weight, {})[key.partition(".lora_")[2][0]] = fh.get_tensor(key).float()
     lora = {}
     for key, pair in pairs.items():
         if set(pair) != {"A", "B"}:
